@@ -1,0 +1,12 @@
+#pragma once
+// hyper_parallel: PyTorch-style declarative tensor parallelism for libtorch.
+// The umbrella header: everything a user needs, e.g.
+//   hp::init_process_group();
+//   auto tp = hp::init_device_mesh("cpu", {2}, {"tp"});
+#include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/comm_debug_mode.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/launch_env.h>
+#include <hyper_parallel/runtime/process_group.h>
+#include <hyper_parallel/mesh/device_mesh.h>

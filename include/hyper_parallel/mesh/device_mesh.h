@@ -1,0 +1,82 @@
+#pragma once
+// DeviceMesh: the ranks of the job arranged as an N-D array with named dimensions, one process
+// group per dimension (PyTorch's torch.distributed.device_mesh).
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <hyper_parallel/runtime/process_group.h>
+
+namespace hyper_parallel {
+
+/// A cheap handle; copies share the mesh. Build one with init_device_mesh().
+class DeviceMesh {
+ public:
+  struct Impl;
+  DeviceMesh() = default;
+  explicit DeviceMesh(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  /// "cpu", "cuda": tensors of DTensors on this mesh live on this device type.
+  const std::string& device_type() const;
+  int64_t ndim() const;
+  /// Number of ranks along `dim` (negative counts from the end).
+  int64_t size(int64_t dim) const;
+  /// Number of ranks in the whole mesh.
+  int64_t size() const;
+  std::vector<int64_t> shape() const;
+  const std::vector<std::string>& mesh_dim_names() const;
+  /// Global ranks of the mesh in row-major order.
+  const std::vector<int64_t>& ranks() const;
+  /// This rank's index along each mesh dimension; nullopt when this rank is not in the mesh.
+  c10::optional<std::vector<int64_t>> get_coordinate() const;
+  /// This rank's index along `dim` (its rank in get_group(dim)).
+  int64_t get_local_rank(int64_t dim = 0) const;
+  /// The process group of this rank's peers along `dim`.
+  const Group& get_group(int64_t dim = 0) const;
+  const Group& get_group(const std::string& dim_name) const;
+  /// Index of the named dimension; c10::KeyError (naming the known dims) when unknown.
+  int64_t dim_index(const std::string& dim_name) const;
+  /// The 1-D sub-mesh of this rank's peers along the named dimension; shares its group.
+  /// e.g. on a ("dp","tp") = 2x2 mesh rank 3 gets `mesh["tp"]` == ranks [2, 3].
+  DeviceMesh operator[](const std::string& dim_name) const;
+  /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation), so
+  /// replicated random ops (dropout on a Replicate input) draw identical values everywhere.
+  uint64_t shared_seed() const;
+  /// e.g. "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))".
+  std::string to_string() const;
+
+  /// Same ranks in the same layout with the same names and device type.
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+  const Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// Builds a mesh of all `WORLD_SIZE` ranks (row-major) and the process groups of this rank's
+/// peers along every dimension. Collective: every rank calls it with the same arguments.
+/// Throws c10::ValueError when the shape's product differs from the world size, or when names
+/// are duplicated or their number differs from the number of dimensions.
+/// e.g. `auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}); auto tp = mesh["tp"];`
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names = {});
+
+/// RAII: makes `mesh` the current mesh of this thread (seed §4.2 `with mesh:`), so that
+/// parallelize_module(module, c10::nullopt, plan) finds it. Scopes nest.
+class MeshScope {
+ public:
+  explicit MeshScope(DeviceMesh mesh);
+  ~MeshScope();
+  MeshScope(const MeshScope&) = delete;
+  MeshScope& operator=(const MeshScope&) = delete;
+};
+
+/// The innermost MeshScope's mesh on this thread, if any.
+c10::optional<DeviceMesh> current_mesh();
+
+}  // namespace hyper_parallel

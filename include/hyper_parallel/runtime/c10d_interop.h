@@ -1,0 +1,13 @@
+#pragma once
+// Access to the c10d object behind a Group, for code that needs c10d directly (the collectives,
+// or a user who wants to run their own c10d calls on our groups).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <hyper_parallel/runtime/process_group.h>
+
+namespace hyper_parallel {
+
+/// The c10d process group behind `group`.
+const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,189 @@
+#include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+namespace hyper_parallel {
+
+struct DeviceMesh::Impl {
+  std::string device_type;
+  std::vector<int64_t> shape;
+  std::vector<std::string> dim_names;
+  std::vector<int64_t> ranks;  // row-major
+  c10::optional<std::vector<int64_t>> coordinate;
+  std::vector<Group> groups;  // one per dim; undefined when this rank is not in the mesh
+  uint64_t seed = 0;
+};
+
+namespace {
+const DeviceMesh::Impl& get(const std::shared_ptr<const DeviceMesh::Impl>& p) {
+  TORCH_CHECK(p != nullptr, "hyper_parallel: use of an undefined DeviceMesh");
+  return *p;
+}
+
+int64_t wrap_mesh_dim(int64_t dim, int64_t ndim) {
+  HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "DeviceMesh: dim ", dim,
+             " is out of range for a mesh with ", ndim, " dimensions");
+  return dim < 0 ? dim + ndim : dim;
+}
+
+std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    st[static_cast<size_t>(i)] = st[static_cast<size_t>(i + 1)] * shape[static_cast<size_t>(i + 1)];
+  return st;
+}
+
+std::string names_of(const std::vector<std::string>& names) {
+  std::string s = "(";
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  return s + (names.size() == 1 ? ",)" : ")");
+}
+
+thread_local std::vector<DeviceMesh> t_mesh_stack;
+}  // namespace
+
+const std::string& DeviceMesh::device_type() const { return get(impl_).device_type; }
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(get(impl_).shape.size()); }
+int64_t DeviceMesh::size(int64_t dim) const {
+  return get(impl_).shape[static_cast<size_t>(wrap_mesh_dim(dim, ndim()))];
+}
+int64_t DeviceMesh::size() const { return static_cast<int64_t>(get(impl_).ranks.size()); }
+std::vector<int64_t> DeviceMesh::shape() const { return get(impl_).shape; }
+const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return get(impl_).dim_names; }
+const std::vector<int64_t>& DeviceMesh::ranks() const { return get(impl_).ranks; }
+c10::optional<std::vector<int64_t>> DeviceMesh::get_coordinate() const { return get(impl_).coordinate; }
+uint64_t DeviceMesh::shared_seed() const { return get(impl_).seed; }
+
+int64_t DeviceMesh::get_local_rank(int64_t dim) const {
+  const auto& m = get(impl_);
+  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  return (*m.coordinate)[static_cast<size_t>(wrap_mesh_dim(dim, ndim()))];
+}
+
+const Group& DeviceMesh::get_group(int64_t dim) const {
+  const auto& m = get(impl_);
+  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  return m.groups[static_cast<size_t>(wrap_mesh_dim(dim, ndim()))];
+}
+
+int64_t DeviceMesh::dim_index(const std::string& dim_name) const {
+  const auto& m = get(impl_);
+  auto it = std::find(m.dim_names.begin(), m.dim_names.end(), dim_name);
+  HP_CHECK_T(c10::IndexError, it != m.dim_names.end(), "DeviceMesh: no mesh dimension named '",
+             dim_name, "'; the mesh has mesh_dim_names=", names_of(m.dim_names));
+  return static_cast<int64_t>(it - m.dim_names.begin());
+}
+
+const Group& DeviceMesh::get_group(const std::string& dim_name) const {
+  return get_group(dim_index(dim_name));
+}
+
+DeviceMesh DeviceMesh::operator[](const std::string& dim_name) const {
+  const auto& m = get(impl_);
+  const int64_t d = dim_index(dim_name);
+  if (ndim() == 1) return *this;
+  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  auto sub = std::make_shared<Impl>();
+  sub->device_type = m.device_type;
+  sub->shape = {m.shape[static_cast<size_t>(d)]};
+  sub->dim_names = {dim_name};
+  sub->ranks = m.groups[static_cast<size_t>(d)].ranks();
+  sub->coordinate = std::vector<int64_t>{(*m.coordinate)[static_cast<size_t>(d)]};
+  sub->groups = {m.groups[static_cast<size_t>(d)]};
+  sub->seed = m.seed;
+  return DeviceMesh(std::move(sub));
+}
+
+std::string DeviceMesh::to_string() const {
+  const auto& m = get(impl_);
+  std::ostringstream os;
+  const auto st = strides_of(m.shape);
+  // Nested brackets as torch prints the mesh tensor.
+  std::function<void(size_t, int64_t)> rec = [&](size_t d, int64_t base) {
+    os << '[';
+    for (int64_t i = 0; i < m.shape[d]; ++i) {
+      if (i) os << ", ";
+      if (d + 1 == m.shape.size()) os << m.ranks[static_cast<size_t>(base + i)];
+      else rec(d + 1, base + i * st[d]);
+    }
+    os << ']';
+  };
+  os << "DeviceMesh('" << m.device_type << "', ";
+  rec(0, 0);
+  if (!m.dim_names.empty()) os << ", mesh_dim_names=" << names_of(m.dim_names);
+  os << ")";
+  return os.str();
+}
+
+bool DeviceMesh::operator==(const DeviceMesh& other) const {
+  if (impl_ == other.impl_) return true;
+  if (!impl_ || !other.impl_) return false;
+  return impl_->device_type == other.impl_->device_type && impl_->shape == other.impl_->shape &&
+         impl_->ranks == other.impl_->ranks && impl_->dim_names == other.impl_->dim_names;
+}
+
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names) {
+  TORCH_CHECK(is_initialized(),
+              "init_device_mesh: the process group is not initialized; call "
+              "hyper_parallel::init_process_group() first");
+  HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "init_device_mesh: mesh_shape is empty");
+  int64_t total = 1;
+  for (int64_t s : mesh_shape) {
+    HP_CHECK_T(c10::ValueError, s > 0, "init_device_mesh: mesh_shape ", c10::IntArrayRef(mesh_shape),
+               " has a non-positive size");
+    total *= s;
+  }
+  HP_CHECK_T(c10::ValueError, total == get_world_size(), "init_device_mesh: mesh_shape ",
+             c10::IntArrayRef(mesh_shape), " holds ", total, " ranks but the world size is ",
+             get_world_size());
+  if (!mesh_dim_names.empty()) {
+    HP_CHECK_T(c10::ValueError, mesh_dim_names.size() == mesh_shape.size(),
+               "init_device_mesh: mesh_dim_names ", names_of(mesh_dim_names), " has ",
+               mesh_dim_names.size(), " names for a mesh with ", mesh_shape.size(), " dimensions");
+    std::set<std::string> seen;
+    for (const auto& n : mesh_dim_names)
+      HP_CHECK_T(c10::ValueError, seen.insert(n).second, "init_device_mesh: mesh_dim_names ",
+                 names_of(mesh_dim_names), " contains '", n, "' twice");
+  }
+
+  auto m = std::make_shared<DeviceMesh::Impl>();
+  m->device_type = device_type;
+  m->shape = mesh_shape;
+  m->dim_names = mesh_dim_names;
+  for (int64_t r = 0; r < total; ++r) m->ranks.push_back(r);
+  const int64_t me = get_rank();
+  const auto st = strides_of(mesh_shape);
+  std::vector<int64_t> coord(mesh_shape.size());
+  for (size_t d = 0; d < mesh_shape.size(); ++d) coord[d] = (me / st[d]) % mesh_shape[d];
+  m->coordinate = coord;
+  // Groups in dimension order on every rank, so members of a group always meet.
+  for (size_t d = 0; d < mesh_shape.size(); ++d) {
+    const int64_t base = me - coord[d] * st[d];
+    std::vector<int64_t> peers;
+    for (int64_t i = 0; i < mesh_shape[d]; ++i) peers.push_back(base + i * st[d]);
+    m->groups.push_back(new_group(peers));
+  }
+  at::Tensor seed = at::empty({1}, at::kLong);
+  seed[0] = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed());
+  Group world = world_group();
+  broadcast_(seed, 0, world);
+  m->seed = static_cast<uint64_t>(seed.item<int64_t>());
+  return DeviceMesh(std::move(m));
+}
+
+MeshScope::MeshScope(DeviceMesh mesh) { t_mesh_stack.push_back(std::move(mesh)); }
+MeshScope::~MeshScope() { t_mesh_stack.pop_back(); }
+
+c10::optional<DeviceMesh> current_mesh() {
+  if (t_mesh_stack.empty()) return c10::nullopt;
+  return t_mesh_stack.back();
+}
+
+}  // namespace hyper_parallel

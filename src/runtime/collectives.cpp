@@ -1,0 +1,262 @@
+#include <hyper_parallel/runtime/c10d_interop.h>
+#include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/comm_debug_mode.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+
+namespace hyper_parallel {
+namespace {
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
+  HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "hyper_parallel::", what, ": dim ", dim,
+             " is out of range for a tensor with ", ndim, " dimensions");
+  return dim < 0 ? dim + ndim : dim;
+}
+
+void check_group(const Group& g, const char* what) {
+  TORCH_CHECK(g.defined(), "hyper_parallel::", what, ": the group is undefined");
+}
+
+// Shape of `t` with dimension `dim` set to `size`.
+std::vector<int64_t> with_size(at::IntArrayRef shape, int64_t dim, int64_t size) {
+  std::vector<int64_t> s = shape.vec();
+  s[static_cast<size_t>(dim)] = size;
+  return s;
+}
+
+// Stacks the torch.chunk pieces of `t` along `dim` into [g, padded piece] (zero padded), the
+// layout that alltoall_base and scatter exchange.
+at::Tensor stack_pieces(const at::Tensor& t, int64_t dim, int64_t g) {
+  const int64_t n = t.size(dim);
+  if (n % g == 0) {
+    std::vector<int64_t> split = t.sizes().vec();
+    split[static_cast<size_t>(dim)] = n / g;
+    split.insert(split.begin() + dim, g);
+    return t.reshape(split).movedim(dim, 0).contiguous();
+  }
+  const int64_t padded = (n + g - 1) / g;
+  auto shape = with_size(t.sizes(), dim, padded);
+  shape.insert(shape.begin(), g);
+  at::Tensor out = at::zeros(shape, t.options());
+  for (int64_t j = 0; j < g; ++j) {
+    const int64_t sz = chunk_size(n, g, j);
+    if (sz > 0) out[j].narrow(dim, 0, sz).copy_(t.narrow(dim, chunk_offset(n, g, j), sz));
+  }
+  return out;
+}
+
+// Concatenates the g blocks of `blocks` ([g, padded piece]) along `dim`, keeping `sizes[j]` of
+// block j (the inverse of stack_pieces).
+at::Tensor concat_blocks(const at::Tensor& blocks, int64_t dim, const std::vector<int64_t>& sizes) {
+  const int64_t g = blocks.size(0);
+  const int64_t padded = blocks.size(dim + 1);
+  bool even = true;
+  for (int64_t s : sizes) even = even && s == padded;
+  if (even) {
+    if (dim == 0) return blocks.reshape(with_size(blocks.sizes().slice(1), 0, g * padded));
+    return blocks.movedim(0, dim).reshape(with_size(blocks.sizes().slice(1), dim, g * padded));
+  }
+  std::vector<at::Tensor> parts;
+  parts.reserve(static_cast<size_t>(g));
+  for (int64_t j = 0; j < g; ++j) parts.push_back(blocks[j].narrow(dim, 0, sizes[static_cast<size_t>(j)]));
+  return at::cat(parts, dim);
+}
+
+// Gloo moves only float/double/half and the integer types. Collectives that only move bytes
+// send other dtypes reinterpreted as a supported type of the same width.
+at::ScalarType wire_type(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return at::kHalf;  // same width; only copied, never added
+    case at::kBool: return at::kByte;
+    default: return t;
+  }
+}
+at::Tensor as_wire(const at::Tensor& t) {
+  const auto w = wire_type(t.scalar_type());
+  return w == t.scalar_type() ? t : t.view(w);
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:  // Gloo has no AVG: sum, then divide
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::MAX:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::MIN:
+      return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "sum";
+    case ReduceOp::AVG: return "avg";
+    case ReduceOp::MAX: return "max";
+    case ReduceOp::MIN: return "min";
+  }
+  return "?";
+}
+
+at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
+                      c10::optional<int64_t> full_size) {
+  check_group(group, "all_gather");
+  dim = wrap_dim(dim, local.dim(), "all_gather");
+  const int64_t g = group.size();
+  CommDebugMode::record("all_gather", nbytes(local));
+  const int64_t n = full_size ? *full_size : local.size(dim) * g;
+  const int64_t padded = (n + g - 1) / g;
+  const int64_t mine = chunk_size(n, g, group.rank());
+  HP_CHECK_T(c10::ValueError, local.size(dim) == mine, "hyper_parallel::all_gather: rank ",
+             group.rank(), " holds ", local.size(dim), " elements along dim ", dim,
+             " but torch.chunk of ", n, " over ", g, " ranks gives it ", mine);
+  if (g == 1) return local.clone();
+  at::Tensor input = local.contiguous();
+  if (mine != padded) {
+    at::Tensor p = at::zeros(with_size(local.sizes(), dim, padded), local.options());
+    if (mine > 0) p.narrow(dim, 0, mine).copy_(local);
+    input = p;
+  }
+  auto shape = input.sizes().vec();
+  shape.insert(shape.begin(), g);
+  at::Tensor blocks = at::empty(shape, input.options());
+  at::Tensor wire_blocks = as_wire(blocks);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t j = 0; j < g; ++j) outputs[0].push_back(wire_blocks[j]);
+  std::vector<at::Tensor> inputs{as_wire(input)};
+  wait(c10d_group(group)->allgather(outputs, inputs));
+  return concat_blocks(blocks, dim, chunk_sizes(n, g));
+}
+
+at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
+  check_group(group, "all_reduce");
+  CommDebugMode::record("all_reduce", nbytes(tensor));
+  if (group.size() == 1) return tensor;
+  // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
+  // rounded once at the end otherwise).
+  const bool upcast = wire_type(tensor.scalar_type()) != tensor.scalar_type();
+  at::Tensor buf = upcast ? tensor.to(at::kFloat)
+                          : (tensor.is_contiguous() ? tensor : tensor.contiguous());
+  std::vector<at::Tensor> ts{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  wait(c10d_group(group)->allreduce(ts, opts));
+  if (op == ReduceOp::AVG) buf.div_(group.size());
+  if (!buf.is_same(tensor)) tensor.copy_(buf);
+  return tensor;
+}
+
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
+  at::Tensor out = tensor.clone(at::MemoryFormat::Contiguous);
+  return all_reduce_(out, op, group);
+}
+
+at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
+  check_group(group, "reduce_scatter");
+  dim = wrap_dim(dim, input.dim(), "reduce_scatter");
+  const int64_t g = group.size();
+  CommDebugMode::record("reduce_scatter", nbytes(input));
+  if (g == 1) return input.clone();
+  at::Tensor send = stack_pieces(input, dim, g);
+  at::Tensor recv = at::empty_like(send);
+  at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
+  std::vector<int64_t> splits;  // empty: equal splits along dim 0
+  wait(c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  at::Tensor reduced;
+  switch (op) {
+    case ReduceOp::SUM: reduced = recv.sum(0); break;
+    case ReduceOp::AVG: reduced = recv.sum(0).div_(g); break;
+    case ReduceOp::MAX: reduced = std::get<0>(recv.max(0)); break;
+    case ReduceOp::MIN: reduced = std::get<0>(recv.min(0)); break;
+  }
+  const int64_t mine = chunk_size(input.size(dim), g, group.rank());
+  return mine == reduced.size(dim) ? reduced : reduced.narrow(dim, 0, mine).contiguous();
+}
+
+at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat_dim,
+                      const Group& group, c10::optional<int64_t> concat_full_size) {
+  check_group(group, "all_to_all");
+  split_dim = wrap_dim(split_dim, local.dim(), "all_to_all");
+  concat_dim = wrap_dim(concat_dim, local.dim(), "all_to_all");
+  HP_CHECK_T(c10::ValueError, split_dim != concat_dim,
+             "hyper_parallel::all_to_all: split_dim and concat_dim must differ");
+  const int64_t g = group.size();
+  CommDebugMode::record("all_to_all", nbytes(local));
+  if (g == 1) return local.clone();
+  const int64_t cn = concat_full_size ? *concat_full_size : local.size(concat_dim) * g;
+  const int64_t cpad = (cn + g - 1) / g;
+  HP_CHECK_T(c10::ValueError, local.size(concat_dim) == chunk_size(cn, g, group.rank()),
+             "hyper_parallel::all_to_all: rank ", group.rank(), " holds ", local.size(concat_dim),
+             " elements along concat dim ", concat_dim, " but torch.chunk of ", cn, " over ", g,
+             " ranks gives it ", chunk_size(cn, g, group.rank()));
+  at::Tensor src = local;
+  if (local.size(concat_dim) != cpad) {  // uneven: pad every peer's piece to the same shape
+    src = at::zeros(with_size(local.sizes(), concat_dim, cpad), local.options());
+    if (local.size(concat_dim) > 0) src.narrow(concat_dim, 0, local.size(concat_dim)).copy_(local);
+  }
+  at::Tensor send = stack_pieces(src, split_dim, g);
+  at::Tensor recv = at::empty_like(send);
+  at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
+  std::vector<int64_t> splits;
+  wait(c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  const int64_t my_split = chunk_size(local.size(split_dim), g, group.rank());
+  if (my_split != recv.size(split_dim + 1)) recv = recv.narrow(split_dim + 1, 0, my_split);
+  return concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous();
+}
+
+at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
+  check_group(group, "broadcast");
+  HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::broadcast: src ",
+             src, " is not a rank of a group of size ", group.size());
+  CommDebugMode::record("broadcast", nbytes(tensor));
+  if (group.size() == 1) return tensor;
+  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  std::vector<at::Tensor> ts{as_wire(buf)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  wait(c10d_group(group)->broadcast(ts, opts));
+  if (!buf.is_same(tensor)) tensor.copy_(buf);
+  return tensor;
+}
+
+at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group& group) {
+  check_group(group, "scatter");
+  dim = wrap_dim(dim, full.dim(), "scatter");
+  HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::scatter: src ",
+             src, " is not a rank of a group of size ", group.size());
+  const int64_t g = group.size();
+  const int64_t n = full.size(dim);
+  const int64_t mine = chunk_size(n, g, group.rank());
+  CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0);
+  if (g == 1) return full.clone();
+  at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), full.options());
+  std::vector<at::Tensor> outputs{as_wire(out)};
+  std::vector<std::vector<at::Tensor>> inputs;
+  at::Tensor pieces;
+  if (group.rank() == src) {
+    pieces = stack_pieces(full, dim, g);
+    inputs.emplace_back();
+    for (int64_t j = 0; j < g; ++j) inputs[0].push_back(as_wire(pieces[j]));
+  }
+  c10d::ScatterOptions opts;
+  opts.rootRank = src;
+  wait(c10d_group(group)->scatter(outputs, inputs, opts));
+  return mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous();
+}
+
+void barrier(const Group& group) {
+  check_group(group, "barrier");
+  CommDebugMode::record("barrier", 0);
+  if (group.size() > 1) wait(c10d_group(group)->barrier());
+}
+
+}  // namespace hyper_parallel

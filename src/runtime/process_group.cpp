@@ -1,0 +1,213 @@
+// Process-group lifetime and the single place where a c10d backend is chosen for a device.
+#include <hyper_parallel/runtime/c10d_interop.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/launch_env.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace hyper_parallel {
+
+struct Group::Impl {
+  int64_t rank = 0;
+  std::vector<int64_t> ranks;
+  std::string device_type;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+};
+
+int64_t Group::rank() const { return impl_->rank; }
+int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
+const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
+const std::string& Group::device_type() const { return impl_->device_type; }
+std::string Group::backend_name() const { return impl_->pg->getBackendName(); }
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
+  TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
+  return group.impl()->pg;
+}
+
+namespace {
+
+struct State {
+  std::mutex mutex;
+  bool initialized = false;
+  LaunchEnv env;
+  std::chrono::milliseconds timeout{300000};
+  std::string device_type;
+  c10::intrusive_ptr<c10d::Store> store;
+  Group world;
+  std::map<std::vector<int64_t>, Group> groups;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+const State& initialized_state() {
+  const State& s = state();
+  TORCH_CHECK(s.initialized,
+              "hyper_parallel: the process group is not initialized; call "
+              "hyper_parallel::init_process_group() first");
+  return s;
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (master_addr == "127.0.0.1" || master_addr == "localhost")
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// The one place that maps a device type to a c10d backend.
+c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const State& s,
+                                                    const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size) {
+  if (s.device_type == "cpu") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);
+    opts->devices.push_back(gloo_device(s.env.master_addr));
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  }
+#ifdef USE_C10D_NCCL
+  if (s.device_type == "cuda") {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = s.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  }
+#endif
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend for device type '",
+             s.device_type, "' in this libtorch build (available: cpu -> gloo",
+#ifdef USE_C10D_NCCL
+             ", cuda -> nccl",
+#endif
+             ")");
+  return {};
+}
+
+std::string message_of(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string joined_key(int64_t rank) { return "hp/joined/" + std::to_string(rank); }
+
+// Members of `ranks` that never announced themselves in the store.
+std::vector<int64_t> missing_ranks(const State& s, const std::vector<int64_t>& ranks) {
+  std::vector<int64_t> out;
+  for (int64_t r : ranks) {
+    try {
+      if (!s.store->check({joined_key(r)})) out.push_back(r);
+    } catch (const std::exception&) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string& prefix) {
+  auto impl = std::make_shared<Group::Impl>();
+  impl->ranks = ranks;
+  impl->device_type = s.device_type;
+  impl->rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == s.env.rank) impl->rank = static_cast<int64_t>(i);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
+  try {
+    impl->pg = make_backend(s, store, static_cast<int>(impl->rank),
+                            static_cast<int>(ranks.size()));
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "hyper_parallel: creating the process group of ranks [", join(ranks),
+                "] failed on rank ", s.env.rank, " after a timeout of ", s.timeout.count() / 1000.0,
+                " s (HP_TIMEOUT_S); ranks that never joined the job: [", join(missing_ranks(s, ranks)),
+                "]. Cause: ", message_of(e));
+  }
+  return Group(std::move(impl));
+}
+
+}  // namespace
+
+void init_process_group(const InitOptions& options) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  TORCH_CHECK(!s.initialized, "hyper_parallel: init_process_group() was already called");
+  s.env = read_launch_env();
+  s.timeout = options.timeout ? *options.timeout : default_timeout();
+  s.device_type = options.device_type;
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(s.env.master_port);
+  so.isServer = s.env.rank == 0;
+  so.numWorkers = static_cast<size_t>(s.env.world_size);
+  so.waitWorkers = true;
+  so.timeout = s.timeout;
+  try {
+    s.store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, so);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "hyper_parallel: rendezvous at ", s.env.master_addr, ":",
+                s.env.master_port, " failed on rank ", s.env.rank, " of ", s.env.world_size,
+                " after a timeout of ", s.timeout.count() / 1000.0,
+                " s (HP_TIMEOUT_S): not every rank joined, or rank 0 is unreachable. Cause: ",
+                message_of(e));
+  }
+  s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
+  std::vector<int64_t> all(static_cast<size_t>(s.env.world_size));
+  for (int64_t r = 0; r < s.env.world_size; ++r) all[static_cast<size_t>(r)] = r;
+  s.world = make_group(s, all, "hp/world/");
+  s.groups[all] = s.world;
+  s.initialized = true;
+}
+
+void destroy_process_group() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.groups.clear();
+  s.world = Group();
+  s.store.reset();
+  s.initialized = false;
+}
+
+bool is_initialized() { return state().initialized; }
+int64_t get_rank() { return initialized_state().env.rank; }
+int64_t get_world_size() { return initialized_state().env.world_size; }
+int64_t get_local_rank() { return initialized_state().env.local_rank; }
+Group world_group() { return initialized_state().world; }
+std::chrono::milliseconds collective_timeout() { return initialized_state().timeout; }
+
+Group new_group(const std::vector<int64_t>& ranks) {
+  initialized_state();
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.groups.find(ranks);
+  if (it != s.groups.end()) return it->second;
+  HP_CHECK_T(c10::ValueError, !ranks.empty(), "hyper_parallel: new_group() needs at least one rank");
+  bool member = false;
+  for (int64_t r : ranks) {
+    HP_CHECK_T(c10::ValueError, r >= 0 && r < s.env.world_size, "hyper_parallel: rank ", r,
+               " in new_group([", join(ranks), "]) is outside the world of size ",
+               s.env.world_size);
+    member = member || r == s.env.rank;
+  }
+  HP_CHECK_T(c10::ValueError, member, "hyper_parallel: rank ", s.env.rank,
+             " called new_group([", join(ranks), "]) but is not a member");
+  Group g = make_group(s, ranks, "hp/group/" + join(ranks) + "/");
+  s.groups.emplace(ranks, g);
+  return g;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,148 @@
+// Every collective against a reference computed locally from the same deterministic inputs,
+// on even and uneven (torch.chunk) shapes, float32 and bfloat16.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/comm_debug_mode.h>
+
+namespace hp = hyper_parallel;
+
+namespace {
+// Small integers: exact in bfloat16 and after summing over 4 ranks.
+at::Tensor global_input(at::IntArrayRef shape, at::ScalarType dtype, int64_t salt = 0) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return (at::arange(n, at::kLong).add(salt).remainder(13).sub(6)).reshape(shape).to(dtype);
+}
+
+at::Tensor chunk_of(const at::Tensor& t, int64_t dim, int64_t parts, int64_t idx) {
+  return t.narrow(dim, hp::chunk_offset(t.size(dim), parts, idx), hp::chunk_size(t.size(dim), parts, idx));
+}
+
+std::vector<std::vector<int64_t>> shapes_for(int64_t ws) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t extra : {0, 1, 2}) {
+    out.push_back({ws * 3 + extra, 3});
+    out.push_back({3, ws * 3 + extra});
+  }
+  out.push_back({1, 5});  // fewer rows than ranks: trailing ranks hold nothing
+  return out;
+}
+
+const std::vector<at::ScalarType> kDtypes{at::kFloat, at::kBFloat16};
+}  // namespace
+
+TEST(CollectivesDist, AllGatherEvenAndUneven) {
+  auto g = hp::world_group();
+  for (auto dtype : kDtypes)
+    for (const auto& shape : shapes_for(g.size()))
+      for (int64_t dim : {0, 1}) {
+        at::Tensor full = global_input(shape, dtype);
+        at::Tensor local = chunk_of(full, dim, g.size(), g.rank()).contiguous();
+        at::Tensor out = hp::all_gather(local, dim, g, full.size(dim));
+        ASSERT_TRUE(at::equal(out, full)) << "shape " << at::IntArrayRef(shape) << " dim " << dim << " dtype " << dtype;
+      }
+}
+
+TEST(CollectivesDist, AllReduceAllOps) {
+  auto g = hp::world_group();
+  for (auto dtype : kDtypes) {
+    std::vector<at::Tensor> per_rank;
+    for (int64_t r = 0; r < g.size(); ++r) per_rank.push_back(global_input({5, 3}, dtype, 7 * r));
+    at::Tensor stacked = at::stack(per_rank).to(at::kFloat);
+    const std::pair<hp::ReduceOp, at::Tensor> cases[] = {
+        {hp::ReduceOp::SUM, stacked.sum(0)},
+        {hp::ReduceOp::AVG, stacked.mean(0)},
+        {hp::ReduceOp::MAX, std::get<0>(stacked.max(0))},
+        {hp::ReduceOp::MIN, std::get<0>(stacked.min(0))}};
+    for (const auto& c : cases) {
+      at::Tensor t = per_rank[static_cast<size_t>(g.rank())].clone();
+      at::Tensor out = hp::all_reduce(t, c.first, g);
+      EXPECT_TRUE(at::equal(t, per_rank[static_cast<size_t>(g.rank())])) << "out-of-place all_reduce changed its input";
+      EXPECT_TRUE(at::allclose(out.to(at::kFloat), c.second.to(dtype).to(at::kFloat), 1e-2, 1e-2))
+          << hp::reduce_op_name(c.first) << " " << dtype;
+      hp::all_reduce_(t, c.first, g);
+      EXPECT_TRUE(at::equal(t, out));
+    }
+  }
+}
+
+TEST(CollectivesDist, ReduceScatterEvenAndUneven) {
+  auto g = hp::world_group();
+  for (auto dtype : kDtypes)
+    for (const auto& shape : shapes_for(g.size()))
+      for (int64_t dim : {0, 1}) {
+        at::Tensor mine = global_input(shape, dtype, g.rank());
+        at::Tensor sum = at::zeros(shape, at::kFloat), mx = at::full(shape, -1e9, at::kFloat);
+        for (int64_t r = 0; r < g.size(); ++r) {
+          sum += global_input(shape, dtype, r).to(at::kFloat);
+          mx = at::maximum(mx, global_input(shape, dtype, r).to(at::kFloat));
+        }
+        at::Tensor out = hp::reduce_scatter(mine, hp::ReduceOp::SUM, dim, g);
+        ASSERT_TRUE(at::equal(out, chunk_of(sum, dim, g.size(), g.rank()).to(dtype)))
+            << "shape " << at::IntArrayRef(shape) << " dim " << dim << " dtype " << dtype;
+        at::Tensor out_max = hp::reduce_scatter(mine, hp::ReduceOp::MAX, dim, g);
+        ASSERT_TRUE(at::equal(out_max, chunk_of(mx, dim, g.size(), g.rank()).to(dtype)));
+      }
+}
+
+TEST(CollectivesDist, AllToAllEvenAndUneven) {
+  auto g = hp::world_group();
+  for (auto dtype : kDtypes)
+    for (const auto& shape : shapes_for(g.size()))
+      for (auto dims : {std::pair<int64_t, int64_t>{0, 1}, {1, 0}}) {
+        const int64_t split = dims.first, concat = dims.second;
+        at::Tensor full = global_input(shape, dtype);
+        at::Tensor local = chunk_of(full, concat, g.size(), g.rank()).contiguous();
+        at::Tensor out = hp::all_to_all(local, split, concat, g, full.size(concat));
+        ASSERT_TRUE(at::equal(out, chunk_of(full, split, g.size(), g.rank())))
+            << "shape " << at::IntArrayRef(shape) << " split " << split << " dtype " << dtype;
+      }
+}
+
+TEST(CollectivesDist, BroadcastAndScatter) {
+  auto g = hp::world_group();
+  for (auto dtype : kDtypes)
+    for (int64_t src = 0; src < g.size(); ++src) {
+      at::Tensor expected = global_input({4, 3}, dtype, 100 + src);
+      at::Tensor t = g.rank() == src ? expected.clone() : at::zeros({4, 3}, dtype);
+      hp::broadcast_(t, src, g);
+      EXPECT_TRUE(at::equal(t, expected));
+      for (const auto& shape : shapes_for(g.size())) {
+        at::Tensor full = global_input(shape, dtype, src);
+        at::Tensor in = g.rank() == src ? full : at::zeros(shape, dtype);
+        at::Tensor piece = hp::scatter(in, 0, src, g);
+        ASSERT_TRUE(at::equal(piece, chunk_of(full, 0, g.size(), g.rank())));
+      }
+    }
+}
+
+TEST(CollectivesDist, CommDebugModeCountsAndBytes) {
+  auto g = hp::world_group();
+  at::Tensor x = at::ones({4 * g.size(), 2});
+  hp::CommDebugMode outer;
+  {
+    hp::CommDebugMode comm;
+    hp::all_reduce(x, hp::ReduceOp::SUM, g);
+    hp::all_reduce(x, hp::ReduceOp::AVG, g);
+    hp::reduce_scatter(x, hp::ReduceOp::SUM, 0, g);  // emulated by all-to-all: counted once as itself
+    hp::all_gather(x, 1, g);
+    EXPECT_EQ(comm.get_comm_count("all_reduce"), 2);
+    EXPECT_EQ(comm.get_comm_count("reduce_scatter"), 1);
+    EXPECT_EQ(comm.get_comm_count("all_to_all"), 0);
+    EXPECT_EQ(comm.get_comm_count("all_gather"), 1);
+    EXPECT_EQ(comm.get_total_counts(), 4);
+    const int64_t b = x.numel() * 4;
+    EXPECT_EQ(comm.get_comm_bytes("all_reduce"), 2 * b);
+    EXPECT_EQ(comm.get_comm_bytes("reduce_scatter"), b);
+    EXPECT_EQ(comm.get_total_bytes(), 4 * b);
+    comm.reset();
+    EXPECT_EQ(comm.get_total_counts(), 0);
+  }
+  hp::barrier(g);
+  EXPECT_EQ(outer.get_total_counts(), 5);  // nested scopes both count
+  EXPECT_EQ(outer.get_comm_count("barrier"), 1);
+}

@@ -1,0 +1,41 @@
+// A program for hprun's own tests: behaves according to its first argument.
+//   env                  print the launch environment
+//   exit-on-rank R CODE  rank R exits with CODE at once, the others wait to be stopped
+//   never-joins R        rank R never joins; the others try to and must fail with a timeout
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <hyper_parallel/runtime/process_group.h>
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "env";
+  const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "-1");
+  if (mode == "env") {
+    std::printf("rank %d local_rank %s world %s omp %s\n", rank, std::getenv("LOCAL_RANK"),
+                std::getenv("WORLD_SIZE"), std::getenv("OMP_NUM_THREADS"));
+    return 0;
+  }
+  if (mode == "exit-on-rank" && argc > 3) {
+    if (rank == std::atoi(argv[2])) return std::atoi(argv[3]);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (mode == "never-joins" && argc > 2) {
+    if (rank == std::atoi(argv[2])) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    }
+    try {
+      hyper_parallel::init_process_group();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "hprun_probe: bad arguments\n");
+  return 2;
+}

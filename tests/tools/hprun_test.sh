@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# hprun's own contract: environment, rank-prefixed output, first failure named and propagated,
+# and a rank that never joins turning into a timeout error on the others (never a hang).
+set -u
+HPRUN=$1
+PROBE=$2
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$OUT"; exit 1; }
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
+
+"$HPRUN" --nproc-per-node 3 "$PROBE" env >"$OUT" 2>&1 || fail "env run exited $?"
+for r in 0 1 2; do
+  grep -q "^\[rank$r\]: rank $r local_rank $r world 3 omp 1$" "$OUT" || fail "rank $r line missing"
+done
+
+"$HPRUN" --nproc-per-node 3 --grace-s 2 "$PROBE" exit-on-rank 1 3 >"$OUT" 2>&1
+rc=$?
+[ $rc -eq 3 ] || fail "expected exit status 3 from the failing rank, got $rc"
+grep -q "rank 1 (pid [0-9]*) failed first, exit code 3" "$OUT" || fail "failing rank not named"
+
+start=$(date +%s)
+HP_TIMEOUT_S=2 "$HPRUN" --nproc-per-node 2 --grace-s 2 "$PROBE" never-joins 1 >"$OUT" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -eq 1 ] || fail "expected exit status 1 when a rank never joins, got $rc"
+grep -q "rank 0 (pid [0-9]*) failed first" "$OUT" || fail "rank 0 not named"
+grep -q "timeout of 2 s" "$OUT" || fail "no timeout error"
+grep -q "never joined the job: \[1\]" "$OUT" || fail "the missing rank is not named"
+[ $elapsed -lt 30 ] || fail "took ${elapsed}s: not a prompt timeout"
+echo "hprun tests passed"

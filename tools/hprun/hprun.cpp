@@ -1,0 +1,267 @@
+// hprun: our torchrun. Starts --nproc-per-node copies of a program with the torchrun environment
+// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes
+// each output line with its rank, forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails stops
+// the others and exits with the status of the first failure, naming that rank.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Options {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: pick a free one (single node only)
+  double grace_s = 5.0;
+  std::vector<std::string> cmd;
+};
+
+struct Stream {
+  int fd = -1;
+  std::string pending;
+  FILE* sink = nullptr;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // exit code (128+signal when killed)
+  Stream out, err;
+};
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "hprun: %s\nusage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
+               "             [--master-addr A] [--master-port P] [--grace-s S] program [args...]\n",
+               msg);
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const char* v, int min) {
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || x < min) usage((flag + " needs an integer >= " + std::to_string(min)).c_str());
+  return static_cast<int>(x);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) break;
+    if (a == "--") { ++i; break; }
+    std::string value;
+    auto eq = a.find('=');
+    std::string flag = a.substr(0, eq);
+    for (auto& c : flag) if (c == '_') c = '-';
+    if (eq != std::string::npos) value = a.substr(eq + 1);
+    else if (i + 1 < argc) value = argv[++i];
+    else usage((flag + " needs a value").c_str());
+    if (flag == "--nproc-per-node") o.nproc = parse_int(flag, value.c_str(), 1);
+    else if (flag == "--nnodes") o.nnodes = parse_int(flag, value.c_str(), 1);
+    else if (flag == "--node-rank") o.node_rank = parse_int(flag, value.c_str(), 0);
+    else if (flag == "--master-addr") o.master_addr = value;
+    else if (flag == "--master-port") o.master_port = parse_int(flag, value.c_str(), 1);
+    else if (flag == "--grace-s") o.grace_s = std::atof(value.c_str());
+    else usage(("unknown option " + flag).c_str());
+  }
+  for (; i < argc; ++i) o.cmd.emplace_back(argv[i]);
+  if (o.cmd.empty()) usage("no program given");
+  if (o.node_rank >= o.nnodes) usage("--node-rank must be < --nnodes");
+  if (o.master_port == 0 && o.nnodes > 1) usage("--master-port is required with --nnodes > 1");
+  return o;
+}
+
+int free_port(const std::string& addr) {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    std::perror("hprun: cannot find a free port");
+    std::exit(2);
+  }
+  int port = ntohs(sa.sin_port);
+  ::close(s);
+  return port;
+}
+
+// Writes complete lines with the rank prefix; keeps a partial last line for later.
+void flush_lines(Rank& r, Stream& s, bool final) {
+  size_t start = 0, nl;
+  while ((nl = s.pending.find('\n', start)) != std::string::npos) {
+    std::fprintf(s.sink, "[rank%d]: %.*s\n", r.rank, static_cast<int>(nl - start), s.pending.data() + start);
+    start = nl + 1;
+  }
+  s.pending.erase(0, start);
+  if (final && !s.pending.empty()) {
+    std::fprintf(s.sink, "[rank%d]: %s\n", r.rank, s.pending.c_str());
+    s.pending.clear();
+  }
+  std::fflush(s.sink);
+}
+
+void drain(Rank& r, Stream& s) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) { s.pending.append(buf, static_cast<size_t>(n)); continue; }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    ::close(s.fd);  // EOF or error
+    s.fd = -1;
+    flush_lines(r, s, true);
+    return;
+  }
+  flush_lines(r, s, false);
+}
+
+void signal_all(std::vector<Rank>& ranks, int sig) {
+  for (auto& r : ranks)
+    if (r.running) ::kill(-r.pid, sig);  // each rank leads its own process group
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  if (o.master_port == 0) o.master_port = free_port(o.master_addr);
+  const int world = o.nproc * o.nnodes;
+  bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc > 1;
+
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+
+  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
+  for (int i = 0; i < o.nproc; ++i) {
+    Rank& r = ranks[static_cast<size_t>(i)];
+    r.rank = o.node_rank * o.nproc + i;
+    int out[2], err[2];
+    if (::pipe(out) != 0 || ::pipe(err) != 0) { std::perror("hprun: pipe"); return 2; }
+    pid_t pid = ::fork();
+    if (pid < 0) { std::perror("hprun: fork"); return 2; }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::close(out[0]); ::close(out[1]); ::close(err[0]); ::close(err[1]);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+      setenv("RANK", std::to_string(r.rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+      setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+      if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
+      std::vector<char*> args;
+      for (auto& a : o.cmd) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "hprun: cannot run %s: %s\n", args[0], std::strerror(errno));
+      std::_Exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent, so the group exists before any kill()
+    r.pid = pid;
+    r.running = true;
+    ::close(out[1]);
+    ::close(err[1]);
+    r.out = {out[0], "", stdout};
+    r.err = {err[0], "", stderr};
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  }
+
+  int first_failed = -1, first_status = 0, forwarded = 0;
+  bool killed_hard = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    if (g_signal != 0 && forwarded != g_signal) {
+      forwarded = g_signal;
+      std::fprintf(stderr, "hprun: received signal %d, forwarding it to every rank\n", forwarded);
+      signal_all(ranks, forwarded);
+      if (stop_deadline == std::chrono::steady_clock::time_point::max())
+        stop_deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, Stream*>> who;
+    for (auto& r : ranks)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) { fds.push_back({s->fd, POLLIN, 0}); who.emplace_back(&r, s); }
+    if (!fds.empty()) {
+      int n = ::poll(fds.data(), fds.size(), 50);
+      if (n > 0)
+        for (size_t k = 0; k < fds.size(); ++k)
+          if (fds[k].revents) drain(*who[k].first, *who[k].second);
+    }
+    bool any_running = false;
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int st = 0;
+      pid_t p = ::waitpid(r.pid, &st, WNOHANG);
+      if (p == r.pid) {
+        r.running = false;
+        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r.status != 0 && first_failed < 0 && forwarded == 0) {
+          first_failed = r.rank;
+          first_status = r.status;
+          if (WIFEXITED(st))
+            std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, exit code %d; stopping the other ranks\n",
+                         r.rank, static_cast<int>(r.pid), r.status);
+          else
+            std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, killed by signal %d (%s); stopping the other ranks\n",
+                         r.rank, static_cast<int>(r.pid), WTERMSIG(st), strsignal(WTERMSIG(st)));
+          signal_all(ranks, SIGTERM);
+          stop_deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+        }
+      } else {
+        any_running = true;
+      }
+    }
+    if (any_running && !killed_hard && std::chrono::steady_clock::now() > stop_deadline) {
+      std::fprintf(stderr, "hprun: ranks still running %.1f s after SIGTERM; sending SIGKILL\n", o.grace_s);
+      signal_all(ranks, SIGKILL);
+      killed_hard = true;
+    }
+    if (!any_running && fds.empty()) break;
+    if (!any_running) {
+      // Every rank has exited; a grandchild may still hold a pipe open, so give the rest of the
+      // output one second and then stop waiting for it.
+      static auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      if (std::chrono::steady_clock::now() > drain_deadline) break;
+    }
+  }
+  if (first_failed >= 0) {
+    std::fprintf(stderr, "hprun: exiting with rank %d's status %d\n", first_failed, first_status);
+    return first_status;
+  }
+  for (auto& r : ranks)
+    if (r.status != 0) return r.status;  // only after a forwarded signal
+  return 0;
+}
