@@ -1,0 +1,47 @@
+#pragma once
+// DTensorSpec: everything that describes a DTensor except its local data.
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <hyper_parallel/dtensor/placement.h>
+#include <hyper_parallel/mesh/device_mesh.h>
+
+namespace hyper_parallel {
+
+/// Mesh, one (normalised) placement per mesh dimension, and the global shape/stride and dtype.
+struct DTensorSpec {
+  DeviceMesh mesh;
+  Placements placements;
+  std::vector<int64_t> shape;   ///< global sizes
+  std::vector<int64_t> stride;  ///< global strides (contiguous unless a view made them otherwise)
+  c10::ScalarType dtype = c10::ScalarType::Float;
+
+  int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
+  int64_t numel() const;
+  /// Sizes and global offsets of the piece held by the rank at `coordinate` (torch.chunk
+  /// semantics; mesh dimensions shard in order, so a later mesh dim splits an earlier one's piece).
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> local_shape_and_offset(
+      const std::vector<int64_t>& coordinate) const;
+  /// Sizes of this rank's piece.
+  std::vector<int64_t> local_shape() const;
+  bool is_replicated() const;
+  bool has_partial() const;
+  /// Mesh dimensions that shard tensor dimension `dim`.
+  std::vector<int64_t> mesh_dims_sharding(int64_t dim) const;
+  /// e.g. "DTensorSpec(placements=(Shard(dim=0),), shape=[4, 8], dtype=Float)".
+  std::string to_string() const;
+};
+
+/// Contiguous strides of `shape`.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+
+/// Local sizes of `global_shape` laid out by `placements` on `mesh` at `coordinate`.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_offset(
+    const std::vector<int64_t>& global_shape, const std::vector<int64_t>& mesh_shape,
+    const std::vector<int64_t>& coordinate, const Placements& placements);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,99 @@
+#pragma once
+// The sharding-rule interface: how an aten op runs on DTensors. Every rule receives the op and
+// the specs of its tensor inputs and answers with the placements the inputs must have, the
+// placements (and, when the op has no meta kernel, the global shapes) of its outputs, and
+// optionally a local kernel that replaces the op on the local shards. The library registers
+// rules for the ops listed in dtensor/ops/*; users may register rules for their own ops.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <hyper_parallel/dtensor/dtensor_spec.h>
+
+namespace hyper_parallel {
+
+/// What a rule sees of one call.
+class OpInfo {
+ public:
+  /// A tensor input: a DTensor, or a plain tensor taken as Replicate inside an
+  /// ImplicitReplicationGuard. 0-dim plain tensors are scalars and are not inputs.
+  struct TensorInput {
+    size_t arg;         ///< argument index in the schema
+    int64_t elem;       ///< index in a Tensor[] argument, -1 for a Tensor argument
+    const DTensorSpec* spec;
+  };
+
+  OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs);
+
+  const c10::OperatorHandle& op() const { return op_; }
+  const c10::FunctionSchema& schema() const { return op_.schema(); }
+  /// "aten::add.Tensor".
+  std::string name() const;
+  const c10::IValue& arg(size_t i) const { return args_[i]; }
+  size_t num_args() const { return nargs_; }
+  const std::vector<TensorInput>& inputs() const { return inputs_; }
+  const DeviceMesh& mesh() const { return *mesh_; }
+  /// The spec of argument `arg` (element `elem` of a list), or nullptr when it is not an input.
+  const DTensorSpec* spec(size_t arg, int64_t elem = -1) const;
+  /// Index into inputs() of argument `arg`, or -1.
+  int64_t input_index(size_t arg, int64_t elem = -1) const;
+  /// Argument written by the op (self of an in-place op, out of an out= op), or -1.
+  int64_t written_arg() const { return written_arg_; }
+  /// The op and its inputs' placements, for error messages.
+  std::string describe() const;
+
+  // Implementation details of the dispatcher.
+  void add_input(size_t arg, int64_t elem, const DTensorSpec* spec);
+  void set_mesh(const DeviceMesh* mesh) { mesh_ = mesh; }
+  std::vector<std::unique_ptr<DTensorSpec>>& owned_specs() { return owned_; }
+
+ private:
+  const c10::OperatorHandle& op_;
+  const c10::IValue* args_;
+  size_t nargs_;
+  std::vector<TensorInput> inputs_;
+  const DeviceMesh* mesh_ = nullptr;
+  int64_t written_arg_ = -1;
+  std::vector<std::unique_ptr<DTensorSpec>> owned_;
+};
+
+/// A rule's answer. Decisions are cached by (op, input specs, shapes, integer arguments): a
+/// rule must depend on nothing else, and adjust_args/kernel must read floating-point values
+/// from the arguments they receive.
+struct OpSharding {
+  /// Placements each input must have before the local op runs (one per OpInfo::inputs() entry;
+  /// empty keeps them all as they are).
+  std::vector<Placements> input_placements;
+  /// Placements of each schema return (a Tensor[] return applies it to every element).
+  /// Non-tensor returns are ignored.
+  std::vector<Placements> output_placements;
+  /// Global shapes of the tensor returns, for ops without a meta kernel; empty: the op runs once
+  /// on meta tensors of the global shapes to find them.
+  std::vector<std::vector<int64_t>> output_shapes;
+  /// Rewrites the local arguments (e.g. global sizes into local sizes) before the local op.
+  std::function<void(torch::jit::Stack& local_args)> adjust_args;
+  /// Replaces the local op: receives the stack with the local arguments, leaves the returns.
+  std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)> kernel;
+};
+
+using ShardingRule = std::function<OpSharding(const OpInfo&)>;
+
+/// Registers `rule` for `op_name`: "aten::add.Tensor" for one overload, "aten::add" for every
+/// overload that has no rule of its own. A later registration replaces an earlier one.
+void register_sharding_rule(const std::string& op_name, ShardingRule rule);
+
+/// Static registration, e.g. `static RegisterShardingRule r("aten::relu", pointwise_rule);`.
+struct RegisterShardingRule {
+  RegisterShardingRule(const std::string& op_name, ShardingRule rule) {
+    register_sharding_rule(op_name, std::move(rule));
+  }
+};
+
+/// Drops every cached decision (after registering a rule at run time).
+void clear_sharding_cache();
+
+}  // namespace hyper_parallel

@@ -1,0 +1,279 @@
+// The DTensor API: accessors, the differentiable from_local / to_local / redistribute boundaries,
+// distribute_tensor.
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "dtensor_impl.h"
+#include "redistribute.h"
+
+namespace hyper_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Carries a spec through an autograd context's saved_data.
+struct SpecCapsule : torch::CustomClassHolder {
+  explicit SpecCapsule(std::shared_ptr<const DTensorSpec> s) : spec(std::move(s)) {}
+  std::shared_ptr<const DTensorSpec> spec;
+};
+c10::IValue capsule(std::shared_ptr<const DTensorSpec> s) {
+  return c10::IValue::make_capsule(c10::make_intrusive<SpecCapsule>(std::move(s)));
+}
+std::shared_ptr<const DTensorSpec> uncapsule(const c10::IValue& v) {
+  return c10::static_intrusive_pointer_cast<SpecCapsule>(v.toCapsule())->spec;
+}
+
+DTensorImpl& impl_of(const at::Tensor& t, const char* what) {
+  DTensorImpl* impl = dtensor_impl(t);
+  HP_CHECK_T(c10::TypeError, impl != nullptr, "hyper_parallel: ", what,
+             " needs a DTensor, got a plain tensor");
+  return *impl;
+}
+
+// Redistributes a gradient to `target` placements; plain gradients pass through.
+at::Tensor grad_to(const at::Tensor& grad, const Placements& target) {
+  DTensorImpl* g = dtensor_impl(grad);
+  if (g == nullptr || g->spec().placements == target) return grad;
+  return make_dtensor(redistribute_local(g->local(), g->spec(), target),
+                      spec_with_placements(g->spec(), target));
+}
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
+                            std::shared_ptr<const DTensorSpec> spec) {
+    ctx->saved_data["spec"] = capsule(spec);
+    return make_dtensor(local.detach(), std::move(spec));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto spec = uncapsule(ctx->saved_data["spec"]);
+    at::Tensor g = grads[0];
+    if (DTensorImpl* impl = dtensor_impl(g)) {
+      // The gradient of each rank's local is the DTensor gradient in the forward layout; a
+      // Partial gradient (e.g. from Colwise) is reduced here.
+      g = redistribute_local(impl->local(), impl->spec(), placements_for_grad(spec->placements));
+    }
+    return {g, at::Tensor()};
+  }
+};
+
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dtensor,
+                            std::shared_ptr<const DTensorSpec> grad_spec) {
+    ctx->saved_data["spec"] = capsule(std::move(grad_spec));
+    return impl_of(dtensor, "to_local").local().alias();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto spec = uncapsule(ctx->saved_data["spec"]);
+    at::Tensor g = grads[0];
+    if (!g.defined() || dtensor_impl(g) != nullptr) return {g, at::Tensor()};
+    const auto expected = spec->local_shape();
+    TORCH_CHECK(g.sizes() == c10::IntArrayRef(expected), "to_local backward: the gradient of the local tensor has shape ",
+                g.sizes(), " but the local shard has shape ", c10::IntArrayRef(expected));
+    return {make_dtensor(g, spec), at::Tensor()};
+  }
+};
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<const DTensorSpec> dst) {
+    const DTensorImpl& in = impl_of(input, "redistribute");
+    ctx->saved_data["src"] = capsule(in.spec_ptr());
+    at::Tensor local = redistribute_local(in.local(), in.spec(), dst->placements);
+    return make_dtensor(std::move(local), std::move(dst));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto src = uncapsule(ctx->saved_data["src"]);
+    return {grad_to(grads[0], placements_for_grad(src->placements)), at::Tensor()};
+  }
+};
+
+thread_local bool t_implicit_replication = false;
+
+}  // namespace
+
+bool is_dtensor(const at::Tensor& t) { return dtensor_impl(t) != nullptr; }
+
+DTensor::DTensor(at::Tensor t) : at::Tensor(std::move(t)) {
+  HP_CHECK_T(c10::TypeError, !defined() || is_dtensor(*this),
+             "hyper_parallel::DTensor: the tensor is a plain tensor, not a DTensor (use "
+             "DTensor::from_local or distribute_tensor)");
+}
+
+const DTensorSpec& DTensor::spec() const { return impl_of(*this, "spec()").spec(); }
+const Placements& DTensor::placements() const { return spec().placements; }
+const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
+
+at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
+  const DTensorImpl& impl = impl_of(*this, "to_local");
+  if (!impl.spec().has_partial() && !grad_placements && !requires_grad()) return impl.local();
+  auto grad_spec = spec_with_placements(
+      impl.spec(), grad_placements ? normalize_placements(*grad_placements, impl.spec().ndim())
+                                   : placements_for_grad(impl.spec().placements));
+  // Passed as at::Tensor: autograd's argument scan only recognises that exact type.
+  return ToLocalFn::apply(static_cast<const at::Tensor&>(*this), std::move(grad_spec));
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements) const {
+  const DTensorImpl& impl = impl_of(*this, "redistribute");
+  HP_CHECK_T(c10::ValueError, mesh == impl.spec().mesh,
+             "redistribute: moving a DTensor to another mesh is not supported (from ",
+             impl.spec().mesh.to_string(), " to ", mesh.to_string(), ")");
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
+             "redistribute: ", to_string(placements), " has ", placements.size(),
+             " placements for a mesh with ", mesh.ndim(), " dimensions");
+  Placements dst = normalize_placements(placements, impl.spec().ndim());
+  if (dst == impl.spec().placements) return *this;
+  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this),
+                                       spec_with_placements(impl.spec(), std::move(dst))));
+}
+
+DTensor DTensor::redistribute(const Placements& placements) const {
+  return redistribute(device_mesh(), placements);
+}
+
+at::Tensor DTensor::full_tensor() const {
+  return redistribute(Placements(static_cast<size_t>(device_mesh().ndim()), Replicate())).to_local();
+}
+
+DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                            const Placements& placements, bool run_check,
+                            c10::optional<at::IntArrayRef> shape,
+                            c10::optional<at::IntArrayRef> stride) {
+  HP_CHECK_T(c10::TypeError, local.defined() && !is_dtensor(local),
+             "DTensor::from_local needs a defined plain tensor", (local.defined() ? ", got a DTensor" : ""));
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
+             "DTensor::from_local: ", to_string(placements), " has ", placements.size(),
+             " placements for a mesh with ", mesh.ndim(), " dimensions");
+  auto spec = std::make_shared<DTensorSpec>();
+  spec->mesh = mesh;
+  spec->placements = normalize_placements(placements, local.dim());
+  spec->dtype = local.scalar_type();
+  at::Tensor data = local;
+  if (shape) {
+    spec->shape = shape->vec();
+    HP_CHECK_T(c10::ValueError, spec->shape.size() == static_cast<size_t>(local.dim()),
+               "DTensor::from_local: shape ", *shape, " has another rank than the local tensor ",
+               local.sizes());
+  } else {
+    spec->shape = local.sizes().vec();
+    for (size_t i = 0; i < spec->placements.size(); ++i)
+      if (spec->placements[i].is_shard())
+        spec->shape[static_cast<size_t>(spec->placements[i].dim())] *= mesh.size(static_cast<int64_t>(i));
+  }
+  if (run_check) {
+    // Every rank's local shape along each sharded dim must be its torch.chunk piece; the other
+    // dims must agree. One all_gather of the shapes per mesh dimension.
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      const Group& g = mesh.get_group(i);
+      at::Tensor mine = at::tensor(local.sizes().vec(), at::kLong).unsqueeze(0);
+      at::Tensor all = all_gather(mine, 0, g);
+      const Placement& p = spec->placements[static_cast<size_t>(i)];
+      if (p.is_shard() && !shape && spec->mesh_dims_sharding(p.dim()).size() == 1) {
+        // Uneven shards: the global size is the sum of the pieces.
+        spec->shape[static_cast<size_t>(p.dim())] = all.select(1, p.dim()).sum().item<int64_t>();
+      }
+      for (int64_t d = 0; d < local.dim(); ++d) {
+        if (p.is_shard(d)) continue;
+        at::Tensor col = all.select(1, d);
+        HP_CHECK_T(c10::ValueError, (col == col[0]).all().item<bool>(), "DTensor::from_local(run_check): local shapes ",
+                   all, " differ in dim ", d, ", which mesh dim ", i, " does not shard");
+      }
+    }
+    auto [expect, offset] = spec->local_shape_and_offset(*mesh.get_coordinate());
+    HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "DTensor::from_local(run_check): rank ",
+               get_rank(), " holds a local tensor of shape ", local.sizes(), " but ", to_string(spec->placements),
+               " of the global shape ", c10::IntArrayRef(spec->shape), " gives it ", c10::IntArrayRef(expect));
+    // Replicate: coordinate 0's values win, written into the local tensor as PyTorch does.
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      if (!spec->placements[static_cast<size_t>(i)].is_replicate()) continue;
+      at::NoGradGuard no_grad;
+      at::Tensor copy = data.detach().clone(at::MemoryFormat::Contiguous);
+      broadcast_(copy, 0, mesh.get_group(i));
+      data.detach().copy_(copy);
+    }
+  }
+  spec->stride = stride ? stride->vec() : contiguous_strides(spec->shape);
+  return DTensor(FromLocalFn::apply(data, std::move(spec)));
+}
+
+DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                          const Placements& placements, c10::optional<int64_t> src_data_rank) {
+  HP_CHECK_T(c10::TypeError, tensor.defined() && !is_dtensor(tensor),
+             "distribute_tensor needs a defined plain tensor", (tensor.defined() ? ", got a DTensor" : ""));
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
+             "distribute_tensor: ", to_string(placements), " has ", placements.size(),
+             " placements for a mesh with ", mesh.ndim(), " dimensions");
+  auto spec = std::make_shared<DTensorSpec>();
+  spec->mesh = mesh;
+  spec->placements = normalize_placements(placements, tensor.dim());
+  spec->shape = tensor.sizes().vec();
+  spec->stride = contiguous_strides(spec->shape);
+  spec->dtype = tensor.scalar_type();
+  const auto coord_opt = mesh.get_coordinate();
+  TORCH_CHECK(coord_opt.has_value(), "distribute_tensor: this rank is not part of ", mesh.to_string());
+  const auto& coord = *coord_opt;
+
+  at::NoGradGuard no_grad;
+  at::Tensor local;
+  if (tensor.is_meta()) {
+    // Meta tensors have no values: nothing to send (seed §3.1), only the local shape matters.
+    local = at::empty(spec->local_shape(), tensor.options());
+  } else if (!src_data_rank) {
+    local = tensor.detach();
+    for (size_t i = 0; i < spec->placements.size(); ++i) {
+      const Placement& p = spec->placements[i];
+      const int64_t parts = mesh.size(static_cast<int64_t>(i));
+      if (p.is_shard()) {
+        const int64_t n = local.size(p.dim());
+        local = local.narrow(p.dim(), chunk_offset(n, parts, coord[i]), chunk_size(n, parts, coord[i]));
+      } else if (p.is_partial() && p.reduce_op() == ReduceOp::SUM && coord[i] != 0) {
+        local = at::zeros_like(local);
+      }
+    }
+    local = local.clone(at::MemoryFormat::Contiguous);
+  } else {
+    const int64_t src = *src_data_rank;
+    local = tensor.detach().contiguous();
+    for (size_t i = 0; i < spec->placements.size(); ++i) {
+      const Placement& p = spec->placements[i];
+      const Group& g = mesh.get_group(static_cast<int64_t>(i));
+      HP_CHECK_T(c10::ValueError, src >= 0 && src < g.size(), "distribute_tensor: src_data_rank ",
+                 src, " is not a rank of mesh dimension ", i, " (size ", g.size(), ")");
+      if (p.is_shard()) {
+        local = scatter(local, p.dim(), src, g);
+      } else {
+        local = local.clone();
+        broadcast_(local, src, g);
+        if (p.is_partial() && p.reduce_op() == ReduceOp::SUM && coord[i] != 0) local.zero_();
+      }
+    }
+    if (local.is_same(tensor)) local = local.clone();
+  }
+  at::Tensor out = make_dtensor(std::move(local), std::move(spec));
+  if (tensor.requires_grad()) out.set_requires_grad(true);
+  return DTensor(std::move(out));
+}
+
+ImplicitReplicationGuard::ImplicitReplicationGuard() : previous_(t_implicit_replication) {
+  t_implicit_replication = true;
+}
+ImplicitReplicationGuard::~ImplicitReplicationGuard() { t_implicit_replication = previous_; }
+bool ImplicitReplicationGuard::enabled() { return t_implicit_replication; }
+
+std::ostream& operator<<(std::ostream& os, const DTensor& t) {
+  if (!t.defined()) return os << "DTensor(undefined)";
+  const DTensorImpl& impl = impl_of(t, "printing");
+  os << "DTensor(mesh=" << impl.spec().mesh.to_string() << ", placements="
+     << to_string(impl.spec().placements) << ", shape=" << t.sizes() << ", dtype=" << t.scalar_type()
+     << (t.requires_grad() ? ", requires_grad=True" : "") << ", local=\n"
+     << impl.local() << ")";
+  return os;
+}
+
+}  // namespace hyper_parallel

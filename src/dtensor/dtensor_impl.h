@@ -1,0 +1,54 @@
+#pragma once
+// The TensorImpl behind every DTensor (DESIGN §4.1). Internal to the library.
+#include <c10/core/TensorImpl.h>
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include <hyper_parallel/dtensor/dtensor_spec.h>
+
+namespace hyper_parallel {
+
+/// The dispatch key whose boxed fallback receives every aten op on DTensors. `Fake` is unused by
+/// libtorch's C++ runtime in 1.13 and sits where Python's __torch_dispatch__ does: below autograd
+/// and after CompositeImplicitAutograd decompositions. The only place that names the key.
+constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::Fake;
+
+/// Reports the global sizes and strides, holds the local shard, has no storage.
+class DTensorImpl final : public c10::TensorImpl {
+ public:
+  DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
+
+  const at::Tensor& local() const { return local_; }
+  const DTensorSpec& spec() const { return *spec_; }
+  const std::shared_ptr<const DTensorSpec>& spec_ptr() const { return spec_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+  void release_resources() override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  template <class VersionCounter>
+  c10::intrusive_ptr<c10::TensorImpl> copy_impl(VersionCounter&& vc, bool allow) const;
+
+  at::Tensor local_;
+  std::shared_ptr<const DTensorSpec> spec_;
+};
+
+/// The DTensorImpl behind `t`, or nullptr when `t` is not a DTensor.
+inline DTensorImpl* dtensor_impl(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->key_set().has(kDTensorKey)) return nullptr;
+  return dynamic_cast<DTensorImpl*>(impl);
+}
+
+/// Wraps `local` (no autograd history of its own) with `spec`.
+at::Tensor make_dtensor(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,75 @@
+#include <hyper_parallel/dtensor/dtensor_spec.h>
+#include <hyper_parallel/runtime/chunking.h>
+
+#include <c10/util/ArrayRef.h>
+
+#include <sstream>
+
+namespace hyper_parallel {
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    st[static_cast<size_t>(i)] = st[static_cast<size_t>(i + 1)] * std::max<int64_t>(shape[static_cast<size_t>(i + 1)], 1);
+  return st;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_offset(
+    const std::vector<int64_t>& global_shape, const std::vector<int64_t>& mesh_shape,
+    const std::vector<int64_t>& coordinate, const Placements& placements) {
+  std::vector<int64_t> shape = global_shape;
+  std::vector<int64_t> offset(global_shape.size(), 0);
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (!placements[i].is_shard()) continue;
+    const auto d = static_cast<size_t>(placements[i].dim());
+    const int64_t n = shape[d];
+    offset[d] += chunk_offset(n, mesh_shape[i], coordinate[i]);
+    shape[d] = chunk_size(n, mesh_shape[i], coordinate[i]);
+  }
+  return {shape, offset};
+}
+
+int64_t DTensorSpec::numel() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> DTensorSpec::local_shape_and_offset(
+    const std::vector<int64_t>& coordinate) const {
+  return compute_local_shape_and_offset(shape, mesh.shape(), coordinate, placements);
+}
+
+std::vector<int64_t> DTensorSpec::local_shape() const {
+  auto coord = mesh.get_coordinate();
+  if (!coord) return std::vector<int64_t>(shape.size(), 0);  // not in the mesh: holds nothing
+  return local_shape_and_offset(*coord).first;
+}
+
+bool DTensorSpec::is_replicated() const {
+  for (const auto& p : placements)
+    if (!p.is_replicate()) return false;
+  return true;
+}
+
+bool DTensorSpec::has_partial() const {
+  for (const auto& p : placements)
+    if (p.is_partial()) return true;
+  return false;
+}
+
+std::vector<int64_t> DTensorSpec::mesh_dims_sharding(int64_t dim) const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < placements.size(); ++i)
+    if (placements[i].is_shard(dim)) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
+std::string DTensorSpec::to_string() const {
+  std::ostringstream os;
+  os << "DTensorSpec(placements=" << hyper_parallel::to_string(placements) << ", shape="
+     << c10::IntArrayRef(shape) << ", dtype=" << dtype << ")";
+  return os.str();
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,97 @@
+// Matrix products: mm, addmm, bmm (what Linear and matmul decompose into on libtorch 1.13).
+#include "rule_utils.h"
+
+namespace hyper_parallel {
+namespace ops {
+namespace {
+
+struct Choice {
+  Placement a, b, out;
+};
+
+// One mesh dim of A[..., m, k] @ B[..., k, n] (`batched`: a leading batch dim on both). Keeps
+// whatever sharding the inputs already have where the algebra allows: rows of A -> rows of the
+// result, columns of B -> columns, the contracted dim on both -> Partial(sum).
+Choice choose(const Placement& pa, const Placement& pb, bool batched) {
+  const int64_t o = batched ? 1 : 0;
+  const int64_t m = o, ka = o + 1, kb = o, n = o + 1;
+  if (batched && (pa.is_shard(0) || pb.is_shard(0))) return {Shard(0), Shard(0), Shard(0)};
+  if (pa.is_shard(m)) return {pa, Replicate(), Shard(m)};
+  if (pb.is_shard(n)) return {Replicate(), pb, Shard(o + 1)};
+  if (pa.is_shard(ka) || pb.is_shard(kb)) return {Shard(ka), Shard(kb), Partial()};
+  const bool a_sum = pa.is_partial() && pa.reduce_op() == ReduceOp::SUM;
+  const bool b_sum = pb.is_partial() && pb.reduce_op() == ReduceOp::SUM;
+  if (a_sum && !pb.is_partial()) return {pa, Replicate(), Partial()};
+  if (b_sum && !pa.is_partial()) return {Replicate(), pb, Partial()};
+  if (a_sum && b_sum) return {Replicate(), pb, Partial()};  // reduce one factor only
+  return {Replicate(), Replicate(), Replicate()};
+}
+
+OpSharding product(const OpInfo& info, size_t a_arg, size_t b_arg, bool batched, int64_t self_arg) {
+  const DTensorSpec* a = info.spec(a_arg);
+  const DTensorSpec* b = info.spec(b_arg);
+  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel: ", info.describe(),
+             " needs both matrix operands to be DTensors");
+  const size_t nmesh = static_cast<size_t>(info.mesh().ndim());
+  Placements pa(nmesh), pb(nmesh), out(nmesh);
+  for (size_t i = 0; i < nmesh; ++i) {
+    Choice c = choose(a->placements[i], b->placements[i], batched);
+    pa[i] = c.a;
+    pb[i] = c.b;
+    out[i] = c.out;
+  }
+  OpSharding s;
+  s.input_placements.resize(info.inputs().size());
+  for (size_t k = 0; k < info.inputs().size(); ++k) {
+    const auto& in = info.inputs()[k];
+    if (in.arg == a_arg) s.input_placements[k] = pa;
+    else if (in.arg == b_arg) s.input_placements[k] = pb;
+    else if (static_cast<int64_t>(in.arg) == self_arg) {
+      // The added term (addmm's self) broadcasts against the [m, n] result.
+      const auto& shape = in.spec->shape;
+      const int64_t nd = static_cast<int64_t>(shape.size());
+      const int64_t m = a->shape[a->shape.size() - 2], n = b->shape.back();
+      const std::vector<int64_t> res = batched ? std::vector<int64_t>{a->shape[0], m, n}
+                                               : std::vector<int64_t>{m, n};
+      const int64_t out_nd = static_cast<int64_t>(res.size());
+      Placements want(nmesh);
+      for (size_t i = 0; i < nmesh; ++i) {
+        if (out[i].is_partial()) {
+          want[i] = Partial();  // added once: Replicate -> Partial keeps it on coordinate 0 only
+        } else if (out[i].is_shard()) {
+          const int64_t d = out[i].dim() - (out_nd - nd);
+          const bool holds = d >= 0 && shape[static_cast<size_t>(d)] == res[static_cast<size_t>(out[i].dim())];
+          want[i] = holds ? Shard(d) : Replicate();
+        } else {
+          want[i] = Replicate();
+        }
+      }
+      s.input_placements[k] = want;
+    } else {
+      s.input_placements[k] = replicate(info);
+    }
+  }
+  s.output_placements = {out};
+  return s;
+}
+
+struct Registrar {
+  Registrar() {
+    register_sharding_rule("aten::mm", [](const OpInfo& i) { return product(i, 0, 1, false, -1); });
+    register_sharding_rule("aten::addmm", [](const OpInfo& i) { return product(i, 1, 2, false, 0); });
+    register_sharding_rule("aten::bmm", [](const OpInfo& i) { return product(i, 0, 1, true, -1); });
+    register_sharding_rule("aten::baddbmm", [](const OpInfo& i) { return product(i, 1, 2, true, 0); });
+    // Vector products: rare in models; computed replicated.
+    for (const char* n : {"aten::mv", "aten::dot", "aten::vdot", "aten::outer", "aten::ger"})
+      register_sharding_rule(n, [](const OpInfo& i) {
+        OpSharding s;
+        s.input_placements.assign(i.inputs().size(), replicate(i));
+        s.output_placements.assign(i.schema().returns().size(), replicate(i));
+        return s;
+      });
+  }
+} registrar;
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel

@@ -1,0 +1,164 @@
+// Pointwise ops (unary, binary with broadcasting, Scalar overloads, in-place and out= variants,
+// activations and their backwards, the optimizer arithmetic).
+#include "pointwise.h"
+
+namespace hyper_parallel {
+namespace ops {
+
+std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t>*>& shapes) {
+  size_t nd = 0;
+  for (auto* s : shapes) nd = std::max(nd, s->size());
+  std::vector<int64_t> out(nd, 1);
+  for (auto* s : shapes)
+    for (size_t k = 0; k < s->size(); ++k) {
+      int64_t& o = out[nd - s->size() + k];
+      const int64_t v = (*s)[k];
+      if (o == 1) o = v;
+      else HP_CHECK_T(c10::ValueError, v == 1 || v == o, "shapes do not broadcast");
+    }
+  return out;
+}
+
+OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool explicit_shape) {
+  const auto& inputs = info.inputs();
+  const size_t nmesh = static_cast<size_t>(info.mesh().ndim());
+  std::vector<const std::vector<int64_t>*> shapes;
+  for (const auto& in : inputs) shapes.push_back(&in.spec->shape);
+  const std::vector<int64_t> out_shape = broadcast_shape(shapes);
+  const int64_t out_nd = static_cast<int64_t>(out_shape.size());
+
+  // Whether input k holds output dim `od` itself (not broadcast).
+  auto holds = [&](size_t k, int64_t od) {
+    const auto& s = inputs[k].spec->shape;
+    const int64_t d = od - (out_nd - static_cast<int64_t>(s.size()));
+    return d >= 0 && s[static_cast<size_t>(d)] == out_shape[static_cast<size_t>(od)];
+  };
+  auto out_dim_of = [&](size_t k, int64_t d) {
+    return d + (out_nd - static_cast<int64_t>(inputs[k].spec->shape.size()));
+  };
+
+  Placements out(nmesh);
+  const int64_t written = info.written_arg();
+  const int64_t written_input = written >= 0 ? info.input_index(static_cast<size_t>(written)) : -1;
+  for (size_t i = 0; i < nmesh; ++i) {
+    if (written_input >= 0) {  // in-place / out=: the written tensor's layout is the result's
+      const Placement& p = inputs[static_cast<size_t>(written_input)].spec->placements[i];
+      out[i] = p.is_shard() ? Shard(out_dim_of(static_cast<size_t>(written_input), p.dim())) : p;
+      continue;
+    }
+    // A shard of an input that holds the dimension wins (no communication for it).
+    bool chosen = false;
+    for (size_t k = 0; k < inputs.size() && !chosen; ++k) {
+      const Placement& p = inputs[k].spec->placements[i];
+      if (p.is_shard() && holds(k, out_dim_of(k, p.dim()))) {
+        out[i] = Shard(out_dim_of(k, p.dim()));
+        chosen = true;
+      }
+    }
+    if (chosen) continue;
+    // Partial survives only ops linear in the partial operands.
+    size_t npartial = 0, nsum = 0;
+    for (const auto& in : inputs) {
+      const Placement& p = in.spec->placements[i];
+      if (p.is_partial()) { ++npartial; nsum += p.reduce_op() == ReduceOp::SUM; }
+    }
+    out[i] = Replicate();
+    if (npartial == 0 || nsum != npartial) continue;
+    switch (linearity) {
+      case Linearity::Unary:
+        if (inputs.size() == 1) out[i] = Partial();
+        break;
+      case Linearity::Additive:
+        if (npartial == inputs.size()) out[i] = Partial();
+        break;
+      case Linearity::Multiplicative:
+        if (npartial == 1) out[i] = Partial();
+        break;
+      case Linearity::Numerator:
+        if (npartial == 1 && inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial()) out[i] = Partial();
+        break;
+      case Linearity::None:
+        break;
+    }
+  }
+
+  OpSharding s;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Placements want(nmesh);
+    for (size_t i = 0; i < nmesh; ++i) {
+      if (out[i].is_shard()) {
+        const int64_t d = out[i].dim() - (out_nd - static_cast<int64_t>(inputs[k].spec->shape.size()));
+        want[i] = holds(k, out[i].dim()) ? Shard(d) : Replicate();
+      } else if (out[i].is_partial()) {
+        // Reached with a Partial written tensor too: a sum stays exact only if every addend is
+        // Partial (a replicated addend becomes Partial by zeros off coordinate 0) and factors
+        // are replicated.
+        HP_CHECK_T(c10::ValueError, linearity != Linearity::None && out[i].reduce_op() == ReduceOp::SUM,
+                   "hyper_parallel: ", info.describe(), " cannot update a ", out[i].to_string(),
+                   " tensor in place (the op is not linear); redistribute it to Replicate first");
+        const bool carrier = written_input >= 0 ? static_cast<int64_t>(k) == written_input
+                                                : inputs[k].spec->placements[i].is_partial();
+        want[i] = linearity == Linearity::Additive || carrier ? Partial() : Replicate();
+      } else {
+        want[i] = Replicate();
+      }
+    }
+    s.input_placements.push_back(std::move(want));
+  }
+  s.output_placements.assign(info.schema().returns().size(), out);
+  if (explicit_shape) s.output_shapes.assign(info.schema().returns().size(), out_shape);
+  return s;
+}
+
+namespace {
+
+ShardingRule rule(Linearity l, bool explicit_shape = false) {
+  return [l, explicit_shape](const OpInfo& info) { return pointwise_sharding(info, l, explicit_shape); };
+}
+
+// Ops with no linearity to exploit: a Partial input is reduced first.
+const char* kNonLinear[] = {
+    "aten::abs", "aten::acos", "aten::asin", "aten::atan", "aten::ceil", "aten::cos", "aten::cosh",
+    "aten::erf", "aten::exp", "aten::expm1", "aten::floor", "aten::log", "aten::log1p", "aten::log2",
+    "aten::reciprocal", "aten::round", "aten::rsqrt", "aten::sigmoid", "aten::sign", "aten::sin",
+    "aten::sinh", "aten::sqrt", "aten::tan", "aten::tanh", "aten::trunc", "aten::relu", "aten::relu_",
+    "aten::gelu", "aten::gelu_", "aten::silu", "aten::silu_", "aten::pow", "aten::pow_",
+    "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_", "aten::clamp_max",
+    "aten::clamp_max_", "aten::threshold", "aten::threshold_backward", "aten::gelu_backward",
+    "aten::silu_backward", "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh",
+    "aten::hardtanh_backward", "aten::leaky_relu", "aten::leaky_relu_backward", "aten::elu",
+    "aten::softplus", "aten::mish", "aten::addcmul", "aten::addcmul_", "aten::addcdiv",
+    "aten::addcdiv_", "aten::lerp", "aten::lerp_", "aten::maximum", "aten::minimum",
+    "aten::max.other", "aten::min.other", "aten::eq", "aten::ne", "aten::lt", "aten::le",
+    "aten::gt", "aten::ge", "aten::eq_", "aten::ne_", "aten::logical_and", "aten::logical_or",
+    "aten::logical_not", "aten::logical_xor", "aten::isnan", "aten::isinf", "aten::isfinite",
+    "aten::isneginf", "aten::isposinf", "aten::bitwise_and", "aten::bitwise_or",
+    "aten::bitwise_not", "aten::masked_fill", "aten::masked_fill_", "aten::where",
+    "aten::native_dropout_backward", "aten::rsub", "aten::sgn", "aten::signbit",
+    "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square",
+    "aten::_foreach_placeholder_do_not_use"};
+// Linear in each operand when all operands are Partial(sum): x + y, x - y.
+const char* kAdditive[] = {"aten::add", "aten::add_", "aten::sub", "aten::sub_"};
+// Linear in one Partial operand when the others are replicated: x * c.
+const char* kMultiplicative[] = {"aten::mul", "aten::mul_"};
+// Linear in the numerator: x / c.
+const char* kNumerator[] = {"aten::div", "aten::div_"};
+// One input, linear: -x, copies, conversions.
+const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy",
+                              "aten::positive", "aten::real", "aten::conj_physical"};
+
+struct Registrar {
+  Registrar() {
+    for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
+    for (auto n : kAdditive) register_sharding_rule(n, rule(Linearity::Additive));
+    for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
+    for (auto n : kNumerator) register_sharding_rule(n, rule(Linearity::Numerator));
+    for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
+    // No meta kernel in libtorch 1.13: the shape is the broadcast of the inputs'.
+    register_sharding_rule("aten::where.self", rule(Linearity::None, /*explicit_shape=*/true));
+  }
+} registrar;
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel

@@ -1,0 +1,23 @@
+#pragma once
+// The pointwise strategy, shared with the families that reuse it (copy_, factories).
+#include "rule_utils.h"
+
+namespace hyper_parallel {
+namespace ops {
+
+/// How an op treats Partial(sum) inputs.
+enum class Linearity {
+  None,            ///< reduce Partial inputs first
+  Unary,           ///< f(sum x_r) = sum f(x_r) for its single input
+  Additive,        ///< all operands Partial stay Partial
+  Multiplicative,  ///< exactly one Partial operand, the others replicated
+  Numerator,       ///< the first operand Partial, the others replicated
+};
+
+/// Output sharding follows the first input that shards a dimension it holds (broadcast dims are
+/// replicated); in-place/out= ops follow the written tensor; Partial survives per `linearity`.
+/// `explicit_shape`: give the broadcast shape instead of running the op on meta tensors.
+OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool explicit_shape = false);
+
+}  // namespace ops
+}  // namespace hyper_parallel

@@ -1,0 +1,115 @@
+// Reductions (sum, mean, amax, amin, all/any, norms) and softmax / log_softmax with their
+// backwards.
+#include "rule_utils.h"
+
+namespace hyper_parallel {
+namespace ops {
+namespace {
+
+enum class Reduce { Sum, Mean, Max, Min, Replicated };
+
+// `dim_arg`: index of the dims argument (-1: reduces every dim); `keepdim_arg` likewise.
+OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int64_t keepdim_arg) {
+  const DTensorSpec& in = *info.spec(0);
+  const int64_t nd = in.ndim();
+  std::vector<bool> reduced(static_cast<size_t>(nd), dim_arg < 0);
+  if (dim_arg >= 0) {
+    auto dims = int_list(info, static_cast<size_t>(dim_arg));
+    if (dims.empty()) reduced.assign(static_cast<size_t>(nd), true);
+    for (int64_t d : dims) reduced[static_cast<size_t>(wrap_dim(d, nd))] = true;
+  }
+  const bool keepdim = keepdim_arg >= 0 && info.arg(static_cast<size_t>(keepdim_arg)).toBool();
+  auto out_dim = [&](int64_t d) {
+    if (keepdim) return d;
+    int64_t shift = 0;
+    for (int64_t k = 0; k < d; ++k) shift += reduced[static_cast<size_t>(k)];
+    return d - shift;
+  };
+  Placements want = in.placements, out(in.placements.size());
+  for (size_t i = 0; i < in.placements.size(); ++i) {
+    const Placement& p = in.placements[i];
+    if (p.is_shard() && !reduced[static_cast<size_t>(p.dim())]) {
+      out[i] = Shard(out_dim(p.dim()));
+    } else if (p.is_shard()) {
+      // Reducing over a sharded dim: each rank reduces its piece; the pieces combine later.
+      switch (kind) {
+        case Reduce::Sum: out[i] = Partial(ReduceOp::SUM); break;
+        case Reduce::Max: out[i] = Partial(ReduceOp::MAX); break;
+        case Reduce::Min: out[i] = Partial(ReduceOp::MIN); break;
+        case Reduce::Mean:
+          if (evenly_sharded(info, in, p.dim())) out[i] = Partial(ReduceOp::AVG);
+          else { want[i] = Replicate(); out[i] = Replicate(); }
+          break;
+        case Reduce::Replicated: want[i] = Replicate(); out[i] = Replicate(); break;
+      }
+    } else if (p.is_partial()) {
+      // sum and mean are linear in a Partial(sum) input; the others need the value.
+      if ((kind == Reduce::Sum || kind == Reduce::Mean) && p.reduce_op() == ReduceOp::SUM) out[i] = p;
+      else { want[i] = Replicate(); out[i] = Replicate(); }
+    } else {
+      out[i] = Replicate();
+    }
+  }
+  // Mean over a sharded dim of a Partial elsewhere mixes two reductions: keep it simple.
+  bool has_avg = false, has_other_partial = false;
+  for (const auto& p : out) {
+    has_avg = has_avg || (p.is_partial() && p.reduce_op() == ReduceOp::AVG);
+    has_other_partial = has_other_partial || (p.is_partial() && p.reduce_op() != ReduceOp::AVG);
+  }
+  if (has_avg && has_other_partial) {
+    want = without_partial(without_shards(in.placements, [&](int64_t d) { return reduced[static_cast<size_t>(d)]; }));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = want[i].is_shard() ? Shard(out_dim(want[i].dim())) : Replicate();
+  }
+  OpSharding s;
+  s.input_placements.assign(info.inputs().size(), replicate(info));
+  s.input_placements[0] = want;
+  s.output_placements.assign(info.schema().returns().size(), out);
+  return s;
+}
+
+// softmax(self, dim, ...): the softmax dim whole on every rank, no Partial.
+OpSharding softmax_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.spec(0);
+  const int64_t dim = wrap_dim(info.arg(1).toInt(), in.ndim());
+  Placements want = without_partial(without_shards(in.placements, [dim](int64_t d) { return d == dim; }));
+  OpSharding s;
+  s.input_placements = {want};
+  s.output_placements = {want};
+  return s;
+}
+
+// _softmax_backward_data(grad_output, output, dim, input_dtype): both laid out like the output.
+OpSharding softmax_backward_rule(const OpInfo& info) {
+  const DTensorSpec& out = *info.spec(1);
+  const int64_t dim = wrap_dim(info.arg(2).toInt(), out.ndim());
+  Placements want = without_partial(without_shards(out.placements, [dim](int64_t d) { return d == dim; }));
+  OpSharding s;
+  s.input_placements.assign(info.inputs().size(), want);
+  s.output_placements = {want};
+  return s;
+}
+
+struct Registrar {
+  Registrar() {
+    register_sharding_rule("aten::sum", [](const OpInfo& i) { return reduction_rule(i, Reduce::Sum, -1, -1); });
+    register_sharding_rule("aten::sum.dim_IntList", [](const OpInfo& i) { return reduction_rule(i, Reduce::Sum, 1, 2); });
+    register_sharding_rule("aten::mean", [](const OpInfo& i) { return reduction_rule(i, Reduce::Mean, -1, -1); });
+    register_sharding_rule("aten::mean.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Mean, 1, 2); });
+    register_sharding_rule("aten::amax", [](const OpInfo& i) { return reduction_rule(i, Reduce::Max, 1, 2); });
+    register_sharding_rule("aten::amin", [](const OpInfo& i) { return reduction_rule(i, Reduce::Min, 1, 2); });
+    // Boolean and norm reductions: computed on the whole tensor.
+    register_sharding_rule("aten::all", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, -1, -1); });
+    register_sharding_rule("aten::any", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, -1, -1); });
+    register_sharding_rule("aten::all.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::any.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::linalg_vector_norm", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 2, 3); });
+    register_sharding_rule("aten::_softmax", softmax_rule);
+    register_sharding_rule("aten::_log_softmax", softmax_rule);
+    register_sharding_rule("aten::_softmax_backward_data", softmax_backward_rule);
+    register_sharding_rule("aten::_log_softmax_backward_data", softmax_backward_rule);
+  }
+} registrar;
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel

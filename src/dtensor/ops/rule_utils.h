@@ -1,0 +1,95 @@
+#pragma once
+// Helpers shared by the sharding rules of every op family.
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+#include <hyper_parallel/dtensor/sharding_rule.h>
+#include <hyper_parallel/runtime/errors.h>
+
+namespace hyper_parallel {
+namespace ops {
+
+using Kernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)>;
+
+/// All-Replicate placements for the op's mesh.
+inline Placements replicate(const OpInfo& info) {
+  return Placements(static_cast<size_t>(info.mesh().ndim()), Replicate());
+}
+
+/// `p` with every Partial turned into Replicate (a reduction before the op).
+inline Placements without_partial(Placements p) {
+  for (auto& x : p)
+    if (x.is_partial()) x = Replicate();
+  return p;
+}
+
+/// `p` with every Shard(d) for which `unshard(d)` holds turned into Replicate.
+inline Placements without_shards(Placements p, const std::function<bool(int64_t)>& unshard) {
+  for (auto& x : p)
+    if (x.is_shard() && unshard(x.dim())) x = Replicate();
+  return p;
+}
+
+/// Shard dims mapped through `map` (-1: the dim disappears, so the mesh dim must be Replicate
+/// on the input; callers unshard those first).
+inline Placements map_shard_dims(Placements p, const std::function<int64_t(int64_t)>& map) {
+  for (auto& x : p)
+    if (x.is_shard()) {
+      const int64_t d = map(x.dim());
+      x = d < 0 ? Replicate() : Shard(d);
+    }
+  return p;
+}
+
+/// Local sizes of `global_shape` under `placements` on this rank.
+inline std::vector<int64_t> local_shape(const OpInfo& info, const Placements& placements,
+                                        const std::vector<int64_t>& global_shape) {
+  return compute_local_shape_and_offset(global_shape, info.mesh().shape(),
+                                        *info.mesh().get_coordinate(), placements)
+      .first;
+}
+
+/// Whether every mesh dim sharding a dim does so evenly.
+inline bool evenly_sharded(const OpInfo& info, const DTensorSpec& spec, int64_t dim) {
+  int64_t parts = 1;
+  for (size_t i = 0; i < spec.placements.size(); ++i)
+    if (spec.placements[i].is_shard(dim)) parts *= info.mesh().size(static_cast<int64_t>(i));
+  return spec.shape[static_cast<size_t>(dim)] % parts == 0;
+}
+
+inline int64_t wrap_dim(int64_t d, int64_t ndim) {
+  const int64_t n = ndim == 0 ? 1 : ndim;
+  HP_CHECK_T(c10::IndexError, d >= -n && d < n, "dimension ", d, " out of range for ", ndim, " dims");
+  return d < 0 ? d + n : d;
+}
+
+/// A kernel that pops the op's `nargs` local arguments, computes one result from them, and
+/// pushes it.
+inline Kernel kernel_returning(size_t nargs, std::function<at::Tensor(const torch::jit::Stack&)> fn) {
+  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+    torch::jit::Stack args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+    stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+    stack->emplace_back(fn(args));
+  };
+}
+
+/// The op's integer-list argument `i` (None -> empty).
+inline std::vector<int64_t> int_list(const OpInfo& info, size_t i) {
+  const auto& v = info.arg(i);
+  if (v.isNone()) return {};
+  if (v.isInt()) return {v.toInt()};
+  return v.toIntVector();
+}
+
+/// The broadcast shape of the given shapes.
+std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t>*>& shapes);
+
+/// Whether mesh dim `i` has coordinate 0 on this rank.
+inline bool first_on_mesh_dim(const OpInfo& info, size_t i) {
+  return (*info.mesh().get_coordinate())[i] == 0;
+}
+
+}  // namespace ops
+}  // namespace hyper_parallel

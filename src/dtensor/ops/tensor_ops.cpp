@@ -1,0 +1,99 @@
+// Factory-likes (*_like, new_*), copy_, fill_, zero_, positional ops (triu/tril, cumsum,
+// index_select), and the ops that leave DTensor land (item, equal).
+#include "pointwise.h"
+
+namespace hyper_parallel {
+namespace ops {
+namespace {
+
+// zeros_like(self, ...): values do not depend on self: no communication, self's layout (a
+// Partial becomes Replicate: every rank makes the whole value).
+OpSharding like_rule(const OpInfo& info) {
+  const DTensorSpec& self = *info.spec(0);
+  OpSharding s;
+  for (const auto& in : info.inputs()) s.input_placements.push_back(in.spec->placements);
+  s.output_placements = {without_partial(self.placements)};
+  return s;
+}
+
+// new_zeros(self, size, ...): the given global size; self's layout when it is self's size,
+// replicated otherwise. The size argument becomes the local size.
+OpSharding new_rule(const OpInfo& info, bool strided) {
+  const DTensorSpec& self = *info.spec(0);
+  const std::vector<int64_t> size = int_list(info, 1);
+  Placements out = size == self.shape ? without_partial(self.placements) : replicate(info);
+  OpSharding s;
+  s.input_placements = {self.placements};
+  s.output_placements = {out};
+  s.output_shapes = {size};
+  const std::vector<int64_t> local = local_shape(info, out, size);
+  s.adjust_args = [local, strided](torch::jit::Stack& args) {
+    args[1] = c10::IValue(local);
+    if (strided) args[2] = c10::IValue(contiguous_strides(local));
+  };
+  return s;
+}
+
+OpSharding keep_self_rule(const OpInfo& info) {
+  const DTensorSpec& self = *info.spec(0);
+  OpSharding s;
+  for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 0 ? self.placements : replicate(info));
+  s.output_placements = {self.placements};
+  return s;
+}
+
+OpSharding fill_rule(const OpInfo& info) {
+  HP_CHECK_T(c10::ValueError, !info.spec(0)->has_partial(), "hyper_parallel: ", info.describe(),
+             ": filling a Partial DTensor would multiply the value by the number of ranks; "
+             "redistribute it to Replicate first");
+  return keep_self_rule(info);
+}
+
+// Whole-tensor consumers: gather everything, run locally.
+OpSharding replicated_inputs(const OpInfo& info) {
+  OpSharding s;
+  s.input_placements.assign(info.inputs().size(), replicate(info));
+  s.output_placements.assign(info.schema().returns().size(), replicate(info));
+  return s;
+}
+
+// Ops whose result at a position depends on positions along `dims` (negative: from the end).
+OpSharding positional_rule(const OpInfo& info, std::vector<int64_t> dims, bool linear) {
+  const DTensorSpec& self = *info.spec(0);
+  for (auto& d : dims) d = wrap_dim(d, self.ndim());
+  Placements want = without_shards(self.placements, [&](int64_t d) {
+    return std::find(dims.begin(), dims.end(), d) != dims.end();
+  });
+  if (!linear) want = without_partial(want);
+  OpSharding s;
+  for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 0 ? want : replicate(info));
+  s.output_placements = {want};
+  return s;
+}
+
+struct Registrar {
+  Registrar() {
+    for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+                          "aten::rand_like", "aten::randn_like"})
+      register_sharding_rule(n, like_rule);
+    for (const char* n : {"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"})
+      register_sharding_rule(n, [](const OpInfo& i) { return new_rule(i, false); });
+    register_sharding_rule("aten::new_empty_strided", [](const OpInfo& i) { return new_rule(i, true); });
+    register_sharding_rule("aten::zero_", keep_self_rule);
+    register_sharding_rule("aten::fill_", fill_rule);
+    // copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source).
+    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive); });
+    register_sharding_rule("aten::_local_scalar_dense", replicated_inputs);
+    register_sharding_rule("aten::equal", replicated_inputs);
+    register_sharding_rule("aten::triu", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
+    register_sharding_rule("aten::tril", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
+    register_sharding_rule("aten::triu_", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
+    register_sharding_rule("aten::tril_", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
+    register_sharding_rule("aten::cumsum", [](const OpInfo& i) { return positional_rule(i, {i.arg(1).toInt()}, true); });
+    register_sharding_rule("aten::index_select", [](const OpInfo& i) { return positional_rule(i, {i.arg(1).toInt()}, true); });
+  }
+} registrar;
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel

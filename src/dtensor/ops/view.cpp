@@ -1,0 +1,284 @@
+// View and shape ops: view/_unsafe_view/_reshape_alias (global sizes become local sizes), expand,
+// transpose/permute/t, unsqueeze/squeeze, select/slice, split/unbind, cat/stack, alias/detach,
+// as_strided (as autograd emits it).
+#include "rule_utils.h"
+
+#include <numeric>
+
+namespace hyper_parallel {
+namespace ops {
+namespace {
+
+OpSharding single_input(const OpInfo& info, Placements in, Placements out) {
+  OpSharding s;
+  s.input_placements.assign(info.inputs().size(), replicate(info));
+  s.input_placements[0] = std::move(in);
+  s.output_placements.assign(info.schema().returns().size(), std::move(out));
+  return s;
+}
+
+const DTensorSpec& self_spec(const OpInfo& info) {
+  const DTensorSpec* s = info.spec(0);
+  HP_CHECK_T(c10::ValueError, s != nullptr, "hyper_parallel: ", info.describe(), " needs a DTensor self");
+  return *s;
+}
+
+// ---- reshape: dims grouped where the products of sizes agree.
+struct DimGroup {
+  size_t ib, ie, ob, oe;
+};
+
+std::vector<DimGroup> dim_groups(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  std::vector<DimGroup> groups;
+  size_t i = 0, j = 0;
+  while (i < in.size() || j < out.size()) {
+    if (i < in.size() && in[i] == 1 && (j >= out.size() || out[j] != 1)) { groups.push_back({i, i + 1, j, j}); ++i; continue; }
+    if (j < out.size() && out[j] == 1 && (i >= in.size() || in[i] != 1)) { groups.push_back({i, i, j, j + 1}); ++j; continue; }
+    if (i >= in.size() || j >= out.size()) break;
+    const size_t ib = i, jb = j;
+    int64_t pi = in[i++], pj = out[j++];
+    while (pi != pj) {
+      if (pi < pj && i < in.size()) pi *= in[i++];
+      else if (pj < pi && j < out.size()) pj *= out[j++];
+      else break;
+    }
+    groups.push_back({ib, i, jb, j});
+  }
+  return groups;
+}
+
+std::vector<int64_t> infer_sizes(std::vector<int64_t> sizes, int64_t numel) {
+  int64_t known = 1, infer = -1;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] == -1) infer = static_cast<int64_t>(k);
+    else known *= sizes[k];
+  }
+  if (infer >= 0) sizes[static_cast<size_t>(infer)] = known == 0 ? 0 : numel / known;
+  return sizes;
+}
+
+enum class ReshapeKind { View, UnsafeView, ReshapeAlias };
+
+OpSharding reshape_rule(const OpInfo& info, ReshapeKind kind) {
+  const DTensorSpec& in = self_spec(info);
+  const std::vector<int64_t> out_shape = infer_sizes(int_list(info, 1), in.numel());
+  const size_t nmesh = in.placements.size();
+  Placements want = in.placements, out = in.placements;  // Partial is linear under reshapes
+  const auto groups = in.numel() == 0 ? std::vector<DimGroup>{} : dim_groups(in.shape, out_shape);
+  for (size_t i = 0; i < nmesh; ++i) {
+    const Placement& p = in.placements[i];
+    if (!p.is_shard()) continue;
+    const size_t d = static_cast<size_t>(p.dim());
+    bool ok = false;
+    for (const auto& g : groups) {
+      if (d < g.ib || d >= g.ie) continue;
+      if (g.ib == d && g.ob < g.oe) {
+        int64_t parts = 1;
+        for (size_t k = 0; k < nmesh; ++k)
+          if (in.placements[k].is_shard(p.dim())) parts *= info.mesh().size(static_cast<int64_t>(k));
+        const bool one_to_one = g.ie - g.ib == 1 && g.oe - g.ob == 1;
+        ok = one_to_one || (in.shape[d] % parts == 0 && out_shape[g.ob] % parts == 0);
+        if (ok) out[i] = Shard(static_cast<int64_t>(g.ob));
+      }
+      break;
+    }
+    if (!ok) {  // the dim is merged or split where its pieces do not stay contiguous
+      for (size_t k = 0; k < nmesh; ++k)
+        if (in.placements[k].is_shard(p.dim())) { want[k] = Replicate(); out[k] = Replicate(); }
+    }
+  }
+  OpSharding s = single_input(info, want, out);
+  const std::vector<int64_t> local = local_shape(info, out, out_shape);
+  s.kernel = kernel_returning(info.num_args(), [local, kind](const torch::jit::Stack& a) {
+    const at::Tensor& self = a[0].toTensor();
+    if (kind == ReshapeKind::UnsafeView) return at::_unsafe_view(self, local);
+    // A local shard that cannot be viewed (its layout differs from the global one) is copied.
+    auto strides = at::detail::computeStride(self.sizes(), self.strides(), local);
+    return strides ? self.view(local) : self.reshape(local);
+  });
+  return s;
+}
+
+// ---- ops that only move dims around: input dims that disappear are unsharded first.
+OpSharding dim_map_rule(const OpInfo& info, const std::function<int64_t(int64_t)>& map) {
+  const DTensorSpec& in = self_spec(info);
+  Placements want = without_shards(in.placements, [&](int64_t d) { return map(d) < 0; });
+  return single_input(info, want, map_shard_dims(want, map));
+}
+
+OpSharding transpose_rule(const OpInfo& info) {
+  const int64_t nd = self_spec(info).ndim();
+  const int64_t a = wrap_dim(info.arg(1).toInt(), nd), b = wrap_dim(info.arg(2).toInt(), nd);
+  return dim_map_rule(info, [a, b](int64_t d) { return d == a ? b : d == b ? a : d; });
+}
+
+OpSharding t_rule(const OpInfo& info) {
+  const int64_t nd = self_spec(info).ndim();
+  return dim_map_rule(info, [nd](int64_t d) { return nd < 2 ? d : 1 - d; });
+}
+
+OpSharding permute_rule(const OpInfo& info) {
+  const int64_t nd = self_spec(info).ndim();
+  auto dims = int_list(info, 1);
+  std::vector<int64_t> inverse(static_cast<size_t>(nd));
+  for (size_t k = 0; k < dims.size(); ++k) inverse[static_cast<size_t>(wrap_dim(dims[k], nd))] = static_cast<int64_t>(k);
+  return dim_map_rule(info, [inverse](int64_t d) { return inverse[static_cast<size_t>(d)]; });
+}
+
+OpSharding unsqueeze_rule(const OpInfo& info) {
+  const int64_t dim = wrap_dim(info.arg(1).toInt(), self_spec(info).ndim() + 1);
+  return dim_map_rule(info, [dim](int64_t d) { return d >= dim ? d + 1 : d; });
+}
+
+// squeeze removes only the dims whose *global* size is 1 (a local piece may be 1 where the
+// global dim is not).
+OpSharding squeeze_rule(const OpInfo& info) {
+  const DTensorSpec& in = self_spec(info);
+  std::vector<int64_t> dims;
+  if (info.num_args() > 1) {
+    for (int64_t d : int_list(info, 1)) dims.push_back(wrap_dim(d, in.ndim()));
+  } else {
+    for (int64_t d = 0; d < in.ndim(); ++d) dims.push_back(d);
+  }
+  std::vector<int64_t> removed;
+  for (int64_t d : dims)
+    if (in.shape[static_cast<size_t>(d)] == 1) removed.push_back(d);
+  std::sort(removed.begin(), removed.end());
+  OpSharding s = dim_map_rule(info, [removed](int64_t d) {
+    int64_t shift = 0;
+    for (int64_t r : removed) {
+      if (r == d) return int64_t{-1};
+      if (r < d) ++shift;
+    }
+    return d - shift;
+  });
+  s.kernel = kernel_returning(info.num_args(), [removed](const torch::jit::Stack& a) {
+    at::Tensor t = a[0].toTensor().alias();
+    for (auto it = removed.rbegin(); it != removed.rend(); ++it) t = t.squeeze(*it);
+    return t;
+  });
+  return s;
+}
+
+OpSharding select_rule(const OpInfo& info) {
+  const int64_t dim = wrap_dim(info.arg(1).toInt(), self_spec(info).ndim());
+  return dim_map_rule(info, [dim](int64_t d) { return d == dim ? -1 : d > dim ? d - 1 : d; });
+}
+
+// slice/split/unbind along a sharded dim: gathered first (PyTorch does the same).
+OpSharding along_dim_rule(const OpInfo& info, size_t dim_arg, bool removes_dim) {
+  const DTensorSpec& in = self_spec(info);
+  const int64_t dim = wrap_dim(info.arg(dim_arg).toInt(), in.ndim());
+  Placements want = without_shards(in.placements, [dim](int64_t d) { return d == dim; });
+  Placements out = removes_dim ? map_shard_dims(want, [dim](int64_t d) { return d > dim ? d - 1 : d; }) : want;
+  return single_input(info, want, out);
+}
+
+OpSharding slice_rule(const OpInfo& info) {
+  const DTensorSpec& in = self_spec(info);
+  const int64_t dim = wrap_dim(info.arg(1).toInt(), in.ndim());
+  const int64_t n = in.shape[static_cast<size_t>(dim)];
+  const auto& start = info.arg(2), end = info.arg(3);
+  const int64_t step = info.arg(4).toInt();
+  const bool whole = (start.isNone() || start.toInt() == 0) &&
+                     (end.isNone() || end.toInt() >= n) && step == 1;
+  if (whole) return single_input(info, in.placements, in.placements);  // autograd's no-op slices
+  return along_dim_rule(info, 1, false);
+}
+
+OpSharding expand_rule(const OpInfo& info) {
+  const DTensorSpec& in = self_spec(info);
+  std::vector<int64_t> sizes = int_list(info, 1);
+  const int64_t offset = static_cast<int64_t>(sizes.size()) - in.ndim();
+  for (int64_t k = 0; k < static_cast<int64_t>(sizes.size()); ++k)
+    if (sizes[static_cast<size_t>(k)] == -1) sizes[static_cast<size_t>(k)] = in.shape[static_cast<size_t>(k - offset)];
+  Placements want = without_shards(in.placements, [&](int64_t d) {
+    return sizes[static_cast<size_t>(d + offset)] != in.shape[static_cast<size_t>(d)];
+  });
+  Placements out = map_shard_dims(want, [offset](int64_t d) { return d + offset; });
+  OpSharding s = single_input(info, want, out);
+  const std::vector<int64_t> local = local_shape(info, out, sizes);
+  s.kernel = kernel_returning(info.num_args(), [local](const torch::jit::Stack& a) {
+    return a[0].toTensor().expand(local);
+  });
+  return s;
+}
+
+OpSharding identity_rule(const OpInfo& info) {
+  const DTensorSpec& in = self_spec(info);
+  return single_input(info, in.placements, in.placements);
+}
+
+// as_strided reaches DTensors from autograd's in-place-on-view path: supported when the local
+// tensor is the whole tensor (no Shard) or when it restates the tensor's own geometry.
+OpSharding as_strided_rule(const OpInfo& info) {
+  const DTensorSpec& in = self_spec(info);
+  bool sharded = false;
+  for (const auto& p : in.placements) sharded = sharded || p.is_shard();
+  if (!sharded) return identity_rule(info);
+  const auto size = int_list(info, 1), stride = int_list(info, 2);
+  const bool no_offset = info.arg(3).isNone() || info.arg(3).toInt() == 0;
+  HP_CHECK_T(c10::NotImplementedError, size == in.shape && stride == in.stride && no_offset,
+             "hyper_parallel: ", info.describe(), " with size ", c10::IntArrayRef(size), " stride ",
+             c10::IntArrayRef(stride),
+             " on a sharded DTensor is not supported (avoid in-place ops on views of sharded DTensors)");
+  OpSharding s = identity_rule(info);
+  s.kernel = kernel_returning(info.num_args(), [](const torch::jit::Stack& a) { return a[0].toTensor().alias(); });
+  return s;
+}
+
+// cat / stack: every input laid out like the first one, the joined dim unsharded.
+OpSharding join_rule(const OpInfo& info, bool stack) {
+  const auto& inputs = info.inputs();
+  HP_CHECK_T(c10::ValueError, !inputs.empty(), "hyper_parallel: ", info.name(), " of no DTensors");
+  const DTensorSpec* first = nullptr;
+  for (const auto& in : inputs)
+    if (!(in.spec->ndim() == 1 && in.spec->shape[0] == 0)) { first = in.spec; break; }  // cat skips legacy empties
+  if (first == nullptr) first = inputs[0].spec;
+  const int64_t nd = first->ndim();
+  const int64_t dim = wrap_dim(info.arg(1).toInt(), stack ? nd + 1 : nd);
+  bool all_partial = true;
+  for (const auto& in : inputs)
+    for (const auto& p : in.spec->placements) all_partial = all_partial && p.is_partial() && p.reduce_op() == ReduceOp::SUM;
+  Placements want = without_shards(first->placements, [&](int64_t d) { return !stack && d == dim; });
+  if (!all_partial) want = without_partial(want);
+  OpSharding s;
+  for (const auto& in : inputs)
+    s.input_placements.push_back(in.spec->ndim() == nd ? want : replicate(info));
+  s.output_placements = {stack ? map_shard_dims(want, [dim](int64_t d) { return d >= dim ? d + 1 : d; }) : want};
+  return s;
+}
+
+struct Registrar {
+  Registrar() {
+    register_sharding_rule("aten::view", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::View); });
+    register_sharding_rule("aten::_unsafe_view", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::UnsafeView); });
+    register_sharding_rule("aten::_reshape_alias", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::ReshapeAlias); });
+    register_sharding_rule("aten::transpose.int", transpose_rule);
+    register_sharding_rule("aten::transpose_", transpose_rule);
+    register_sharding_rule("aten::t", t_rule);
+    register_sharding_rule("aten::t_", t_rule);
+    register_sharding_rule("aten::permute", permute_rule);
+    register_sharding_rule("aten::unsqueeze", unsqueeze_rule);
+    register_sharding_rule("aten::unsqueeze_", unsqueeze_rule);
+    register_sharding_rule("aten::squeeze", squeeze_rule);
+    register_sharding_rule("aten::squeeze.dim", squeeze_rule);
+    register_sharding_rule("aten::select.int", select_rule);
+    register_sharding_rule("aten::slice.Tensor", slice_rule);
+    register_sharding_rule("aten::split.Tensor", [](const OpInfo& i) { return along_dim_rule(i, 2, false); });
+    register_sharding_rule("aten::split_with_sizes", [](const OpInfo& i) { return along_dim_rule(i, 2, false); });
+    register_sharding_rule("aten::unbind.int", [](const OpInfo& i) { return along_dim_rule(i, 1, true); });
+    register_sharding_rule("aten::expand", expand_rule);
+    register_sharding_rule("aten::alias", identity_rule);
+    register_sharding_rule("aten::detach", identity_rule);
+    register_sharding_rule("aten::detach_", identity_rule);
+    register_sharding_rule("aten::lift_fresh", identity_rule);
+    register_sharding_rule("aten::as_strided", as_strided_rule);
+    register_sharding_rule("aten::cat", [](const OpInfo& i) { return join_rule(i, false); });
+    register_sharding_rule("aten::stack", [](const OpInfo& i) { return join_rule(i, true); });
+  }
+} registrar;
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel

@@ -1,0 +1,37 @@
+#include <hyper_parallel/dtensor/placement.h>
+#include <hyper_parallel/runtime/errors.h>
+
+namespace hyper_parallel {
+
+Placement Placement::normalized(int64_t ndim) const {
+  if (kind_ != Kind::Shard) return *this;
+  HP_CHECK_T(c10::IndexError, dim_ >= -ndim && dim_ < ndim, to_string(),
+             " is out of range for a tensor with ", ndim, " dimensions");
+  return dim_ < 0 ? Placement::shard(dim_ + ndim) : *this;
+}
+
+std::string Placement::to_string() const {
+  switch (kind_) {
+    case Kind::Shard: return "Shard(dim=" + std::to_string(dim_) + ")";
+    case Kind::Replicate: return "Replicate()";
+    case Kind::Partial: return std::string("Partial(") + reduce_op_name(op_) + ")";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << p.to_string(); }
+
+std::string to_string(const Placements& placements) {
+  std::string s = "(";
+  for (size_t i = 0; i < placements.size(); ++i) s += (i ? ", " : "") + placements[i].to_string();
+  return s + (placements.size() == 1 ? ",)" : ")");
+}
+
+Placements normalize_placements(const Placements& placements, int64_t ndim) {
+  Placements out;
+  out.reserve(placements.size());
+  for (const auto& p : placements) out.push_back(p.normalized(ndim));
+  return out;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,80 @@
+#include "redistribute.h"
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/dtensor/redistribute_plan.h>
+#include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collectives.h>
+
+namespace hyper_parallel {
+namespace {
+
+// Size of tensor dim `d` that the group of mesh dim `mesh_dim` holds together: the global size
+// split by the mesh dims before it that shard `d`.
+int64_t level_size(const DTensorSpec& spec, const Placements& cur, int64_t mesh_dim, int64_t d,
+                   const std::vector<int64_t>& coord) {
+  int64_t n = spec.shape[static_cast<size_t>(d)];
+  for (int64_t k = 0; k < mesh_dim; ++k)
+    if (cur[static_cast<size_t>(k)].is_shard(d))
+      n = chunk_size(n, spec.mesh.size(k), coord[static_cast<size_t>(k)]);
+  return n;
+}
+
+}  // namespace
+
+Placements placements_for_grad(const Placements& placements) {
+  Placements out = placements;
+  for (auto& p : out)
+    if (p.is_partial()) p = Replicate();
+  return out;
+}
+
+std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements) {
+  auto s = std::make_shared<DTensorSpec>(spec);
+  s->placements = std::move(placements);
+  return s;
+}
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
+  if (src.placements == dst) return local;
+  const auto coord_opt = src.mesh.get_coordinate();
+  TORCH_CHECK(coord_opt.has_value(), "redistribute: this rank is not part of ", src.mesh.to_string());
+  const auto& coord = *coord_opt;
+  const auto steps = plan_redistribute(src.mesh.shape(), src.placements, dst, src.ndim());
+  at::Tensor t = local;
+  Placements cur = src.placements;
+  using Kind = RedistributeStep::Kind;
+  for (const auto& s : steps) {
+    const auto i = static_cast<size_t>(s.mesh_dim);
+    const Group& g = src.mesh.get_group(s.mesh_dim);
+    switch (s.kind) {
+      case Kind::AllGather:
+        t = all_gather(t, s.dim, g, level_size(src, cur, s.mesh_dim, s.dim, coord));
+        break;
+      case Kind::AllReduce:
+        t = all_reduce(t, s.op, g);
+        break;
+      case Kind::ReduceScatter:
+        t = reduce_scatter(t, s.op, s.dim, g);
+        break;
+      case Kind::AllToAll:
+        t = all_to_all(t, /*split_dim=*/s.dim2, /*concat_dim=*/s.dim, g,
+                       level_size(src, cur, s.mesh_dim, s.dim, coord));
+        break;
+      case Kind::Chunk: {
+        const int64_t n = t.size(s.dim);
+        const int64_t parts = src.mesh.size(s.mesh_dim);
+        t = t.narrow(s.dim, chunk_offset(n, parts, coord[i]), chunk_size(n, parts, coord[i])).contiguous();
+        break;
+      }
+      case Kind::ToPartial:
+        // Only a sum needs one holder of the value; avg/max/min of equal values is the value.
+        if (s.op == ReduceOp::SUM && coord[i] != 0) t = at::zeros_like(t);
+        break;
+    }
+    cur = s.after;
+  }
+  return t;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,20 @@
+#pragma once
+// Executing a redistribution plan on local tensors (no autograd). Internal.
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include <hyper_parallel/dtensor/dtensor_spec.h>
+
+namespace hyper_parallel {
+
+/// The local shard of `local` (laid out by `src`) once laid out by `dst`.
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst);
+
+/// `spec` with other placements (and contiguous strides when they change).
+std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements);
+
+/// Placements a gradient takes for a tensor laid out by `placements`: Partial becomes Replicate.
+Placements placements_for_grad(const Placements& placements);
+
+}  // namespace hyper_parallel

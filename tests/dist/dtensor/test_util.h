@@ -1,0 +1,48 @@
+#pragma once
+// Helpers for the multi-process DTensor tests.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/mesh/device_mesh.h>
+
+namespace hp_test {
+namespace hp = hyper_parallel;
+
+/// The 1-D mesh over every rank.
+inline hp::DeviceMesh world_mesh() {
+  return hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
+}
+
+/// Deterministic values, identical on every rank (small integers scaled: exact in float).
+inline at::Tensor values(at::IntArrayRef shape, int64_t salt = 0) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return at::arange(n, at::kFloat).add(salt).remainder(11).sub(5).div(4).reshape(shape);
+}
+
+/// Random values from a fixed seed, identical on every rank.
+inline at::Tensor random(at::IntArrayRef shape, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, gen);
+}
+
+/// The seed §9.4 float32 tolerance.
+inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected,
+                                        double rtol = 1.5e-4, double atol = 1e-5) {
+  at::Tensor a = hp::is_dtensor(actual) ? hp::DTensor(actual).full_tensor() : actual;
+  if (a.sizes() != expected.sizes())
+    return ::testing::AssertionFailure() << "shape " << a.sizes() << " != " << expected.sizes();
+  if (at::allclose(a.to(at::kFloat), expected.to(at::kFloat), rtol, atol)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs diff "
+                                       << (a.to(at::kFloat) - expected.to(at::kFloat)).abs().max().item<float>();
+}
+
+/// Partial(sum) pieces of `full`: integer weights summing to one, so the sum is exact.
+inline at::Tensor partial_piece(const at::Tensor& full, int64_t rank, int64_t size) {
+  if (size == 1) return full.clone();
+  const double w = rank == 0 ? 2.0 : (rank == 1 ? -1.0 : (rank % 2 == 0 ? 1.0 : -1.0));
+  return full * w;
+}
+}  // namespace hp_test
