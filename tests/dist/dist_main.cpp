@@ -1,11 +1,30 @@
 // gtest main for the multi-process tests: every rank (started by hprun) joins the job, runs the
-// same tests, and leaves. A rank whose tests fail exits non-zero, so hprun and CTest fail.
+// same tests, and leaves. A rank whose test fails exits at the end of that test: its peers may be
+// waiting in a collective it skipped, and hprun then stops them at once instead of letting them
+// wait for the collective timeout.
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <hyper_parallel/runtime/process_group.h>
 
+namespace {
+class StopOnFailure : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (!info.result()->Failed()) return;
+    std::fprintf(stderr, "rank %lld: %s.%s failed; stopping this rank\n",
+                 static_cast<long long>(hyper_parallel::get_rank()), info.test_suite_name(), info.name());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+};
+}  // namespace
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  ::testing::UnitTest::GetInstance()->listeners().Append(new StopOnFailure);
   hyper_parallel::init_process_group();
   const int rc = RUN_ALL_TESTS();
   hyper_parallel::destroy_process_group();

@@ -112,7 +112,9 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool expl
 
 namespace {
 
-ShardingRule rule(Linearity l, bool explicit_shape = false) {
+// The shape is always the broadcast of the inputs': many pointwise ops (relu, _to_copy) have no
+// meta kernel in libtorch 1.13.
+ShardingRule rule(Linearity l, bool explicit_shape = true) {
   return [l, explicit_shape](const OpInfo& info) { return pointwise_sharding(info, l, explicit_shape); };
 }
 
@@ -154,8 +156,7 @@ struct Registrar {
     for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
     for (auto n : kNumerator) register_sharding_rule(n, rule(Linearity::Numerator));
     for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
-    // No meta kernel in libtorch 1.13: the shape is the broadcast of the inputs'.
-    register_sharding_rule("aten::where.self", rule(Linearity::None, /*explicit_shape=*/true));
+    register_sharding_rule("aten::where.self", rule(Linearity::None));
   }
 } registrar;
 

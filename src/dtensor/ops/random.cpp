@@ -44,16 +44,24 @@ Kernel seeded(const OpInfo& info, const Placements& placements, int64_t generato
     }
     const uint64_t call = next_call(mesh);
     at::Generator gen = at::globalContext().defaultGenerator(first.toTensor().device());
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    at::Tensor saved = gen.get_state();
-    gen.set_current_seed(base * 1000003ull + call * 7919ull + piece);
+    // The kernels lock the generator themselves: hold its mutex only around our own accesses.
+    at::Tensor saved;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      saved = gen.get_state();
+      gen.set_current_seed(base * 1000003ull + call * 7919ull + piece);
+    }
+    auto restore = [&] {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(saved);
+    };
     try {
       op.callBoxed(stack);
     } catch (...) {
-      gen.set_state(saved);
+      restore();
       throw;
     }
-    gen.set_state(saved);
+    restore();
   };
 }
 

@@ -68,6 +68,10 @@ OpSharding positional_rule(const OpInfo& info, std::vector<int64_t> dims, bool l
   OpSharding s;
   for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 0 ? want : replicate(info));
   s.output_placements = {want};
+  // Explicit: several of these (flip, index_select) have no meta kernel in libtorch 1.13.
+  std::vector<int64_t> shape = self.shape;
+  if (info.name() == "aten::index_select") shape[static_cast<size_t>(dims[0])] = info.spec(2) ? info.spec(2)->numel() : info.arg(2).toTensor().numel();
+  s.output_shapes = {shape};
   return s;
 }
 
@@ -82,14 +86,16 @@ struct Registrar {
     register_sharding_rule("aten::zero_", keep_self_rule);
     register_sharding_rule("aten::fill_", fill_rule);
     // copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source).
-    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive); });
+    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive, true); });
     register_sharding_rule("aten::_local_scalar_dense", replicated_inputs);
     register_sharding_rule("aten::equal", replicated_inputs);
+    register_sharding_rule("aten::allclose", replicated_inputs);
     register_sharding_rule("aten::triu", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
     register_sharding_rule("aten::tril", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
     register_sharding_rule("aten::triu_", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
     register_sharding_rule("aten::tril_", [](const OpInfo& i) { return positional_rule(i, {-2, -1}, true); });
     register_sharding_rule("aten::cumsum", [](const OpInfo& i) { return positional_rule(i, {i.arg(1).toInt()}, true); });
+    register_sharding_rule("aten::flip", [](const OpInfo& i) { return positional_rule(i, int_list(i, 1), true); });
     register_sharding_rule("aten::index_select", [](const OpInfo& i) { return positional_rule(i, {i.arg(1).toInt()}, true); });
   }
 } registrar;

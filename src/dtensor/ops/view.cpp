@@ -249,6 +249,23 @@ OpSharding join_rule(const OpInfo& info, bool stack) {
   return s;
 }
 
+// select_backward(grad, input_sizes, dim, index) / slice_backward(grad, input_sizes, dim, start,
+// end, step): the gradient scattered into zeros of the input's (global) size. The selected or
+// sliced dim is whole; the other shards carry over and input_sizes becomes local.
+OpSharding scatter_backward_rule(const OpInfo& info, bool removes_dim) {
+  const DTensorSpec& g = self_spec(info);
+  const std::vector<int64_t> sizes = int_list(info, 1);
+  const int64_t dim = wrap_dim(info.arg(2).toInt(), static_cast<int64_t>(sizes.size()));
+  Placements want = without_partial(g.placements);
+  if (!removes_dim) want = without_shards(want, [dim](int64_t d) { return d == dim; });
+  Placements out = removes_dim ? map_shard_dims(want, [dim](int64_t d) { return d >= dim ? d + 1 : d; }) : want;
+  OpSharding s = single_input(info, want, out);
+  s.output_shapes = {sizes};
+  const std::vector<int64_t> local = local_shape(info, out, sizes);
+  s.adjust_args = [local](torch::jit::Stack& args) { args[1] = c10::IValue(local); };
+  return s;
+}
+
 struct Registrar {
   Registrar() {
     register_sharding_rule("aten::view", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::View); });
@@ -274,6 +291,8 @@ struct Registrar {
     register_sharding_rule("aten::detach_", identity_rule);
     register_sharding_rule("aten::lift_fresh", identity_rule);
     register_sharding_rule("aten::as_strided", as_strided_rule);
+    register_sharding_rule("aten::select_backward", [](const OpInfo& i) { return scatter_backward_rule(i, true); });
+    register_sharding_rule("aten::slice_backward", [](const OpInfo& i) { return scatter_backward_rule(i, false); });
     register_sharding_rule("aten::cat", [](const OpInfo& i) { return join_rule(i, false); });
     register_sharding_rule("aten::stack", [](const OpInfo& i) { return join_rule(i, true); });
   }

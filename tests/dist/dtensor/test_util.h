@@ -46,3 +46,42 @@ inline at::Tensor partial_piece(const at::Tensor& full, int64_t rank, int64_t si
   return full * w;
 }
 }  // namespace hp_test
+
+namespace hp_test {
+
+/// Runs `f` on plain leaves and on DTensor leaves laid out by `placements` (on the 1-D world
+/// mesh), and compares the outputs and, through sum(f(x) * w), every input's gradient.
+inline void check_same_as_plain(const std::string& what, const std::vector<at::Tensor>& inputs,
+                                const std::vector<hp::Placements>& placements,
+                                const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                                bool backward = true, double rtol = 1.5e-4, double atol = 1e-5) {
+  auto mesh = world_mesh();
+  std::vector<at::Tensor> plain, dist;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    plain.push_back(inputs[k].detach().clone().requires_grad_(backward && inputs[k].is_floating_point()));
+    at::Tensor d;
+    if (placements[k][0].is_partial()) {
+      const auto& g = mesh.get_group(0);
+      d = hp::DTensor::from_local(partial_piece(inputs[k], g.rank(), g.size()), mesh, placements[k]).detach();
+    } else {
+      d = hp::distribute_tensor(inputs[k], mesh, placements[k], c10::nullopt);
+    }
+    if (backward && inputs[k].is_floating_point()) d.set_requires_grad(true);
+    dist.push_back(d);
+  }
+  at::Tensor ref = f(plain);
+  at::Tensor out = f(dist);
+  ASSERT_TRUE(hp::is_dtensor(out)) << what << ": the result is not a DTensor";
+  ASSERT_TRUE(close(out, ref, rtol, atol)) << what << ": forward (placements " << hp::to_string(hp::DTensor(out).placements()) << ")";
+  if (!backward) return;
+  at::Tensor w = values(ref.sizes(), 3) + 2;
+  (ref * w).sum().backward();
+  (hp::DTensor(out).full_tensor() * w).sum().backward();
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!plain[k].requires_grad()) continue;
+    ASSERT_TRUE(dist[k].grad().defined()) << what << ": no gradient for input " << k;
+    ASSERT_TRUE(close(dist[k].grad(), plain[k].grad(), rtol, atol)) << what << ": gradient of input " << k;
+  }
+}
+
+}  // namespace hp_test
