@@ -3,6 +3,7 @@
 // The umbrella header: everything a user needs, e.g.
 //   hp::init_process_group();
 //   auto tp = hp::init_device_mesh("cpu", {2}, {"tp"});
+//   auto w = hp::distribute_tensor(weight, tp, {hp::Shard(0)});
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
@@ -10,3 +11,8 @@
 #include <hyper_parallel/runtime/launch_env.h>
 #include <hyper_parallel/runtime/process_group.h>
 #include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/dtensor/placement.h>
+#include <hyper_parallel/dtensor/dtensor_spec.h>
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/redistribute_plan.h>
+#include <hyper_parallel/dtensor/sharding_rule.h>
