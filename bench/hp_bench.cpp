@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <hyper_parallel/hyper_parallel.h>
+#include <hyper_parallel/nn/layers.h>
 
 namespace hp = hyper_parallel;
 
@@ -117,6 +118,17 @@ void adam_step(const hp::DeviceMesh& mesh) {
   emit(name, "\"hidden\": 256, \"params\": 4, ", d, "us", p, d / p);
 }
 
+// A hook-free module call vs calling forward directly.
+void module_call_overhead() {
+  const std::string name = "module_call_overhead";
+  if (!wanted(name)) return;
+  hyper_parallel::nn::Linear lin(16, 16);
+  at::Tensor x = at::randn({4, 16});
+  at::NoGradGuard no_grad;
+  const auto [direct, call] = time_pair([&] { lin->forward(x); }, [&] { lin(x); }, 20000);
+  emit(name, "\"module\": \"Linear(16, 16)\", ", call - direct, "us", direct, call / direct);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,6 +147,7 @@ int main(int argc, char** argv) {
                 blas_in_use().c_str(), at::get_num_threads(), static_cast<long long>(hp::get_world_size()));
   dtensor_op_overhead(mesh);
   adam_step(mesh);
+  module_call_overhead();
   hp::destroy_process_group();
   return 0;
 }

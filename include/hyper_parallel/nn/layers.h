@@ -1,0 +1,156 @@
+#pragma once
+// Standard layers on hyper_parallel::nn::Module, with torch's option names, parameter names and
+// default initialisation. Their forward reads the parameters from the registry on every call, so
+// a parameter replaced by a DTensor is what forward uses.
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <hyper_parallel/nn/module.h>
+
+namespace hyper_parallel {
+namespace nn {
+
+/// y = x W^T + b; weight [out_features, in_features], bias [out_features] (torch init).
+/// e.g. `Linear proj(LinearOptions(64, 32).bias(false));`
+struct LinearOptions {
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(bool, bias) = true;
+};
+class LinearImpl : public Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features) : LinearImpl(LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const LinearOptions& options);
+  void reset();
+  void reset_parameters();
+  at::Tensor forward(const at::Tensor& input);
+  ModuleKind module_kind() const override { return ModuleKind::Linear; }
+  const at::Tensor& weight() const { return parameter("weight"); }
+  at::Tensor bias() const { return parameter_or_undefined("bias"); }
+  LinearOptions options;
+};
+HP_MODULE(Linear);
+
+/// A lookup table; weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding row zero.
+struct EmbeddingOptions {
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim) : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  TORCH_ARG(int64_t, num_embeddings);
+  TORCH_ARG(int64_t, embedding_dim);
+  TORCH_ARG(c10::optional<int64_t>, padding_idx) = c10::nullopt;
+};
+class EmbeddingImpl : public Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim) : EmbeddingImpl(EmbeddingOptions(num_embeddings, embedding_dim)) {}
+  explicit EmbeddingImpl(const EmbeddingOptions& options);
+  void reset();
+  void reset_parameters();
+  at::Tensor forward(const at::Tensor& indices);
+  ModuleKind module_kind() const override { return ModuleKind::Embedding; }
+  const at::Tensor& weight() const { return parameter("weight"); }
+  EmbeddingOptions options;
+};
+HP_MODULE(Embedding);
+
+/// Layer normalisation over the trailing `normalized_shape` dims; weight ones, bias zeros.
+struct LayerNormOptions {
+  /* implicit */ LayerNormOptions(std::vector<int64_t> normalized_shape) : normalized_shape_(std::move(normalized_shape)) {}
+  TORCH_ARG(std::vector<int64_t>, normalized_shape);
+  TORCH_ARG(double, eps) = 1e-5;
+  TORCH_ARG(bool, elementwise_affine) = true;
+};
+class LayerNormImpl : public Cloneable<LayerNormImpl> {
+ public:
+  explicit LayerNormImpl(const LayerNormOptions& options);
+  void reset();
+  at::Tensor forward(const at::Tensor& input);
+  LayerNormOptions options;
+};
+HP_MODULE(LayerNorm);
+
+/// RMS normalisation over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in float32
+/// and cast back (as Qwen/Llama do); weight ones.
+struct RMSNormOptions {
+  /* implicit */ RMSNormOptions(int64_t dim) : dim_(dim) {}
+  TORCH_ARG(int64_t, dim);
+  TORCH_ARG(double, eps) = 1e-6;
+};
+class RMSNormImpl : public Cloneable<RMSNormImpl> {
+ public:
+  explicit RMSNormImpl(const RMSNormOptions& options);
+  void reset();
+  at::Tensor forward(const at::Tensor& input);
+  const at::Tensor& weight() const { return parameter("weight"); }
+  RMSNormOptions options;
+};
+HP_MODULE(RMSNorm);
+
+/// Zeroes elements with probability p in training mode and scales the rest by 1/(1-p).
+class DropoutImpl : public Cloneable<DropoutImpl> {
+ public:
+  explicit DropoutImpl(double p = 0.5) : p(p) {}
+  at::Tensor forward(const at::Tensor& input);
+  double p;
+};
+HP_MODULE(Dropout);
+
+class ReLUImpl : public Cloneable<ReLUImpl> {
+ public:
+  at::Tensor forward(const at::Tensor& input);
+};
+HP_MODULE(ReLU);
+
+/// approximate: "none" or "tanh".
+class GELUImpl : public Cloneable<GELUImpl> {
+ public:
+  explicit GELUImpl(std::string approximate = "none") : approximate(std::move(approximate)) {}
+  at::Tensor forward(const at::Tensor& input);
+  std::string approximate;
+};
+HP_MODULE(GELU);
+
+class SiLUImpl : public Cloneable<SiLUImpl> {
+ public:
+  at::Tensor forward(const at::Tensor& input);
+};
+HP_MODULE(SiLU);
+
+class IdentityImpl : public Cloneable<IdentityImpl> {
+ public:
+  at::Tensor forward(const at::Tensor& input) { return input; }
+};
+HP_MODULE(Identity);
+
+/// Calls its children in order, each through its hooks; children are named "0", "1", ...
+class SequentialImpl : public Cloneable<SequentialImpl> {
+ public:
+  SequentialImpl() = default;
+  template <class... Holders>
+  explicit SequentialImpl(Holders&&... modules) {
+    (push_back(std::forward<Holders>(modules)), ...);
+  }
+  template <class Holder>
+  void push_back(Holder&& module) {
+    push_back_module(module.ptr());
+  }
+  void push_back_module(std::shared_ptr<Module> module);
+  at::Tensor forward(const at::Tensor& input);
+  size_t size() const { return children_.size(); }
+  std::shared_ptr<Module> operator[](size_t i) const { return children_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> children_;
+};
+HP_MODULE(Sequential);
+
+/// Containers that never call their children: libtorch's own (FQNs "layers.0.attn").
+using ModuleList = torch::nn::ModuleList;
+using ModuleDict = torch::nn::ModuleDict;
+
+}  // namespace nn
+}  // namespace hyper_parallel

@@ -1,0 +1,198 @@
+#pragma once
+// hyper_parallel::nn::Module: torch::nn::Module plus forward hooks, parameter replacement and a
+// declared kind (Linear-like, Embedding-like), which the tensor-parallel styles need and
+// libtorch's C++ modules lack. Modules are used through holders made by HP_MODULE (like
+// TORCH_MODULE), whose call operator runs: forward pre-hooks, forward, forward hooks.
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace hyper_parallel {
+namespace nn {
+
+/// Named ("keyword") arguments, in order: a module's forward takes them as a trailing
+/// `const Kwargs&` parameter. e.g. `attn(x, Kwargs{{"mask", mask}})`.
+using Kwargs = std::vector<std::pair<std::string, c10::IValue>>;
+
+/// What a module is, for the styles that only apply to some kinds (seed §3.2).
+enum class ModuleKind { Other, Linear, Embedding };
+
+class Module;
+
+/// Removes the hook it was returned for (idempotent).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<int> alive, Module* module, uint64_t id) : alive_(std::move(alive)), module_(module), id_(id) {}
+  void remove();
+
+ private:
+  std::weak_ptr<int> alive_;
+  Module* module_ = nullptr;
+  uint64_t id_ = 0;
+};
+
+/// Receives the positional arguments; returns replacements or nullopt to keep them.
+using ForwardPreHook = std::function<c10::optional<std::vector<c10::IValue>>(Module&, const std::vector<c10::IValue>&)>;
+/// Receives the positional and named arguments; returns replacements for both or nullopt.
+using ForwardPreHookWithKwargs = std::function<c10::optional<std::pair<std::vector<c10::IValue>, Kwargs>>(
+    Module&, const std::vector<c10::IValue>&, const Kwargs&)>;
+/// Receives the positional arguments and the output (a tuple for several results); returns a
+/// replacement output or nullopt.
+using ForwardHook = std::function<c10::optional<c10::IValue>(Module&, const std::vector<c10::IValue>&, const c10::IValue&)>;
+
+class Module : public torch::nn::Module {
+ public:
+  using torch::nn::Module::Module;
+  ~Module() override;
+
+  /// Hooks run in registration order. e.g.
+  /// `m->register_forward_pre_hook([](Module&, const auto& args) { return c10::nullopt; });`
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  HookHandle register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwargs hook);
+  HookHandle register_forward_hook(ForwardHook hook);
+  bool has_hooks() const { return !pre_hooks_.empty() || !forward_hooks_.empty(); }
+
+  /// Runs the pre-hooks on the packed arguments (used by the call operator).
+  void run_forward_pre_hooks(std::vector<c10::IValue>& args, Kwargs& kwargs);
+  /// Runs the forward hooks; returns whether one replaced `output`.
+  bool run_forward_hooks(const std::vector<c10::IValue>& args, c10::IValue& output);
+
+  /// The registered parameter `name` (the registry is the one source of truth: layers read their
+  /// parameters through it on every call). c10::KeyError when there is none.
+  const at::Tensor& parameter(const std::string& name) const;
+  /// The registered parameter or an undefined tensor.
+  at::Tensor parameter_or_undefined(const std::string& name) const;
+  /// Replaces parameter `name` (e.g. by a DTensor of the same global shape). Keeps its
+  /// requires_grad. Throws c10::ValueError when the shape or dtype differs.
+  void replace_parameter(const std::string& name, at::Tensor value);
+  /// The same for a buffer.
+  void replace_buffer(const std::string& name, at::Tensor value);
+  /// Whether this module has a direct (non-recursive) parameter or buffer called `name`.
+  bool has_parameter(const std::string& name) const { return parameters_.contains(name); }
+
+  /// Linear-like modules have `weight` [out_features, in_features] and an optional `bias`;
+  /// Embedding-like ones `weight` [num_embeddings, embedding_dim]. Override to let the
+  /// Colwise/Rowwise styles shard a module of your own.
+  virtual ModuleKind module_kind() const { return ModuleKind::Other; }
+
+  /// Calls the module on one tensor with hooks (Sequential uses it); modules whose forward
+  /// takes one tensor provide it through ModuleHolder/HP_MODULE.
+  virtual at::Tensor call_tensor(const at::Tensor& input);
+
+  /// Set by distribute_module (seed §4.3: parameters are distributed once).
+  bool distribute_module_applied = false;
+
+ private:
+  friend class HookHandle;
+  void remove_hook(uint64_t id);
+  struct PreHook {
+    uint64_t id;
+    ForwardPreHook plain;
+    ForwardPreHookWithKwargs with_kwargs;
+  };
+  std::vector<PreHook> pre_hooks_;
+  std::vector<std::pair<uint64_t, ForwardHook>> forward_hooks_;
+  uint64_t next_hook_id_ = 1;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+};
+
+namespace detail {
+
+template <class T>
+constexpr bool is_kwargs_v = std::is_same_v<std::decay_t<T>, Kwargs>;
+
+template <class T>
+void pack(std::vector<c10::IValue>& pos, Kwargs& kw, T&& v) {
+  if constexpr (is_kwargs_v<T>) kw = v;
+  else pos.emplace_back(std::forward<T>(v));
+}
+
+template <class T>
+std::decay_t<T> get_arg(const std::vector<c10::IValue>& pos, const Kwargs& kw, size_t k) {
+  if constexpr (is_kwargs_v<T>) return kw;
+  else return pos[k].to<std::decay_t<T>>();
+}
+
+template <class... Ts, size_t... I>
+std::tuple<std::decay_t<Ts>...> unpack(const std::vector<c10::IValue>& pos, const Kwargs& kw,
+                                       std::index_sequence<I...>) {
+  constexpr std::array<bool, sizeof...(Ts) + 1> kw_at{is_kwargs_v<Ts>..., false};
+  constexpr auto pos_index = [](size_t i, const std::array<bool, sizeof...(Ts) + 1>& k) {
+    size_t n = 0;
+    for (size_t j = 0; j < i; ++j) n += !k[j];
+    return n;
+  };
+  return std::tuple<std::decay_t<Ts>...>{get_arg<Ts>(pos, kw, pos_index(I, kw_at))...};
+}
+
+void check_arity(const Module& m, size_t expected, size_t got);
+
+template <class D, class = void>
+struct has_tensor_forward : std::false_type {};
+template <class D>
+struct has_tensor_forward<D, std::void_t<decltype(std::declval<D&>().forward(std::declval<const at::Tensor&>()))>>
+    : std::is_convertible<decltype(std::declval<D&>().forward(std::declval<const at::Tensor&>())), at::Tensor> {};
+
+}  // namespace detail
+
+/// Calls `m.forward(args...)` with `m`'s hooks around it. Without hooks it is a direct call.
+template <class M, class... Args>
+auto call_with_hooks(M& m, Args&&... args) -> std::decay_t<decltype(m.forward(std::forward<Args>(args)...))> {
+  using R = decltype(m.forward(std::forward<Args>(args)...));
+  if (!m.has_hooks()) return m.forward(std::forward<Args>(args)...);
+  std::vector<c10::IValue> pos;
+  Kwargs kw;
+  (detail::pack(pos, kw, args), ...);
+  m.run_forward_pre_hooks(pos, kw);
+  constexpr size_t npos = (0 + ... + (detail::is_kwargs_v<Args> ? 0 : 1));
+  detail::check_arity(m, npos, pos.size());
+  auto unpacked = detail::unpack<Args...>(pos, kw, std::index_sequence_for<Args...>{});
+  std::decay_t<R> out = std::apply([&m](auto&&... a) -> decltype(auto) { return m.forward(a...); }, unpacked);
+  c10::IValue out_value(out);
+  if (m.run_forward_hooks(pos, out_value)) out = out_value.to<std::decay_t<R>>();
+  return out;
+}
+
+/// Holder whose call operator runs the hooks (HP_MODULE defines one per module type).
+template <class Impl>
+class ModuleHolder : public torch::nn::ModuleHolder<Impl> {
+ public:
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return call_with_hooks(*this->get(), std::forward<Args>(args)...);
+  }
+};
+
+/// Gives a module class (deriving from it) the one-tensor call that containers use.
+template <class Derived>
+class Cloneable : public Module {
+ public:
+  using Module::Module;
+  at::Tensor call_tensor(const at::Tensor& input) override {
+    auto& self = static_cast<Derived&>(*this);
+    if constexpr (detail::has_tensor_forward<Derived>::value)
+      return call_with_hooks(self, input);
+    else
+      return Module::call_tensor(input);
+  }
+};
+
+}  // namespace nn
+}  // namespace hyper_parallel
+
+/// Defines the holder `Name` of `NameImpl` (a hyper_parallel::nn::Module), like TORCH_MODULE.
+#define HP_MODULE(Name)                                                    \
+  class Name : public ::hyper_parallel::nn::ModuleHolder<Name##Impl> {    \
+   public:                                                                 \
+    using ::hyper_parallel::nn::ModuleHolder<Name##Impl>::ModuleHolder;   \
+  }

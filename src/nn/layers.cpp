@@ -1,0 +1,92 @@
+#include <hyper_parallel/nn/layers.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+namespace hyper_parallel {
+namespace nn {
+
+LinearImpl::LinearImpl(const LinearOptions& options_) : options(options_) { reset(); }
+
+void LinearImpl::reset() {
+  register_parameter("weight", at::empty({options.out_features(), options.in_features()}));
+  if (options.bias()) register_parameter("bias", at::empty({options.out_features()}));
+  reset_parameters();
+}
+
+// torch::nn::Linear's initialisation.
+void LinearImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  at::Tensor w = parameter("weight");
+  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+  if (at::Tensor b = bias(); b.defined()) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(options.in_features()));
+    torch::nn::init::uniform_(b, -bound, bound);
+  }
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& input) { return at::linear(input, weight(), bias()); }
+
+EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options_) : options(options_) { reset(); }
+
+void EmbeddingImpl::reset() {
+  register_parameter("weight", at::empty({options.num_embeddings(), options.embedding_dim()}));
+  reset_parameters();
+}
+
+void EmbeddingImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  at::Tensor w = parameter("weight");
+  torch::nn::init::normal_(w);
+  if (options.padding_idx()) w[*options.padding_idx()].fill_(0);
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
+  return at::embedding(weight(), indices, options.padding_idx().value_or(-1));
+}
+
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& options_) : options(options_) { reset(); }
+
+void LayerNormImpl::reset() {
+  if (!options.elementwise_affine()) return;
+  register_parameter("weight", at::ones(options.normalized_shape()));
+  register_parameter("bias", at::zeros(options.normalized_shape()));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
+  return at::layer_norm(input, options.normalized_shape(), parameter_or_undefined("weight"),
+                        parameter_or_undefined("bias"), options.eps());
+}
+
+RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { reset(); }
+
+void RMSNormImpl::reset() { register_parameter("weight", at::ones({options.dim()})); }
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
+  const auto dtype = input.scalar_type();
+  at::Tensor x = dtype == at::kFloat ? input : input.to(at::kFloat);
+  at::Tensor normed = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
+  if (dtype != at::kFloat) normed = normed.to(dtype);
+  return weight() * normed;
+}
+
+at::Tensor DropoutImpl::forward(const at::Tensor& input) { return at::dropout(input, p, is_training()); }
+at::Tensor ReLUImpl::forward(const at::Tensor& input) { return at::relu(input); }
+at::Tensor GELUImpl::forward(const at::Tensor& input) { return at::gelu(input, approximate); }
+at::Tensor SiLUImpl::forward(const at::Tensor& input) { return at::silu(input); }
+
+void SequentialImpl::push_back_module(std::shared_ptr<Module> module) {
+  register_module(std::to_string(children_.size()), module);
+  children_.push_back(std::move(module));
+}
+
+at::Tensor SequentialImpl::forward(const at::Tensor& input) {
+  at::Tensor x = input;
+  for (auto& child : children_) x = child->call_tensor(x);
+  return x;
+}
+
+}  // namespace nn
+}  // namespace hyper_parallel

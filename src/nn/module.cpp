@@ -1,0 +1,139 @@
+#include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <algorithm>
+
+namespace hyper_parallel {
+namespace nn {
+
+namespace {
+// libtorch 1.13 keeps torch::nn::Module::buffers_ private (parameters_ is protected) and has no
+// way to swap a buffer for another tensor, which distribute_module must do. An explicit template
+// instantiation may name a private member (C++ [temp.explicit]); this is the one place that does.
+struct BuffersTag {
+  using type = torch::OrderedDict<std::string, at::Tensor> torch::nn::Module::*;
+  friend type member(BuffersTag);
+};
+template <class Tag, typename Tag::type M>
+struct Expose {
+  friend typename Tag::type member(Tag) { return M; }
+};
+template struct Expose<BuffersTag, &torch::nn::Module::buffers_>;
+
+torch::OrderedDict<std::string, at::Tensor>& buffers_of(torch::nn::Module& m) { return m.*member(BuffersTag{}); }
+}  // namespace
+
+void HookHandle::remove() {
+  if (auto alive = alive_.lock()) module_->remove_hook(id_);
+  alive_.reset();
+}
+
+Module::~Module() = default;
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  const uint64_t id = next_hook_id_++;
+  pre_hooks_.push_back({id, std::move(hook), nullptr});
+  return HookHandle(alive_, this, id);
+}
+
+HookHandle Module::register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwargs hook) {
+  const uint64_t id = next_hook_id_++;
+  pre_hooks_.push_back({id, nullptr, std::move(hook)});
+  return HookHandle(alive_, this, id);
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  const uint64_t id = next_hook_id_++;
+  forward_hooks_.emplace_back(id, std::move(hook));
+  return HookHandle(alive_, this, id);
+}
+
+void Module::remove_hook(uint64_t id) {
+  pre_hooks_.erase(std::remove_if(pre_hooks_.begin(), pre_hooks_.end(), [id](const PreHook& h) { return h.id == id; }),
+                   pre_hooks_.end());
+  forward_hooks_.erase(std::remove_if(forward_hooks_.begin(), forward_hooks_.end(),
+                                      [id](const auto& h) { return h.first == id; }),
+                       forward_hooks_.end());
+}
+
+void Module::run_forward_pre_hooks(std::vector<c10::IValue>& args, Kwargs& kwargs) {
+  for (size_t i = 0; i < pre_hooks_.size(); ++i) {
+    // Each hook is copied before it runs: it may register or remove hooks.
+    const PreHook& h = pre_hooks_[i];
+    if (h.with_kwargs) {
+      auto hook = h.with_kwargs;
+      if (auto r = hook(*this, args, kwargs)) {
+        args = std::move(r->first);
+        kwargs = std::move(r->second);
+      }
+    } else {
+      auto hook = h.plain;
+      if (auto r = hook(*this, args)) args = std::move(*r);
+    }
+  }
+}
+
+bool Module::run_forward_hooks(const std::vector<c10::IValue>& args, c10::IValue& output) {
+  bool replaced = false;
+  for (size_t i = 0; i < forward_hooks_.size(); ++i) {
+    auto hook = forward_hooks_[i].second;
+    if (auto r = hook(*this, args, output)) {
+      output = std::move(*r);
+      replaced = true;
+    }
+  }
+  return replaced;
+}
+
+const at::Tensor& Module::parameter(const std::string& name) const {
+  const at::Tensor* p = parameters_.find(name);
+  HP_CHECK_T(c10::IndexError, p != nullptr, Module::name(), " has no parameter '", name, "'");
+  return *p;
+}
+
+at::Tensor Module::parameter_or_undefined(const std::string& name) const {
+  const at::Tensor* p = parameters_.find(name);
+  return p ? *p : at::Tensor();
+}
+
+namespace {
+void check_compatible(const std::string& module, const char* what, const std::string& name,
+                      const at::Tensor& old, const at::Tensor& value) {
+  HP_CHECK_T(c10::ValueError, value.defined(), module, ": cannot replace ", what, " '", name, "' by an undefined tensor");
+  HP_CHECK_T(c10::ValueError, !old.defined() || old.sizes() == value.sizes(), module, ": cannot replace ", what, " '", name,
+             "' of shape ", old.sizes(), " by a tensor of shape ", value.sizes());
+  HP_CHECK_T(c10::ValueError, !old.defined() || old.scalar_type() == value.scalar_type(), module, ": cannot replace ",
+             what, " '", name, "' of dtype ", old.scalar_type(), " by a tensor of dtype ", value.scalar_type());
+}
+}  // namespace
+
+void Module::replace_parameter(const std::string& name, at::Tensor value) {
+  at::Tensor* p = parameters_.find(name);
+  HP_CHECK_T(c10::IndexError, p != nullptr, Module::name(), " has no parameter '", name, "'");
+  check_compatible(Module::name(), "parameter", name, *p, value);
+  const bool requires_grad = p->requires_grad();
+  if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
+  *p = std::move(value);
+}
+
+void Module::replace_buffer(const std::string& name, at::Tensor value) {
+  at::Tensor* b = buffers_of(*this).find(name);
+  HP_CHECK_T(c10::IndexError, b != nullptr, Module::name(), " has no buffer '", name, "'");
+  check_compatible(Module::name(), "buffer", name, *b, value);
+  *b = std::move(value);
+}
+
+at::Tensor Module::call_tensor(const at::Tensor&) {
+  HP_CHECK_T(c10::TypeError, false, name(), " cannot be called with a single tensor");
+  return {};
+}
+
+namespace detail {
+void check_arity(const Module& m, size_t expected, size_t got) {
+  HP_CHECK_T(c10::ValueError, expected == got, m.name(), ".forward takes ", expected,
+             " positional arguments but a forward pre-hook returned ", got);
+}
+}  // namespace detail
+
+}  // namespace nn
+}  // namespace hyper_parallel
