@@ -16,3 +16,9 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/redistribute_plan.h>
 #include <hyper_parallel/dtensor/sharding_rule.h>
+#include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/platform/platform.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
+#include <hyper_parallel/tensor_parallel/style.h>
+#include <hyper_parallel/tensor_parallel/api.h>

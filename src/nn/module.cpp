@@ -21,6 +21,11 @@ struct Expose {
 template struct Expose<BuffersTag, &torch::nn::Module::buffers_>;
 
 torch::OrderedDict<std::string, at::Tensor>& buffers_of(torch::nn::Module& m) { return m.*member(BuffersTag{}); }
+
+// parameters_ is protected: reachable through a member pointer named in a derived class.
+struct ParametersAccess : torch::nn::Module {
+  static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& m) { return m.*(&ParametersAccess::parameters_); }
+};
 }  // namespace
 
 void HookHandle::remove() {
@@ -107,21 +112,27 @@ void check_compatible(const std::string& module, const char* what, const std::st
 }
 }  // namespace
 
-void Module::replace_parameter(const std::string& name, at::Tensor value) {
-  at::Tensor* p = parameters_.find(name);
-  HP_CHECK_T(c10::IndexError, p != nullptr, Module::name(), " has no parameter '", name, "'");
-  check_compatible(Module::name(), "parameter", name, *p, value);
+void replace_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value) {
+  at::Tensor* p = ParametersAccess::of(module).find(name);
+  HP_CHECK_T(c10::IndexError, p != nullptr, module.name(), " has no parameter '", name, "'");
+  check_compatible(module.name(), "parameter", name, *p, value);
   const bool requires_grad = p->requires_grad();
   if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
   *p = std::move(value);
 }
 
-void Module::replace_buffer(const std::string& name, at::Tensor value) {
-  at::Tensor* b = buffers_of(*this).find(name);
-  HP_CHECK_T(c10::IndexError, b != nullptr, Module::name(), " has no buffer '", name, "'");
-  check_compatible(Module::name(), "buffer", name, *b, value);
+void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value) {
+  at::Tensor* b = buffers_of(module).find(name);
+  HP_CHECK_T(c10::IndexError, b != nullptr, module.name(), " has no buffer '", name, "'");
+  check_compatible(module.name(), "buffer", name, *b, value);
   *b = std::move(value);
 }
+
+void Module::replace_parameter(const std::string& name, at::Tensor value) {
+  nn::replace_parameter(*this, name, std::move(value));
+}
+
+void Module::replace_buffer(const std::string& name, at::Tensor value) { nn::replace_buffer(*this, name, std::move(value)); }
 
 at::Tensor Module::call_tensor(const at::Tensor&) {
   HP_CHECK_T(c10::TypeError, false, name(), " cannot be called with a single tensor");

@@ -90,6 +90,9 @@ class Module : public torch::nn::Module {
 
   /// Set by distribute_module (seed §4.3: parameters are distributed once).
   bool distribute_module_applied = false;
+  /// The module's name in the model (e.g. "layers.0.attn.q_proj"), recorded by
+  /// parallelize_module for messages; empty when unknown.
+  std::string qualified_name;
 
  private:
   friend class HookHandle;
@@ -104,6 +107,12 @@ class Module : public torch::nn::Module {
   uint64_t next_hook_id_ = 1;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
+
+/// Replaces parameter `name` of any module (libtorch's own too): same checks as
+/// Module::replace_parameter.
+void replace_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value);
+/// Replaces buffer `name` of any module.
+void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value);
 
 namespace detail {
 

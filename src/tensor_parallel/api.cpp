@@ -1,0 +1,167 @@
+#include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/tensor_parallel/api.h>
+
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace hyper_parallel {
+
+bool fnmatch(const std::string& pattern, const std::string& name) {
+  // Iterative glob with backtracking on the last '*'.
+  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
+  auto class_match = [&](size_t& pp, char c) {
+    size_t q = pp + 1;
+    bool negate = q < pattern.size() && pattern[q] == '!';
+    if (negate) ++q;
+    bool ok = false;
+    size_t first = q;
+    while (q < pattern.size() && (pattern[q] != ']' || q == first)) {
+      if (q + 2 < pattern.size() && pattern[q + 1] == '-' && pattern[q + 2] != ']') {
+        ok = ok || (pattern[q] <= c && c <= pattern[q + 2]);
+        q += 3;
+      } else {
+        ok = ok || pattern[q] == c;
+        ++q;
+      }
+    }
+    if (q >= pattern.size()) return -1;  // no closing ']': literal '['
+    pp = q + 1;
+    return ok != negate ? 1 : 0;
+  };
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+      continue;
+    }
+    if (p < pattern.size()) {
+      if (pattern[p] == '?') { ++p; ++n; continue; }
+      if (pattern[p] == '[') {
+        size_t pp = p;
+        const int r = class_match(pp, name[n]);
+        if (r == 1) { p = pp; ++n; continue; }
+        if (r == -1 && name[n] == '[') { ++p; ++n; continue; }
+      } else if (pattern[p] == name[n]) {
+        ++p; ++n; continue;
+      }
+    }
+    if (star == std::string::npos) return false;
+    p = star + 1;
+    n = ++mark;
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+  HP_CHECK_T(c10::ValueError, !path.empty(), "parallelize_module: a plan path is empty; name a submodule such as "
+             "\"layers.*.attn.q_proj\"");
+  std::vector<std::string> atoms;
+  std::string cur;
+  for (char c : path) {
+    if (c == '.') { atoms.push_back(cur); cur.clear(); }
+    else cur += c;
+  }
+  atoms.push_back(cur);
+  for (const auto& a : atoms)
+    HP_CHECK_T(c10::ValueError, !a.empty(), "parallelize_module: plan path '", path,
+               "' has an empty name between dots");
+  return atoms;
+}
+
+struct Target {
+  std::string fqn;
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<ParallelStyle> style;
+};
+
+void match(const std::shared_ptr<torch::nn::Module>& m, const std::string& prefix, const std::vector<std::string>& atoms,
+           size_t i, const std::shared_ptr<ParallelStyle>& style, std::vector<Target>& out) {
+  if (i == atoms.size()) {
+    out.push_back({prefix, m, style});
+    return;
+  }
+  for (const auto& child : m->named_children())
+    if (fnmatch(atoms[i], child.key()))
+      match(child.value(), prefix.empty() ? child.key() : prefix + "." + child.key(), atoms, i + 1, style, out);
+}
+
+void record_name(torch::nn::Module& m, const std::string& fqn) {
+  if (auto* hp = dynamic_cast<nn::Module*>(&m)) hp->qualified_name = fqn.empty() ? "<root>" : fqn;
+}
+
+}  // namespace
+
+namespace {
+
+torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<DeviceMesh>& device_mesh,
+                               const ParallelizePlan* parallelize_plan, c10::optional<int64_t> src_data_rank) {
+  c10::optional<DeviceMesh> mesh = device_mesh;
+  if (!mesh) mesh = current_mesh();
+  TORCH_CHECK(mesh.has_value(), "parallelize_module: no device_mesh given and no current mesh; pass one or call it "
+              "inside a hyper_parallel::MeshScope");
+  HP_CHECK_T(c10::ValueError, mesh->ndim() == 1, "Tensor Parallel only accepts a 1D DeviceMesh, but found ", mesh->ndim(),
+             "D! If you have a 2-D or N-D device_mesh, consider passing in device_mesh[\"tp\"]");
+  if (!parallelize_plan) {
+    TORCH_WARN("parallelize_module: no parallelize_plan is given and auto-parallel is not supported, so the module is "
+               "left unchanged");
+    return module;
+  }
+
+  // Resolve and validate the whole plan before changing anything.
+  std::vector<Target> targets;
+  std::shared_ptr<torch::nn::Module> root(std::shared_ptr<torch::nn::Module>{}, &module);  // non-owning
+  if (parallelize_plan->is_single()) {
+    HP_CHECK_T(c10::TypeError, parallelize_plan->style() != nullptr,
+               "parallelize_module: the plan must be a ParallelStyle or a {path: ParallelStyle} plan, got a null style");
+    targets.push_back({"", root, parallelize_plan->style()});
+  } else {
+    for (const auto& entry : parallelize_plan->entries()) {
+      HP_CHECK_T(c10::TypeError, entry.style != nullptr, "parallelize_module: the plan value for '", entry.path,
+                 "' must be a ParallelStyle, got a null style");
+      const auto atoms = split_path(entry.path);
+      std::vector<Target> found;
+      match(root, "", atoms, 0, entry.style, found);
+      if (found.empty()) {
+        TORCH_WARN("parallelize_module: plan path '", entry.path, "' matches no submodule; it is skipped");
+        continue;
+      }
+      targets.insert(targets.end(), found.begin(), found.end());
+    }
+  }
+  std::map<const torch::nn::Module*, std::string> distributed;
+  for (const auto& t : targets) {
+    t.style->validate(*t.module, t.fqn, *mesh);
+    if (t.style->distributes_module()) {
+      auto [it, fresh] = distributed.emplace(t.module.get(), t.style->name());
+      TORCH_CHECK(fresh, "parallelize_module: module '", t.fqn.empty() ? "<root>" : t.fqn, "' gets both ", it->second,
+                  " and ", t.style->name(), ", but distribute_module can be applied to a module only once");
+    }
+  }
+
+  for (const auto& t : targets) {
+    t.style->src_data_rank = src_data_rank;
+    record_name(*t.module, t.fqn);
+    t.style->apply(*t.module, *mesh);
+  }
+  return module;
+}
+
+}  // namespace
+
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const c10::optional<DeviceMesh>& device_mesh,
+                                      const ParallelizePlan& parallelize_plan, c10::optional<int64_t> src_data_rank) {
+  return parallelize(module, device_mesh, &parallelize_plan, src_data_rank);
+}
+
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const c10::optional<DeviceMesh>& device_mesh) {
+  return parallelize(module, device_mesh, nullptr, 0);
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,46 @@
+#include <hyper_parallel/platform/platform.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
+
+namespace hyper_parallel {
+
+bool distribute_module_applied(const torch::nn::Module& module) {
+  const auto* m = dynamic_cast<const nn::Module*>(&module);
+  return m != nullptr && m->distribute_module_applied;
+}
+
+DTensor distribute_parameter(const at::Tensor& param, const DeviceMesh& mesh, const Placements& placements,
+                             c10::optional<int64_t> src_data_rank) {
+  return distribute_tensor(param.detach(), mesh, placements, param.is_meta() ? c10::nullopt : src_data_rank);
+}
+
+torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, PartitionFn partition_fn,
+                                     InputFn input_fn, OutputFn output_fn, c10::optional<int64_t> src_data_rank) {
+  nn::Module& root = platform::hookable(module, module.name());
+  TORCH_CHECK(!root.distribute_module_applied, "distribute_module should only be called once on a module, but it "
+              "has already been called on ", module.name(), " (two styles that distribute parameters cannot be "
+              "applied to the same module)");
+  const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate());
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    torch::nn::Module& sub = *item.value();
+    if (partition_fn) partition_fn(item.key(), sub, mesh);
+    for (const auto& p : sub.named_parameters(/*recurse=*/false))
+      if (!is_dtensor(p.value()))
+        nn::replace_parameter(sub, p.key(), distribute_parameter(p.value(), mesh, replicate, src_data_rank));
+    for (const auto& b : sub.named_buffers(/*recurse=*/false))
+      if (b.value().defined() && !is_dtensor(b.value()))
+        nn::replace_buffer(sub, b.key(), distribute_parameter(b.value(), mesh, replicate, src_data_rank));
+  }
+  if (input_fn)
+    root.register_forward_pre_hook([input_fn, mesh](nn::Module& m, const std::vector<c10::IValue>& args) {
+      return input_fn(m, args, mesh);
+    });
+  if (output_fn)
+    root.register_forward_hook([output_fn, mesh](nn::Module& m, const std::vector<c10::IValue>&, const c10::IValue& out) {
+      return output_fn(m, out, mesh);
+    });
+  root.distribute_module_applied = true;
+  return module;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,384 @@
+#include <hyper_parallel/platform/platform.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
+#include <hyper_parallel/tensor_parallel/style.h>
+
+#include <ATen/ATen.h>
+
+namespace hyper_parallel {
+
+ParallelStyle::~ParallelStyle() = default;
+
+namespace {
+
+std::string label(const std::string& fqn) { return fqn.empty() ? "<root>" : fqn; }
+
+// The module's FQN when parallelize_module recorded it, else its type.
+std::string name_of(const torch::nn::Module& m) {
+  const auto* hp = dynamic_cast<const nn::Module*>(&m);
+  return hp != nullptr && !hp->qualified_name.empty() ? hp->qualified_name : m.name();
+}
+
+void check_mesh(const DeviceMesh& mesh, const std::string& style) {
+  HP_CHECK_T(c10::ValueError, mesh.defined() && mesh.ndim() == 1, style, " needs a 1-D DeviceMesh, but got a ",
+             mesh.defined() ? mesh.ndim() : 0, "-D one; pass device_mesh[\"tp\"]");
+}
+
+void check_hookable_and_fresh(torch::nn::Module& module, const std::string& fqn, const ParallelStyle& style) {
+  platform::hookable(module, fqn);
+  if (style.distributes_module())
+    TORCH_CHECK(!distribute_module_applied(module), style.name(), ": distribute_module was already applied to module '",
+                label(fqn), "'; a module can be distributed once (apply PrepareModuleInput/Output on top instead)");
+}
+
+// The named parameter must split evenly over the mesh along `dim` (seed §3.2: no padding).
+void check_divisible(torch::nn::Module& module, const std::string& fqn, const std::string& style,
+                     const std::string& param, int64_t dim, const char* what, int64_t tp) {
+  auto params = module.named_parameters(/*recurse=*/false);
+  HP_CHECK_T(c10::ValueError, params.contains(param), style, ": module '", label(fqn), "' has no parameter '", param, "'");
+  const at::Tensor& p = params[param];
+  HP_CHECK_T(c10::ValueError, p.dim() > dim, style, ": parameter '", label(fqn), ".", param, "' of shape ", p.sizes(),
+             " has no dim ", dim);
+  HP_CHECK_T(c10::ValueError, p.size(dim) % tp == 0, style, ": module '", label(fqn), "' parameter '", param,
+             "' of shape ", p.sizes(), " would be sharded on dim ", dim, " (", what, " = ", p.size(dim),
+             "), which is not divisible by the tensor-parallel size ", tp);
+}
+
+// A global dim that a hook is about to shard must divide too.
+void check_shardable(const at::Tensor& t, const Placement& p, const DeviceMesh& mesh, const std::string& where) {
+  if (!p.is_shard()) return;
+  const int64_t d = p.normalized(t.dim()).dim();
+  HP_CHECK_T(c10::ValueError, t.size(d) % mesh.size(0) == 0, where, ": dim ", d, " of size ", t.size(d),
+             " (shape ", t.sizes(), ") is not divisible by the tensor-parallel size ", mesh.size(0));
+}
+
+// A tensor input as the module expects it: plain tensors are annotated with `layout`, then
+// redistributed to `desired`.
+at::Tensor prepare_input(const at::Tensor& t, const Placement& layout, const Placement& desired,
+                         const DeviceMesh& mesh, bool use_local, const std::string& where) {
+  DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout});
+  const Placements want{desired.normalized(d.dim())};
+  if (d.placements() != want) {
+    check_shardable(d, desired, mesh, where);
+    d = d.redistribute(want);
+  }
+  return use_local ? d.to_local() : at::Tensor(d);
+}
+
+at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::optional<at::ScalarType> reduce_dtype,
+                          const DeviceMesh& mesh, bool use_local, const std::string& where) {
+  DTensor d = out;
+  const Placements want{desired.normalized(d.dim())};
+  if (d.placements() != want) {
+    // Partial values reduce in reduce_dtype (seed §4.4): each addend is upcast before the sum.
+    if (reduce_dtype && d.spec().has_partial() && d.scalar_type() != *reduce_dtype) d = DTensor(d.to(*reduce_dtype));
+    check_shardable(d, desired, mesh, where);
+    d = d.redistribute(want);
+  }
+  return use_local ? d.to_local() : at::Tensor(d);
+}
+
+const at::Tensor& first_tensor(const std::vector<c10::IValue>& inputs, const std::string& where) {
+  HP_CHECK_T(c10::ValueError, !inputs.empty(), where, ": forward got no positional input");
+  HP_CHECK_T(c10::TypeError, inputs[0].isTensor(), where, ": the first positional input must be a tensor or DTensor, got ",
+             inputs[0].tagKind());
+  return inputs[0].toTensor();
+}
+
+std::vector<c10::IValue> with_first(const std::vector<c10::IValue>& inputs, at::Tensor first) {
+  std::vector<c10::IValue> out = inputs;
+  out[0] = std::move(first);
+  return out;
+}
+
+}  // namespace
+
+// ---- ColwiseParallel
+
+void ColwiseParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  check_hookable_and_fresh(module, fqn, *this);
+  const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
+  HP_CHECK_T(c10::NotImplementedError, linear || embedding, "ColwiseParallel currently only supports Linear and Embedding "
+             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
+  if (linear) check_divisible(module, fqn, name(), "weight", 0, "out_features", mesh.size(0));
+  else check_divisible(module, fqn, name(), "weight", 1, "embedding_dim", mesh.size(0));
+}
+
+torch::nn::Module& ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const bool linear = platform::is_linear_module(module);
+  const auto src = src_data_rank;
+  auto partition = [linear, src](const std::string& name, torch::nn::Module& m, const DeviceMesh& mesh) {
+    if (!name.empty()) return;
+    for (const auto& p : m.named_parameters(false)) {
+      // Linear: weight and bias on out_features; Embedding: weight on embedding_dim.
+      const Placement pl = linear ? Shard(0) : Shard(1);
+      nn::replace_parameter(m, p.key(), distribute_parameter(p.value(), mesh, {pl}, src));
+    }
+  };
+  const Placement in = input_layouts_, desired = desired_input_layouts(), out = output_layouts_;
+  const bool local = use_local_output_;
+  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+      -> c10::optional<std::vector<c10::IValue>> {
+    const std::string where = "ColwiseParallel input of '" + name_of(m) + "'";
+    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
+  };
+  auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
+    const std::string where = "ColwiseParallel output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor() && is_dtensor(output.toTensor()), where, " is not a DTensor");
+    return c10::IValue(prepare_output(DTensor(output.toTensor()), out, c10::nullopt, mesh, local, where));
+  };
+  return distribute_module(module, mesh, partition, input_fn, output_fn, src_data_rank);
+}
+
+// ---- RowwiseParallel
+
+void RowwiseParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  check_hookable_and_fresh(module, fqn, *this);
+  const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
+  HP_CHECK_T(c10::NotImplementedError, linear || embedding, "RowwiseParallel currently only supports Linear and Embedding "
+             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
+  if (linear) check_divisible(module, fqn, name(), "weight", 1, "in_features", mesh.size(0));
+  else check_divisible(module, fqn, name(), "weight", 0, "num_embeddings", mesh.size(0));
+}
+
+torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const bool embedding = platform::is_embedding_module(module);
+  // Seed §3.2: an Embedding looks up replicated indices.
+  desired_input_layouts_ = embedding ? Replicate() : Shard(-1);
+  const auto src = src_data_rank;
+  auto partition = [embedding, src](const std::string& name, torch::nn::Module& m, const DeviceMesh& mesh) {
+    if (!name.empty()) return;
+    for (const auto& p : m.named_parameters(false)) {
+      // Linear: weight on in_features, bias replicated; Embedding: weight on the vocabulary.
+      const Placement pl = embedding ? Shard(0) : (p.key() == "weight" ? Shard(1) : Replicate());
+      nn::replace_parameter(m, p.key(), distribute_parameter(p.value(), mesh, {pl}, src));
+    }
+  };
+  const Placement in = input_layouts_, desired = desired_input_layouts_, out = output_layouts_;
+  const bool local = use_local_output_;
+  const auto reduce = reduce_dtype_;
+  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+      -> c10::optional<std::vector<c10::IValue>> {
+    const std::string where = "RowwiseParallel input of '" + name_of(m) + "'";
+    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
+  };
+  auto output_fn = [out, local, reduce, embedding](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh)
+      -> c10::optional<c10::IValue> {
+    const std::string where = "RowwiseParallel output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor(), where, " is not a tensor");
+    const at::Tensor& t = output.toTensor();
+    DTensor d;
+    if (is_dtensor(t)) d = DTensor(t);
+    else if (embedding) d = DTensor::from_local(t, mesh, {Partial()});  // each rank looked up its rows
+    else HP_CHECK_T(c10::TypeError, false, where, " is a plain tensor, expected a DTensor (a Linear-like module must "
+                    "compute with its DTensor parameters)");
+    return c10::IValue(prepare_output(d, out, reduce, mesh, local, where));
+  };
+  return distribute_module(module, mesh, partition, input_fn, output_fn, src_data_rank);
+}
+
+// ---- SequenceParallel
+
+void SequenceParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  check_hookable_and_fresh(module, fqn, *this);
+}
+
+torch::nn::Module& SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const int64_t seq = sequence_dim_;
+  const bool local = use_local_output_;
+  auto input_fn = [seq](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+      -> c10::optional<std::vector<c10::IValue>> {
+    HP_CHECK_T(c10::ValueError, !inputs.empty() && inputs[0].isTensor(), "SequenceParallel: expecting the input of '",
+               name_of(m), "' to be a tensor or DTensor, but got ", inputs.empty() ? "nothing" : inputs[0].tagKind());
+    const at::Tensor& t = inputs[0].toTensor();
+    if (is_dtensor(t)) return c10::nullopt;  // already laid out: kept
+    return with_first(inputs, DTensor::from_local(t, mesh, {Shard(seq)}));
+  };
+  OutputFn output_fn;
+  if (local)
+    output_fn = [](nn::Module&, const c10::IValue& output, const DeviceMesh&) -> c10::optional<c10::IValue> {
+      if (!output.isTensor() || !is_dtensor(output.toTensor())) return c10::nullopt;
+      return c10::IValue(DTensor(output.toTensor()).to_local());
+    };
+  return distribute_module(module, mesh, nullptr, input_fn, output_fn, src_data_rank);
+}
+
+// ---- NoParallel
+
+void NoParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  check_hookable_and_fresh(module, fqn, *this);
+}
+
+torch::nn::Module& NoParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const Placement in = input_layout_, desired = desired_input_layout_, out = output_layout_;
+  const bool local = use_local_output_;
+  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+      -> c10::optional<std::vector<c10::IValue>> {
+    const std::string where = "NoParallel input of '" + name_of(m) + "'";
+    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
+  };
+  auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
+    const std::string where = "NoParallel output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor(), where, " is not a tensor");
+    const at::Tensor& t = output.toTensor();
+    DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {out});
+    return c10::IValue(prepare_output(d, out, c10::nullopt, mesh, local, where));
+  };
+  return distribute_module(module, mesh, nullptr, input_fn, output_fn, src_data_rank);
+}
+
+// ---- PrepareModuleInput
+
+PrepareModuleInput::PrepareModuleInput(c10::optional<Layouts> input_layouts, c10::optional<Layouts> desired_input_layouts,
+                                       c10::optional<KwargLayouts> input_kwarg_layouts,
+                                       c10::optional<KwargLayouts> desired_input_kwarg_layouts, bool use_local_output)
+    : input_layouts_(std::move(input_layouts)),
+      desired_input_layouts_(std::move(desired_input_layouts)),
+      input_kwarg_layouts_(input_kwarg_layouts.value_or(KwargLayouts{})),
+      desired_input_kwarg_layouts_(desired_input_kwarg_layouts.value_or(KwargLayouts{})),
+      use_local_output_(use_local_output) {
+  if (input_layouts_) {
+    HP_CHECK_T(AssertionError, desired_input_layouts_.has_value(),
+               "PrepareModuleInput: desired_input_layouts must be given with input_layouts");
+    HP_CHECK_T(AssertionError, input_layouts_->size() == desired_input_layouts_->size(),
+               "PrepareModuleInput: input_layouts and desired_input_layouts should have the same length, got ",
+               input_layouts_->size(), " and ", desired_input_layouts_->size());
+  }
+  HP_CHECK_T(AssertionError, input_kwarg_layouts_.size() == desired_input_kwarg_layouts_.size(),
+             "PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should have the same length, got ",
+             input_kwarg_layouts_.size(), " and ", desired_input_kwarg_layouts_.size());
+}
+
+void PrepareModuleInput::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  platform::hookable(module, fqn);
+}
+
+namespace {
+// One slot of PrepareModuleInput/Output: nullopt layouts pass through; a layout on a non-tensor
+// is an AssertionError.
+c10::IValue prepare_slot(const c10::IValue& v, const c10::optional<Placement>& layout,
+                         const c10::optional<Placement>& desired, const DeviceMesh& mesh, bool use_local,
+                         const std::string& where) {
+  if (!layout) return v;
+  HP_CHECK_T(AssertionError, v.isTensor(), where, " has layout ", layout->to_string(),
+             " but is not a tensor (got ", v.tagKind(), ")");
+  return prepare_input(v.toTensor(), *layout, desired.value_or(*layout), mesh, use_local, where);
+}
+}  // namespace
+
+torch::nn::Module& PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const auto in = input_layouts_, desired = desired_input_layouts_;
+  const auto kin = input_kwarg_layouts_, kdesired = desired_input_kwarg_layouts_;
+  const bool local = use_local_output_;
+  auto prepare_args = [in, desired, local](nn::Module& m, const std::vector<c10::IValue>& args, const DeviceMesh& mesh) {
+    if (!in) return args;
+    HP_CHECK_T(c10::ValueError, args.size() == in->size(), "PrepareModuleInput: module inputs and input_layouts should have "
+               "same length, but '", name_of(m), "' got ", args.size(), " inputs for ", in->size(), " layouts");
+    std::vector<c10::IValue> out(args.size());
+    for (size_t i = 0; i < args.size(); ++i)
+      out[i] = prepare_slot(args[i], (*in)[i], (*desired)[i], mesh, local,
+                            "PrepareModuleInput: input " + std::to_string(i) + " of '" + name_of(m) + "'");
+    return out;
+  };
+  if (kin.empty()) {
+    platform::register_forward_pre_hook(module, [prepare_args, mesh](nn::Module& m, const std::vector<c10::IValue>& args)
+                                                    -> c10::optional<std::vector<c10::IValue>> {
+      return prepare_args(m, args, mesh);
+    });
+  } else {
+    platform::register_forward_pre_hook(
+        module,
+        [prepare_args, kin, kdesired, local, mesh](nn::Module& m, const std::vector<c10::IValue>& args, const nn::Kwargs& kwargs)
+            -> c10::optional<std::pair<std::vector<c10::IValue>, nn::Kwargs>> {
+          nn::Kwargs out = kwargs;
+          for (auto& [key, value] : out) {
+            auto it = kin.find(key);
+            if (it == kin.end()) continue;
+            auto d = kdesired.find(key);
+            value = prepare_slot(value, it->second, d == kdesired.end() ? c10::nullopt : d->second, mesh, local,
+                                 "PrepareModuleInput: keyword input '" + key + "' of '" + name_of(m) + "'");
+          }
+          return std::make_pair(prepare_args(m, args, mesh), std::move(out));
+        },
+        /*with_kwargs=*/true);
+  }
+  return module;
+}
+
+// ---- PrepareModuleOutput
+
+PrepareModuleOutput::PrepareModuleOutput(Layouts output_layouts, Layouts desired_output_layouts, bool use_local_output,
+                                         c10::optional<at::ScalarType> reduce_dtype)
+    : output_layouts_(std::move(output_layouts)),
+      desired_output_layouts_(std::move(desired_output_layouts)),
+      use_local_output_(use_local_output),
+      reduce_dtype_(reduce_dtype) {
+  HP_CHECK_T(AssertionError, output_layouts_.size() == desired_output_layouts_.size(),
+             "PrepareModuleOutput: output_layouts and desired_output_layouts should have the same length, got ",
+             output_layouts_.size(), " and ", desired_output_layouts_.size());
+}
+
+void PrepareModuleOutput::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_mesh(mesh, name());
+  platform::hookable(module, fqn);
+}
+
+torch::nn::Module& PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  const Layouts out = output_layouts_, desired = desired_output_layouts_;
+  const bool local = use_local_output_;
+  const auto reduce = reduce_dtype_;
+  platform::register_forward_hook(module, [out, desired, local, reduce, mesh](nn::Module& m, const std::vector<c10::IValue>&,
+                                                                              const c10::IValue& output) -> c10::optional<c10::IValue> {
+    const bool tuple = output.isTuple();
+    std::vector<c10::IValue> items = tuple ? output.toTupleRef().elements().vec() : std::vector<c10::IValue>{output};
+    HP_CHECK_T(c10::ValueError, items.size() == out.size(), "PrepareModuleOutput: module outputs and output_layouts should "
+               "have same length, but '", name_of(m), "' returned ", items.size(), " outputs for ", out.size(), " layouts");
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!out[i]) continue;
+      const std::string where = "PrepareModuleOutput: output " + std::to_string(i) + " of '" + name_of(m) + "'";
+      HP_CHECK_T(AssertionError, items[i].isTensor(), where, " has layout ", out[i]->to_string(), " but is not a tensor");
+      const at::Tensor& t = items[i].toTensor();
+      DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {*out[i]});
+      items[i] = prepare_output(d, desired[i].value_or(*out[i]), reduce, mesh, local, where);
+    }
+    return tuple ? c10::IValue(c10::ivalue::Tuple::create(std::move(items))) : items[0];
+  });
+  return module;
+}
+
+// ---- PrepareModuleInputOutput
+
+PrepareModuleInputOutput::PrepareModuleInputOutput(c10::optional<Layouts> input_layouts,
+                                                   c10::optional<Layouts> desired_input_layouts, Layouts output_layouts,
+                                                   Layouts desired_output_layouts,
+                                                   c10::optional<KwargLayouts> input_kwarg_layouts,
+                                                   c10::optional<KwargLayouts> desired_input_kwarg_layouts,
+                                                   bool use_local_input, bool use_local_output,
+                                                   c10::optional<at::ScalarType> reduce_dtype)
+    : input_(std::move(input_layouts), std::move(desired_input_layouts), std::move(input_kwarg_layouts),
+             std::move(desired_input_kwarg_layouts), use_local_input),
+      output_(std::move(output_layouts), std::move(desired_output_layouts), use_local_output, reduce_dtype) {}
+
+void PrepareModuleInputOutput::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  input_.validate(module, fqn, mesh);
+  output_.validate(module, fqn, mesh);
+}
+
+torch::nn::Module& PrepareModuleInputOutput::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
+  validate(module, name_of(module), mesh);
+  input_.apply(module, mesh);
+  return output_.apply(module, mesh);
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,277 @@
+// Seed §8.2 A1-A12 (interface and fail-closed) and D1/D2 (glob, single style at the root).
+#include "tp_models.h"
+
+#include <typeinfo>
+
+using namespace tp_test;
+
+namespace {
+const hp::DeviceMesh& tp_mesh() {
+  static hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
+  return mesh;
+}
+
+// Every parameter of `m` (for "the module is unchanged" checks).
+std::vector<at::Tensor> params_of(torch::nn::Module& m) { return m.parameters(); }
+bool same_params(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].unsafeGetTensorImpl() != b[i].unsafeGetTensorImpl()) return false;
+  return true;
+}
+}  // namespace
+
+// C++ turns A1 into a compile-time guarantee: ParallelStyle has a pure virtual apply(), so
+// `ParallelStyle()` does not compile; every concrete style is a ParallelStyle.
+static_assert(std::is_abstract_v<hp::ParallelStyle>, "ParallelStyle must be abstract");
+static_assert(!std::is_constructible_v<hp::ParallelStyle>, "ParallelStyle() must not be possible");
+static_assert(std::is_base_of_v<hp::ParallelStyle, hp::ColwiseParallel> && std::is_base_of_v<hp::ParallelStyle, hp::RowwiseParallel> &&
+              std::is_base_of_v<hp::ParallelStyle, hp::SequenceParallel> && std::is_base_of_v<hp::ParallelStyle, hp::PrepareModuleInput> &&
+              std::is_base_of_v<hp::ParallelStyle, hp::PrepareModuleOutput> && std::is_base_of_v<hp::ParallelStyle, hp::PrepareModuleInputOutput> &&
+              std::is_base_of_v<hp::ParallelStyle, hp::NoParallel>);
+// A3 at compile time: a list of styles is not a plan.
+static_assert(!std::is_constructible_v<hp::ParallelizePlan, std::vector<std::shared_ptr<hp::ParallelStyle>>>);
+
+TEST(ParallelStyleApi, A1_ParallelStyleIsAbstractAndDefaultsSrcDataRankToZero) {
+  hp::ColwiseParallel c;
+  EXPECT_EQ(c.src_data_rank, c10::optional<int64_t>(0));
+  // A subclass that does not implement apply stays abstract.
+  struct Incomplete : hp::ParallelStyle {
+    void validate(torch::nn::Module&, const std::string&, const hp::DeviceMesh&) const override {}
+    std::string name() const override { return "Incomplete"; }
+  };
+  static_assert(std::is_abstract_v<Incomplete>);
+}
+
+TEST(ParallelizeModuleApi, A2_TwoDimensionalMeshIsRejected) {
+  auto mesh2d = hp::init_device_mesh("cpu", {tp_size() / 2 > 0 ? 2 : 1, tp_size() / 2 > 0 ? tp_size() / 2 : tp_size()}, {"dp", "tp"});
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  auto before = params_of(*mlp);
+  try {
+    hp::parallelize_module(*mlp, mesh2d, {{"linear1", hp::ColwiseParallel()}});
+    FAIL() << "a 2-D mesh was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("device_mesh[\"tp\"]"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));
+  // The 1-D slice works.
+  hp::parallelize_module(*mlp, mesh2d["tp"], {{"linear1", hp::ColwiseParallel()}});
+  EXPECT_TRUE(hp::is_dtensor(mlp->linear1->weight()));
+}
+
+TEST(ParallelizeModuleApi, A3_PlanValueThatIsNotAStyleIsTypeError) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  auto before = params_of(*mlp);
+  std::shared_ptr<hp::ParallelStyle> none;
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), {{"linear1", hp::ColwiseParallel()}, {"linear2", none}}), c10::TypeError);
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), hp::ParallelizePlan(none)), c10::TypeError);
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));  // linear1 was not touched either
+}
+
+TEST(ParallelizeModuleApi, A4_EmptyPathOrEmptyAtomIsValueError) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  auto before = params_of(*mlp);
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), {{"", hp::ColwiseParallel()}}), c10::ValueError);
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), {{"linear1..x", hp::ColwiseParallel()}}), c10::ValueError);
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), {{"linear1", hp::ColwiseParallel()}, {"a..b", hp::RowwiseParallel()}}),
+               c10::ValueError);
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));
+}
+
+TEST(ParallelizeModuleApi, A5_UnmatchedPathWarnsAndIsSkipped) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  WarningCapture warnings;
+  c10::Warning::WarningHandlerGuard guard(&warnings);
+  auto before = params_of(*mlp);
+  hp::parallelize_module(*mlp, tp_mesh(), {{"does_not_exist", hp::ColwiseParallel()}});
+  EXPECT_TRUE(warnings.contains("does_not_exist")) << warnings.messages.size();
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));
+  // The other entries still apply.
+  hp::parallelize_module(*mlp, tp_mesh(), {{"nope.*", hp::RowwiseParallel()}, {"linear1", hp::ColwiseParallel()}});
+  EXPECT_TRUE(hp::is_dtensor(mlp->linear1->weight()));
+  EXPECT_FALSE(hp::is_dtensor(mlp->linear2->weight()));
+}
+
+TEST(ParallelizeModuleApi, A6_ColwiseRowwiseOnlyForLinearAndEmbedding) {
+  struct CustomImpl : hnn::Cloneable<CustomImpl> {
+    CustomImpl() { register_parameter("weight", at::ones({4, 4})); }
+    at::Tensor forward(const at::Tensor& x) { return x; }
+  };
+  std::vector<std::pair<const char*, std::shared_ptr<torch::nn::Module>>> modules{
+      {"LayerNorm", hnn::LayerNorm(std::vector<int64_t>{4}).ptr()},
+      {"ReLU", hnn::ReLU().ptr()},
+      {"custom", std::make_shared<CustomImpl>()}};
+  for (auto& [what, m] : modules) {
+    auto before = params_of(*m);
+    for (int row = 0; row < 2; ++row) {
+      try {
+        if (row) hp::parallelize_module(*m, tp_mesh(), hp::RowwiseParallel());
+        else hp::parallelize_module(*m, tp_mesh(), hp::ColwiseParallel());
+        FAIL() << what << " accepted";
+      } catch (const c10::NotImplementedError& e) {
+        EXPECT_NE(std::string(e.what()).find("Linear and Embedding"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_TRUE(same_params(before, params_of(*m))) << what;
+  }
+  // A libtorch module cannot carry hooks: rejected, naming the FQN.
+  struct HolderImpl : hnn::Cloneable<HolderImpl> {
+    HolderImpl() { proj = register_module("proj", torch::nn::Linear(4, 4)); }
+    torch::nn::Linear proj{nullptr};
+  } holder;
+  try {
+    hp::parallelize_module(holder, tp_mesh(), {{"proj", hp::ColwiseParallel()}});
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'proj'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PrepareModuleInputApi, A7_LayoutLengthsMustMatchAtConstruction) {
+  EXPECT_THROW(hp::PrepareModuleInput(hp::Layouts{hp::Shard(0), hp::Replicate()}, hp::Layouts{hp::Replicate()}), hp::AssertionError);
+  EXPECT_THROW(hp::PrepareModuleInput(hp::Layouts{hp::Shard(0)}, c10::nullopt), hp::AssertionError);
+  EXPECT_THROW(hp::PrepareModuleInput(c10::nullopt, c10::nullopt, hp::KwargLayouts{{"a", hp::Shard(0)}}, hp::KwargLayouts{}),
+               hp::AssertionError);
+  EXPECT_THROW(hp::PrepareModuleOutput(hp::Layouts{hp::Shard(0)}, hp::Layouts{}), hp::AssertionError);
+  EXPECT_NO_THROW(hp::PrepareModuleInput(hp::Layouts{hp::Shard(0), c10::nullopt}, hp::Layouts{hp::Replicate(), c10::nullopt}));
+}
+
+TEST(PrepareModuleInputApi, A8_ForwardArityMismatchIsValueError) {
+  TwoInputs m;
+  hp::parallelize_module(*m, tp_mesh(), hp::PrepareModuleInput(hp::Layouts{hp::Shard(0)}, hp::Layouts{hp::Replicate()}));
+  try {
+    m(at::ones({2, 2}), at::ones({2, 2}), hnn::Kwargs{});
+    FAIL();
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("same length"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SequenceParallelApi, A9_InputMustBeTensorOrDTensor) {
+  struct ListInImpl : hnn::Cloneable<ListInImpl> {
+    at::Tensor forward(const std::vector<at::Tensor>& xs) { return xs[0]; }
+  };
+  struct IntInImpl : hnn::Cloneable<IntInImpl> {
+    at::Tensor forward(int64_t n) { return at::ones({n}); }
+  };
+  auto list_in = std::make_shared<ListInImpl>();
+  auto int_in = std::make_shared<IntInImpl>();
+  hp::parallelize_module(*list_in, tp_mesh(), hp::SequenceParallel());
+  hp::parallelize_module(*int_in, tp_mesh(), hp::SequenceParallel());
+  for (int k = 0; k < 2; ++k) {
+    try {
+      if (k) hnn::call_with_hooks(*int_in, int64_t{3});
+      else hnn::call_with_hooks(*list_in, std::vector<at::Tensor>{at::ones({2})});
+      FAIL();
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor or DTensor"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(RowwiseParallelApi, A10_PlainTensorOutputOfLinearIsTypeError) {
+  // A Linear-like module that leaves DTensor land inside forward.
+  struct LeakyLinearImpl : hnn::Cloneable<LeakyLinearImpl> {
+    LeakyLinearImpl() { register_parameter("weight", at::ones({4, 2 * tp_size()})); }
+    hnn::ModuleKind module_kind() const override { return hnn::ModuleKind::Linear; }
+    at::Tensor forward(const at::Tensor& x) { return hp::DTensor(at::linear(x, parameter("weight"))).redistribute({hp::Replicate()}).to_local(); }
+  };
+  auto m = std::make_shared<LeakyLinearImpl>();
+  hp::parallelize_module(*m, tp_mesh(), hp::RowwiseParallel());
+  EXPECT_THROW(hnn::call_with_hooks(*m, at::ones({1, 2})), c10::TypeError);
+}
+
+TEST(DistributeModuleApi, A11_SecondDistributeModuleIsRuntimeError) {
+  hnn::Linear l = seeded<hnn::Linear>(1, 4, 2 * tp_size());
+  hp::ColwiseParallel().apply(*l, tp_mesh());
+  auto before = params_of(*l);
+  try {
+    hp::ColwiseParallel().apply(*l, tp_mesh());
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(typeid(e), typeid(c10::Error)) << "expected a RuntimeError (c10::Error), got " << typeid(e).name();
+  }
+  EXPECT_TRUE(same_params(before, params_of(*l)));
+  // Two distributing styles on one module in one plan are refused before anything changes.
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  auto mlp_before = params_of(*mlp);
+  EXPECT_THROW(hp::parallelize_module(*mlp, tp_mesh(), {{"linear1", hp::ColwiseParallel()}, {"linear*", hp::NoParallel()}}), c10::Error);
+  EXPECT_TRUE(same_params(mlp_before, params_of(*mlp)));
+  // PrepareModuleOutput on top of a distributed module is fine (seed §7.4).
+  EXPECT_NO_THROW(hp::PrepareModuleOutput(hp::Layouts{hp::Shard(-1)}, hp::Layouts{hp::Replicate()}).apply(*l, tp_mesh()));
+}
+
+TEST(ParallelizeModuleApi, A12_NoPlanWarnsAndReturnsTheModule) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  WarningCapture warnings;
+  c10::Warning::WarningHandlerGuard guard(&warnings);
+  auto before = params_of(*mlp);
+  torch::nn::Module& out = hp::parallelize_module(*mlp, tp_mesh());
+  EXPECT_EQ(&out, mlp.get());
+  EXPECT_TRUE(warnings.contains("no parallelize_plan"));
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));
+}
+
+TEST(ParallelizeModuleApi, CurrentMeshScopeAndMissingMesh) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
+  EXPECT_THROW(hp::parallelize_module(*mlp, c10::nullopt, {{"linear1", hp::ColwiseParallel()}}), c10::Error);
+  hp::MeshScope scope(tp_mesh());
+  hp::parallelize_module(*mlp, c10::nullopt, {{"linear1", hp::ColwiseParallel()}});
+  EXPECT_TRUE(hp::is_dtensor(mlp->linear1->weight()));
+}
+
+TEST(ParallelizeModuleApi, IndivisibleShapesFailBeforeAnyChange) {
+  auto mlp = seeded<Mlp>(1, 8, 4 * tp_size() + 1);  // hidden does not divide
+  auto before = params_of(*mlp);
+  try {
+    hp::parallelize_module(*mlp, tp_mesh(), {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+    FAIL();
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what();
+    for (const char* word : {"linear1", "weight", "dim 0", "out_features"})
+      EXPECT_NE(msg.find(word), std::string::npos) << word << " missing in: " << msg;
+  }
+  EXPECT_TRUE(same_params(before, params_of(*mlp)));
+}
+
+TEST(ParallelizeModuleApi, D1_GlobMatchesEveryLayer) {
+  struct LayerImpl : hnn::Cloneable<LayerImpl> {
+    LayerImpl() {
+      mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
+      mlp->register_module("gate_proj", hnn::Linear(8, 2 * tp_size()));
+      mlp->register_module("down_proj", hnn::Linear(2 * tp_size(), 8));
+    }
+    std::shared_ptr<torch::nn::Module> mlp;
+  };
+  struct ModelImpl : hnn::Cloneable<ModelImpl> {
+    ModelImpl() {
+      layers = register_module("layers", hnn::ModuleList());
+      for (int i = 0; i < 3; ++i) layers->push_back(std::make_shared<LayerImpl>());
+    }
+    hnn::ModuleList layers;
+  } model;
+  hp::parallelize_module(model, tp_mesh(), {{"layers.*.mlp.gate_proj", hp::ColwiseParallel()}, {"layers.[02].mlp.down_*", hp::RowwiseParallel()}});
+  auto params = model.named_parameters();
+  for (int i = 0; i < 3; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".mlp.";
+    EXPECT_EQ(hp::DTensor(params[p + "gate_proj.weight"]).placements(), hp::Placements{hp::Shard(0)}) << p;
+    EXPECT_EQ(hp::is_dtensor(params[p + "down_proj.weight"]), i != 1) << p;
+  }
+  EXPECT_TRUE(hp::fnmatch("q_*", "q_proj"));
+  EXPECT_TRUE(hp::fnmatch("?_proj", "k_proj"));
+  EXPECT_FALSE(hp::fnmatch("q_*", "k_proj"));
+  EXPECT_TRUE(hp::fnmatch("[!k]_proj", "q_proj"));
+  EXPECT_FALSE(hp::fnmatch("[!k]_proj", "k_proj"));
+}
+
+TEST(ParallelizeModuleApi, D2_SingleStyleAppliesToTheRootWithSrcDataRank) {
+  hnn::Linear l = seeded<hnn::Linear>(3, 6, 2 * tp_size());
+  hnn::Linear ref = seeded<hnn::Linear>(3, 6, 2 * tp_size());
+  auto style = std::make_shared<hp::ColwiseParallel>();
+  hp::parallelize_module(*l, tp_mesh(), style, /*src_data_rank=*/c10::nullopt);
+  EXPECT_EQ(style->src_data_rank, c10::nullopt);  // written into the given style
+  EXPECT_EQ(hp::DTensor(l->weight()).placements(), hp::Placements{hp::Shard(0)});
+  at::Tensor x = random({3, 6}, 4);
+  at::Tensor y = hp::all_gather(l(x), -1, tp_mesh().get_group());
+  EXPECT_TRUE(close(y, ref(x)));
+}
