@@ -1,0 +1,352 @@
+// Seed §8.2 C1-C14: forward and backward of parallelised modules against the same module in one
+// process (same seed, same weights). Gradient convention (DESIGN §4.1): gradients equal the
+// single-device ones, Rowwise included (no division by the tp size).
+#include "tp_models.h"
+
+using namespace tp_test;
+using P = hp::Placements;
+
+namespace {
+hp::DeviceMesh mesh() { return hp::init_device_mesh("cpu", {tp_size()}, {"tp"}); }
+at::Tensor gather_last(const at::Tensor& local) { return hp::all_gather(local, -1, hp::world_group()); }
+at::Tensor grad_of(const at::Tensor& p) { return full(p.grad()); }
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+}  // namespace
+
+TEST(TensorParallelNumerics, C1_ColwiseLinearForwardBackward) {
+  const int64_t n = tp_size();
+  auto l = seeded<hnn::Linear>(11, 16, 8 * n);
+  auto ref = seeded<hnn::Linear>(11, 16, 8 * n);
+  hp::parallelize_module(*l, mesh(), hp::ColwiseParallel());
+  at::Tensor x = leaf(random({4, 16}, 1)), xr = leaf(x);
+  at::Tensor y = l(x);  // local: the default output is Shard(-1) as a local tensor
+  EXPECT_FALSE(hp::is_dtensor(y));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{4, 8}));
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(gather_last(y), yr));
+  at::Tensor w = random({4, 8 * n}, 2);
+  (y * piece(w, -1)).sum().backward();  // each rank's share of sum(y * w)
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(grad_of(l->weight()), ref->weight().grad()));  // gathered on dim 0
+  EXPECT_TRUE(close(grad_of(l->bias()), ref->bias().grad()));
+  EXPECT_TRUE(close(x.grad(), xr.grad()));  // all-reduced by from_local's backward
+}
+
+TEST(TensorParallelNumerics, C2_RowwiseLinearForwardBackward) {
+  const int64_t n = tp_size();
+  auto l = seeded<hnn::Linear>(12, 8 * n, 6);
+  auto ref = seeded<hnn::Linear>(12, 8 * n, 6);
+  hp::parallelize_module(*l, mesh(), hp::RowwiseParallel());
+  at::Tensor xfull = random({3, 8 * n}, 1);
+  at::Tensor x = leaf(piece(xfull, -1)), xr = leaf(xfull);
+  at::Tensor y = l(x);  // the whole output on every rank
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, yr));
+  at::Tensor w = random({3, 6}, 2);
+  (y * w).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(grad_of(l->weight()), ref->weight().grad()));  // no division by tp
+  EXPECT_TRUE(close(grad_of(l->bias()), ref->bias().grad()));
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), -1)));
+}
+
+TEST(TensorParallelNumerics, C3_ColwiseRowwiseMlpWithOneAllReduceEachWay) {
+  const int64_t n = tp_size();
+  auto m = seeded<Mlp>(13, 16, 8 * n);
+  auto ref = seeded<Mlp>(13, 16, 8 * n);
+  hp::parallelize_module(*m, mesh(), {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+  at::Tensor x = leaf(random({2, 3, 16}, 1)), xr = leaf(x);
+  hp::CommDebugMode fwd;
+  at::Tensor y = m(x);
+  EXPECT_EQ(fwd.get_comm_count("all_reduce"), 1) << fwd.summary();
+  EXPECT_EQ(fwd.get_total_counts(), 1) << fwd.summary();
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, yr));
+  at::Tensor w = random({2, 3, 16}, 2);
+  hp::CommDebugMode bwd;
+  (y * w).sum().backward();
+  EXPECT_EQ(bwd.get_comm_count("all_reduce"), 1) << bwd.summary();
+  EXPECT_EQ(bwd.get_total_counts(), 1) << bwd.summary();
+  (yr * w).sum().backward();
+  for (const auto& p : m->named_parameters())
+    EXPECT_TRUE(close(grad_of(p.value()), ref->named_parameters()[p.key()].grad())) << p.key();
+  EXPECT_TRUE(close(x.grad(), xr.grad()));
+}
+
+TEST(TensorParallelNumerics, C3_MlpWithSequenceParallelUsesAllGatherAndReduceScatter) {
+  const int64_t n = tp_size();
+  auto m = seeded<Mlp>(13, 16, 8 * n);
+  auto ref = seeded<Mlp>(13, 16, 8 * n);
+  hp::parallelize_module(*m, mesh(), {{"linear1", hp::ColwiseParallel(hp::Shard(1))},
+                                      {"linear2", hp::RowwiseParallel(hp::Shard(-1), hp::Shard(1))}});
+  at::Tensor xfull = random({2, 2 * n, 16}, 1);
+  at::Tensor x = leaf(piece(xfull, 1)), xr = leaf(xfull);
+  hp::CommDebugMode fwd;
+  at::Tensor y = m(x);
+  EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 1}, {"reduce_scatter", 1}})) << fwd.summary();
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, piece(yr, 1)));
+  at::Tensor w = random({2, 2 * n, 16}, 2);
+  hp::CommDebugMode bwd;
+  (y * piece(w, 1)).sum().backward();
+  EXPECT_EQ(bwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 1}, {"reduce_scatter", 1}})) << bwd.summary();
+  (yr * w).sum().backward();
+  for (const auto& p : m->named_parameters())
+    EXPECT_TRUE(close(grad_of(p.value()), ref->named_parameters()[p.key()].grad())) << p.key();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 1)));
+}
+
+TEST(TensorParallelNumerics, C4_ColwiseEmbedding) {
+  const int64_t n = tp_size();
+  auto e = seeded<hnn::Embedding>(14, 10, 4 * n);
+  auto ref = seeded<hnn::Embedding>(14, 10, 4 * n);
+  hp::parallelize_module(*e, mesh(), hp::ColwiseParallel());
+  at::Tensor ids = at::tensor(std::vector<int64_t>{0, 9, 3, 3, 7, 1}, at::kLong).reshape({2, 3});
+  at::Tensor y = e(ids), yr = ref(ids);
+  ASSERT_TRUE(close(gather_last(y), yr));
+  at::Tensor w = random({2, 3, 4 * n}, 2);
+  (y * piece(w, -1)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(grad_of(e->weight()), ref->weight().grad()));
+}
+
+TEST(TensorParallelNumerics, C5_RowwiseEmbeddingIsExact) {
+  const int64_t n = tp_size();
+  at::Tensor ids = at::tensor(std::vector<int64_t>{0, 4 * n - 1, 3, 3, 2 * n, 1}, at::kLong).reshape({2, 3});
+  {
+    auto e = seeded<hnn::Embedding>(15, 4 * n, 6);
+    auto ref = seeded<hnn::Embedding>(15, 4 * n, 6);
+    // Replicated token ids, as the Qwen plan annotates them.
+    hp::parallelize_module(*e, mesh(), hp::RowwiseParallel(hp::Replicate()));
+    at::Tensor y = e(ids), yr = ref(ids);
+    EXPECT_TRUE(at::equal(y, yr));  // a masked lookup: the sum over ranks adds exact zeros
+    (y * y).sum().backward();
+    (yr * yr).sum().backward();
+    EXPECT_TRUE(close(grad_of(e->weight()), ref->weight().grad()));
+  }
+  // The default annotation, Shard(-1): each rank passes its piece of the ids, which are gathered.
+  auto e = seeded<hnn::Embedding>(15, 4 * n, 6);
+  auto ref = seeded<hnn::Embedding>(15, 4 * n, 6);
+  hp::parallelize_module(*e, mesh(), hp::RowwiseParallel());
+  at::Tensor ids_wide = at::arange(4 * n, at::kLong).reshape({1, 4 * n});
+  EXPECT_TRUE(at::equal(e(piece(ids_wide, -1)), ref(ids_wide)));
+}
+
+TEST(TensorParallelNumerics, C6_SequenceParallelLayerNorm) {
+  const int64_t n = tp_size();
+  hnn::LayerNorm ln(std::vector<int64_t>{8}), ref(std::vector<int64_t>{8});
+  {
+    at::NoGradGuard g;
+    for (auto* m : {&ln, &ref}) {
+      (*m)->named_parameters()["weight"].copy_(random({8}, 3));
+      (*m)->named_parameters()["bias"].copy_(random({8}, 4));
+    }
+  }
+  hp::parallelize_module(*ln, mesh(), hp::SequenceParallel());
+  at::Tensor xfull = random({2, 2 * n, 8}, 1);
+  at::Tensor x = leaf(piece(xfull, 1)), xr = leaf(xfull);
+  hp::DTensor y(ln(x));  // use_local_output defaults to false: a DTensor
+  EXPECT_EQ(y.placements(), P{hp::Shard(1)});
+  at::Tensor yr = ref(xr);
+  EXPECT_TRUE(close(y.to_local(), piece(yr, 1)));  // the local chunk against the reference slice
+  ASSERT_TRUE(close(y, yr));                       // gathered against the whole reference
+  at::Tensor w = random({2, 2 * n, 8}, 2);
+  (y.to_local() * piece(w, 1)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 1)));
+  EXPECT_EQ(hp::DTensor(ln->named_parameters()["weight"].grad()).placements(), P{hp::Partial()});
+  EXPECT_TRUE(close(grad_of(ln->named_parameters()["weight"]), ref->named_parameters()["weight"].grad()));
+  EXPECT_TRUE(close(grad_of(ln->named_parameters()["bias"]), ref->named_parameters()["bias"].grad()));
+}
+
+TEST(TensorParallelNumerics, C7_SequenceParallelDropoutAtZeroIsIdentity) {
+  const int64_t n = tp_size();
+  hnn::Dropout d(0.0);
+  hp::parallelize_module(*d, mesh(), hp::SequenceParallel());
+  at::Tensor xfull = random({2, 2 * n, 8}, 1);
+  hp::DTensor y(d(piece(xfull, 1)));
+  EXPECT_TRUE(at::equal(y.full_tensor(), xfull));
+}
+
+TEST(TensorParallelNumerics, C8_NoParallelLinear) {
+  auto l = seeded<hnn::Linear>(18, 6, 5);
+  auto ref = seeded<hnn::Linear>(18, 6, 5);
+  hp::parallelize_module(*l, mesh(), hp::NoParallel());
+  at::Tensor x = leaf(random({3, 6}, 1)), xr = leaf(x);
+  at::Tensor y = l(x);
+  EXPECT_FALSE(hp::is_dtensor(y));
+  ASSERT_TRUE(close(y, ref(xr)));  // every rank
+  (y * y).sum().backward();
+  (ref(xr) * ref(xr)).sum().backward();
+  EXPECT_TRUE(close(grad_of(l->weight()), ref->weight().grad()));
+  EXPECT_TRUE(close(x.grad(), xr.grad()));
+}
+
+TEST(TensorParallelNumerics, C9_SequenceParallelIntoNoParallel) {
+  const int64_t n = tp_size();
+  struct BlockImpl : hnn::Cloneable<BlockImpl> {
+    BlockImpl() {
+      norm = register_module("norm", hnn::RMSNorm(8));
+      proj = register_module("proj", hnn::Linear(8, 4));
+    }
+    at::Tensor forward(const at::Tensor& x) { return proj(norm(x)); }
+    hnn::RMSNorm norm{nullptr};
+    hnn::Linear proj{nullptr};
+  };
+  at::manual_seed(19);
+  auto b = std::make_shared<BlockImpl>();
+  at::manual_seed(19);
+  auto ref = std::make_shared<BlockImpl>();
+  hp::parallelize_module(*b, mesh(), {{"norm", hp::SequenceParallel()}, {"proj", hp::NoParallel()}});
+  at::Tensor xfull = random({2, 2 * n, 8}, 1);
+  at::Tensor x = leaf(piece(xfull, 1)), xr = leaf(xfull);
+  hp::CommDebugMode comm;
+  at::Tensor y = hnn::call_with_hooks(*b, x);
+  EXPECT_EQ(comm.get_comm_count("all_gather"), 1);  // the sequence shards gathered for NoParallel
+  at::Tensor yr = ref->forward(xr);
+  ASSERT_TRUE(close(y, yr));
+  (y * y).sum().backward();
+  (yr * yr).sum().backward();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 1)));
+  for (const auto& p : b->named_parameters())
+    EXPECT_TRUE(close(grad_of(p.value()), ref->named_parameters()[p.key()].grad())) << p.key();
+}
+
+namespace {
+struct ProjBlockImpl : hnn::Cloneable<ProjBlockImpl> {
+  ProjBlockImpl(int64_t in, int64_t out) { proj = register_module("proj", hnn::Linear(in, out)); }
+  at::Tensor forward(const at::Tensor& x) { return proj(x); }
+  hnn::Linear proj{nullptr};
+};
+}  // namespace
+
+TEST(TensorParallelNumerics, C10_PrepareModuleInputThenColwise) {
+  const int64_t n = tp_size();
+  at::manual_seed(20);
+  auto b = std::make_shared<ProjBlockImpl>(8, 4 * n);
+  at::manual_seed(20);
+  auto ref = std::make_shared<ProjBlockImpl>(8, 4 * n);
+  auto tp = mesh();
+  hp::parallelize_module(*b, tp, hp::PrepareModuleInput(hp::Layouts{hp::Shard(0)}, hp::Layouts{hp::Replicate()}));
+  hp::parallelize_module(*b, tp, {{"proj", hp::ColwiseParallel()}});
+  at::Tensor xfull = random({2 * n, 8}, 1);
+  at::Tensor x = leaf(piece(xfull, 0)), xr = leaf(xfull);
+  at::Tensor y = hnn::call_with_hooks(*b, x);
+  at::Tensor yr = ref->forward(xr);
+  ASSERT_TRUE(close(gather_last(y), yr));
+  at::Tensor w = random({2 * n, 4 * n}, 2);
+  (y * piece(w, -1)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 0)));
+  EXPECT_TRUE(close(grad_of(b->proj->weight()), ref->proj->weight().grad()));
+}
+
+TEST(TensorParallelNumerics, C11_RowwiseThenPrepareModuleOutput) {
+  const int64_t n = tp_size();
+  auto l = seeded<hnn::Linear>(21, 4 * n, 6);
+  auto ref = seeded<hnn::Linear>(21, 4 * n, 6);
+  auto tp = mesh();
+  hp::parallelize_module(*l, tp, hp::RowwiseParallel().use_local_output(false));
+  hp::parallelize_module(*l, tp, hp::PrepareModuleOutput(hp::Layouts{hp::Replicate()}, hp::Layouts{hp::Shard(0)}));
+  at::Tensor xfull = random({2 * n, 4 * n}, 1);
+  at::Tensor x = leaf(piece(xfull, -1)), xr = leaf(xfull);
+  at::Tensor y = l(x);  // rows of the output, as a local tensor
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, piece(yr, 0)));
+  at::Tensor w = random({2 * n, 6}, 2);
+  (y * piece(w, 0)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(grad_of(l->weight()), ref->weight().grad()));
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), -1)));
+}
+
+TEST(TensorParallelNumerics, C12_PrepareModuleInputOutputMlpBlock) {
+  const int64_t n = tp_size();
+  auto m = seeded<Mlp>(22, 8, 4 * n);
+  auto ref = seeded<Mlp>(22, 8, 4 * n);
+  auto tp = mesh();
+  hp::parallelize_module(*m, tp, hp::PrepareModuleInputOutput(hp::Layouts{hp::Shard(1)}, hp::Layouts{hp::Replicate()},
+                                                               hp::Layouts{hp::Replicate()}, hp::Layouts{hp::Shard(1)}));
+  hp::parallelize_module(*m, tp, {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+  at::Tensor xfull = random({2, 2 * n, 8}, 1);
+  at::Tensor x = leaf(piece(xfull, 1)), xr = leaf(xfull);
+  at::Tensor y = m(x);
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, piece(yr, 1)));
+  at::Tensor w = random({2, 2 * n, 8}, 2);
+  (y * piece(w, 1)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 1)));
+  for (const auto& p : m->named_parameters())
+    EXPECT_TRUE(close(grad_of(p.value()), ref->named_parameters()[p.key()].grad())) << p.key();
+}
+
+namespace {
+// libtorch 1.13 has no float16 matmul on CPU: this Linear-like module multiplies in float32 and
+// hands back float16, so its Partial output (what reduce_dtype acts on) is float16 as on a GPU.
+struct HalfLinearImpl : hnn::Cloneable<HalfLinearImpl> {
+  HalfLinearImpl(const at::Tensor& w, const at::Tensor& b) {
+    register_parameter("weight", w.to(at::kHalf));
+    register_parameter("bias", b.to(at::kHalf));
+  }
+  hnn::ModuleKind module_kind() const override { return hnn::ModuleKind::Linear; }
+  at::Tensor forward(const at::Tensor& x) {
+    return at::linear(x.to(at::kFloat), parameter("weight").to(at::kFloat), parameter("bias").to(at::kFloat)).to(at::kHalf);
+  }
+};
+}  // namespace
+
+TEST(TensorParallelNumerics, C13_RowwiseReduceDtypeFloat32) {
+  const int64_t n = tp_size();
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    auto ref = seeded<hnn::Linear>(23, 16 * n, 32);
+    at::Tensor xfull = (random({8, 16 * n}, 1) * 0.1).to(dtype);
+    // The reference: the same low-precision values, computed in float32.
+    at::Tensor w32 = ref->weight().detach().to(dtype).to(at::kFloat), b32 = ref->bias().detach().to(dtype).to(at::kFloat);
+    at::Tensor yr = at::linear(xfull.to(at::kFloat), w32, b32);
+    double err[2];
+    for (int upcast = 0; upcast < 2; ++upcast) {
+      std::shared_ptr<hnn::Module> l;
+      if (dtype == at::kHalf) {
+        l = std::make_shared<HalfLinearImpl>(ref->weight().detach(), ref->bias().detach());
+      } else {
+        auto lin = seeded<hnn::Linear>(23, 16 * n, 32);
+        lin->to(dtype);
+        l = lin.ptr();
+      }
+      auto style = hp::RowwiseParallel();
+      if (upcast) style.reduce_dtype(at::kFloat);
+      hp::parallelize_module(*l, mesh(), style);
+      at::Tensor y = l->call_tensor(piece(xfull, -1));
+      EXPECT_EQ(y.scalar_type(), upcast ? at::kFloat : dtype);
+      err[upcast] = (y.to(at::kFloat) - yr).abs().mean().item<double>();
+      if (upcast) EXPECT_TRUE(close(y, yr, 1e-3, 1e-3)) << dtype;
+      y.to(at::kFloat).sum().backward();  // the low-precision backward runs too
+      EXPECT_EQ(l->named_parameters()["weight"].grad().scalar_type(), dtype);
+    }
+    EXPECT_LT(err[1], err[0]) << dtype << ": reducing in float32 must be closer to the float32 reference";
+  }
+}
+
+TEST(TensorParallelNumerics, C14_SequenceParallelOnDim2ForQkNorms) {
+  const int64_t n = tp_size();
+  // q/k norms over head_dim on (B, H, S, D) with the sequence on dim 2.
+  hnn::RMSNorm norm(16), ref(16);
+  {
+    at::NoGradGuard g;
+    norm->named_parameters()["weight"].copy_(random({16}, 3));
+    ref->named_parameters()["weight"].copy_(random({16}, 3));
+  }
+  hp::parallelize_module(*norm, mesh(), hp::SequenceParallel(2));
+  at::Tensor xfull = random({2, 3, 2 * n, 16}, 1);
+  at::Tensor x = leaf(piece(xfull, 2)), xr = leaf(xfull);
+  hp::DTensor y(norm(x));
+  EXPECT_EQ(y.placements(), P{hp::Shard(2)});
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(y, yr));
+  at::Tensor w = random({2, 3, 2 * n, 16}, 2);
+  (y.to_local() * piece(w, 2)).sum().backward();
+  (yr * w).sum().backward();
+  EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 2)));
+  EXPECT_TRUE(close(grad_of(norm->weight()), ref->weight().grad()));
+}
