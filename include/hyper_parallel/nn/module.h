@@ -122,12 +122,15 @@ constexpr bool is_kwargs_v = std::is_same_v<std::decay_t<T>, Kwargs>;
 template <class T>
 void pack(std::vector<c10::IValue>& pos, Kwargs& kw, T&& v) {
   if constexpr (is_kwargs_v<T>) kw = v;
+  else if constexpr (std::is_base_of_v<at::Tensor, std::decay_t<T>>) pos.emplace_back(static_cast<const at::Tensor&>(v));  // DTensor
   else pos.emplace_back(std::forward<T>(v));
 }
 
 template <class T>
 std::decay_t<T> get_arg(const std::vector<c10::IValue>& pos, const Kwargs& kw, size_t k) {
   if constexpr (is_kwargs_v<T>) return kw;
+  else if constexpr (std::is_base_of_v<at::Tensor, std::decay_t<T>> && !std::is_same_v<std::decay_t<T>, at::Tensor>)
+    return std::decay_t<T>(pos[k].toTensor());
   else return pos[k].to<std::decay_t<T>>();
 }
 
