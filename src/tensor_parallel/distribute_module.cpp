@@ -31,6 +31,18 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
       if (b.value().defined() && !is_dtensor(b.value()))
         nn::replace_buffer(sub, b.key(), distribute_parameter(b.value(), mesh, replicate, src_data_rank));
   }
+  // A parameter's gradient takes the parameter's placements as it reaches AccumulateGrad: the
+  // Partial gradient of a replicated weight (a norm under sequence parallelism) is reduced once
+  // here, not by every optimizer op that reads it.
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    at::Tensor param = p.value();
+    if (!param.requires_grad() || !is_dtensor(param)) continue;
+    const Placements target = DTensor(param).placements();
+    param.register_hook([target](const at::Tensor& grad) -> at::Tensor {
+      if (!is_dtensor(grad) || DTensor(grad).placements() == target) return grad;
+      return DTensor(grad).redistribute(target);
+    });
+  }
   if (input_fn)
     root.register_forward_pre_hook([input_fn, mesh](nn::Module& m, const std::vector<c10::IValue>& args) {
       return input_fn(m, args, mesh);
