@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev          # tests
   libbenchmark-dev
   libopenblas0-openmp   # takes over libblas.so.3: ~10x faster matmuls than the reference BLAS
+  gnuplot-nox           # the demo plots its loss curves to PNG when gnuplot is there
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

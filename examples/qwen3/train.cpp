@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
       const std::string png = a.csv.substr(0, a.csv.rfind('.')) + ".png";
       const std::string cmd = "gnuplot -e \"set terminal png size 800,500; set output '" + png +
-                              "'; set datafile separator ','; set key autotitle columnhead; set xlabel 'step'; "
+                              "'; set termoption noenhanced; set datafile separator ','; set key autotitle columnhead; set xlabel 'step'; "
                               "set ylabel 'loss'; plot '" + a.csv + "' using 1:2 with lines lw 2, '' using 1:3 with "
                               "points pt 7\" 2>/dev/null";
       if (std::system(cmd.c_str()) == 0) std::printf("plot written to %s\n", png.c_str());

@@ -89,14 +89,18 @@ hp::ParallelizePlan qwen_plan(bool sequence_parallel) {
             {"mlp.gate_proj", hp::ColwiseParallel()},
             {"mlp.up_proj", hp::ColwiseParallel()},
             {"mlp.down_proj", hp::RowwiseParallel(hp::Shard(-1), hp::Shard(1), false)}};
-  // Without sequence parallelism: replicated activations, NoParallel norms (seed D5).
-  return {{"input_layernorm", hp::NoParallel().use_local_output(false)},
+  // Without sequence parallelism (seed D5): NoParallel norms and a plain, replicated residual
+  // stream; each block makes its input one Replicate DTensor, so the input gradient of q/k/v is
+  // reduced once (Megatron's all-reduce).
+  return {{"input_layernorm", hp::NoParallel()},
+          {"self_attn", hp::PrepareModuleInput(hp::Layouts{hp::Replicate()}, hp::Layouts{hp::Replicate()})},
           {"self_attn.[qkv]_proj", hp::ColwiseParallel()},
-          {"self_attn.o_proj", hp::RowwiseParallel().use_local_output(false)},
-          {"post_attention_layernorm", hp::NoParallel().use_local_output(false)},
+          {"self_attn.o_proj", hp::RowwiseParallel()},
+          {"post_attention_layernorm", hp::NoParallel()},
+          {"mlp", hp::PrepareModuleInput(hp::Layouts{hp::Replicate()}, hp::Layouts{hp::Replicate()})},
           {"mlp.gate_proj", hp::ColwiseParallel()},
           {"mlp.up_proj", hp::ColwiseParallel()},
-          {"mlp.down_proj", hp::RowwiseParallel().use_local_output(false)}};
+          {"mlp.down_proj", hp::RowwiseParallel()}};
 }
 
 void check_block(bool sequence_parallel) {
@@ -106,20 +110,32 @@ void check_block(bool sequence_parallel) {
   hp::parallelize_module(*b, tp, qwen_plan(sequence_parallel));
   at::Tensor xfull = random({2, seq, hidden}, 1);
   at::Tensor xr = xfull.clone().requires_grad_(true);
-  // The block's input as the layer before hands it over: a DTensor.
+  // The block's input as the layer before hands it over: a sequence-sharded DTensor, or a plain
+  // replicated tensor without sequence parallelism.
   at::Tensor local = (sequence_parallel ? piece(xfull, 1) : xfull).clone().requires_grad_(true);
-  hp::DTensor x = hp::DTensor::from_local(local, tp, {sequence_parallel ? hp::Shard(1) : hp::Replicate()});
+  at::Tensor x = sequence_parallel ? at::Tensor(hp::DTensor::from_local(local, tp, {hp::Shard(1)})) : local;
   hp::CommDebugMode comm;
-  hp::DTensor y(b(x));
-  EXPECT_EQ(y.placements(), P{sequence_parallel ? hp::Shard(1) : hp::Replicate()});
-  if (sequence_parallel)
+  at::Tensor out = b(x);
+  if (sequence_parallel) {
+    EXPECT_EQ(hp::DTensor(out).placements(), P{hp::Shard(1)});
     EXPECT_EQ(comm.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}, {"reduce_scatter", 2}})) << comm.summary();
+  } else {
+    EXPECT_FALSE(hp::is_dtensor(out));
+    EXPECT_EQ(comm.get_comm_counts(), (std::map<std::string, int64_t>{{"all_reduce", 2}})) << comm.summary();
+  }
+  at::Tensor yr = ref(xr);
+  ASSERT_TRUE(close(out, yr));
+  at::Tensor w = random(yr.sizes(), 2);
+  at::Tensor loss = (full(out) * w).sum();
+  comm.reset();
+  loss.backward();
+  // The backward mirrors the forward; with sequence parallelism the two norm weights' Partial
+  // gradients are reduced too (one all_reduce each).
+  if (sequence_parallel)
+    EXPECT_EQ(comm.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}, {"reduce_scatter", 2}, {"all_reduce", 2}}))
+        << comm.summary();
   else
     EXPECT_EQ(comm.get_comm_counts(), (std::map<std::string, int64_t>{{"all_reduce", 2}})) << comm.summary();
-  at::Tensor yr = ref(xr);
-  ASSERT_TRUE(close(y, yr));
-  at::Tensor w = random(yr.sizes(), 2);
-  (y.full_tensor() * w).sum().backward();
   (yr * w).sum().backward();
   EXPECT_TRUE(close(local.grad(), sequence_parallel ? piece(xr.grad(), 1) : xr.grad()));
   auto ref_params = ref->named_parameters();

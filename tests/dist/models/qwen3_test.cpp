@@ -1,0 +1,101 @@
+// The Qwen3-style model under parallelize_qwen3_tp against the same model in one process.
+#include <gtest/gtest.h>
+
+#include <torch/optim.h>
+
+#include "../dtensor/test_util.h"
+#include "model.h"
+#include "parallelize.h"
+
+using namespace hp_test;
+
+namespace {
+
+qwen3::Config small_config() {
+  qwen3::Config c;
+  c.vocab_size = 32 * hp::get_world_size();
+  c.hidden_size = 32;
+  c.intermediate_size = 16 * hp::get_world_size();
+  c.num_layers = 2;
+  c.num_heads = 2 * hp::get_world_size();
+  c.num_kv_heads = hp::get_world_size();
+  c.head_dim = 8;
+  return c;
+}
+
+qwen3::CausalLM build(const qwen3::Config& c) {
+  at::manual_seed(5);
+  qwen3::CausalLM m(c);
+  at::NoGradGuard g;
+  for (auto& p : m->named_parameters())  // norms away from their all-ones init
+    if (p.key().find("norm") != std::string::npos) p.value().copy_(random(p.value().sizes(), 9) * 0.1 + 1);
+  return m;
+}
+
+void one_step_matches(bool sequence_parallel) {
+  const auto c = small_config();
+  const int64_t seq = 4 * hp::get_world_size();
+  auto model = build(c), ref = build(c);
+  auto tp = world_mesh();
+  qwen3::parallelize_qwen3_tp(*model, tp, sequence_parallel);
+  at::Tensor ids = at::randint(c.vocab_size, {2, seq + 1}, at::detail::createCPUGenerator(3), at::kLong);
+  at::Tensor x = ids.narrow(1, 0, seq), y = ids.narrow(1, 1, seq);
+  at::Tensor logits = model(x), ref_logits = ref(x);
+  EXPECT_FALSE(hp::is_dtensor(logits));  // lm_head hands back whole local logits
+  ASSERT_TRUE(close(logits, ref_logits)) << "sequence_parallel=" << sequence_parallel;
+  // SGD: an Adam first step is lr * g / (|g| + eps), which turns float rounding in gradients
+  // near zero into differences of order lr; the gradients themselves are compared below.
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  qwen3::causal_lm_loss(logits, y).backward();
+  qwen3::causal_lm_loss(ref_logits, y).backward();
+  opt.step();
+  ref_opt.step();
+  auto ref_params = ref->named_parameters();
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(hp::is_dtensor(p.value())) << p.key();
+    EXPECT_EQ(hp::DTensor(p.value().grad()).placements(), hp::DTensor(p.value()).placements()) << p.key();
+    EXPECT_TRUE(close(p.value().grad(), ref_params[p.key()].grad())) << p.key() << " gradient";
+    EXPECT_TRUE(close(p.value(), ref_params[p.key()])) << p.key() << " after one optimizer step";
+  }
+  EXPECT_TRUE(close(model(x), ref(x)));
+}
+
+}  // namespace
+
+TEST(Qwen3TensorParallel, LogitsAndOneOptimizerStepMatchWithSequenceParallel) { one_step_matches(true); }
+
+TEST(Qwen3TensorParallel, LogitsAndOneOptimizerStepMatchWithoutSequenceParallel) { one_step_matches(false); }
+
+TEST(Qwen3TensorParallel, LossParallelKeepsLogitsShardedOnTheVocab) {
+  const auto c = small_config();
+  auto model = build(c), ref = build(c);
+  qwen3::parallelize_qwen3_tp(*model, world_mesh(), true, /*loss_parallel=*/true);
+  at::Tensor x = at::randint(c.vocab_size, {2, 4 * hp::get_world_size()}, at::detail::createCPUGenerator(3), at::kLong);
+  hp::DTensor logits(model(x));
+  EXPECT_EQ(logits.placements(), hp::Placements{hp::Shard(2)});
+  EXPECT_EQ(logits.to_local().size(-1), c.vocab_size / hp::get_world_size());
+  EXPECT_TRUE(close(logits, ref(x)));
+  EXPECT_TRUE(close(qwen3::causal_lm_loss(logits, x), qwen3::causal_lm_loss(ref(x), x)));
+}
+
+TEST(Qwen3TensorParallel, IndivisibleHeadsAndSequenceFailCleanly) {
+  auto c = small_config();
+  c.num_heads = 2 * hp::get_world_size() + 1;  // q_proj width may divide, heads do not
+  c.num_kv_heads = 1;
+  c.head_dim = 2 * hp::get_world_size();
+  auto model = build(c);
+  const auto before = model->parameters();
+  EXPECT_THROW(qwen3::parallelize_qwen3_tp(*model, world_mesh()), c10::ValueError);
+  const auto after = model->parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i].unsafeGetTensorImpl(), after[i].unsafeGetTensorImpl());
+  // A sequence length that does not divide is refused at the first sequence split.
+  auto ok = build(small_config());
+  qwen3::parallelize_qwen3_tp(*ok, world_mesh(), true);
+  try {
+    ok(at::zeros({1, 4 * hp::get_world_size() + 1}, at::kLong));
+    FAIL() << "an indivisible sequence ran";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
+  }
+}
