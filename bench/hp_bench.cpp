@@ -17,50 +17,17 @@
 #include <hyper_parallel/hyper_parallel.h>
 #include <hyper_parallel/nn/layers.h>
 
+#include "bench_util.h"
+
 namespace hp = hyper_parallel;
+using hp_bench::emit;
+using hp_bench::time_pair;
 
 namespace {
 
 std::string g_filter;
 
 bool wanted(const std::string& name) { return g_filter.empty() || name.find(g_filter) != std::string::npos; }
-
-// Median over `reps` repetitions of the mean time per call of `fn` (in microseconds).
-double time_us(const std::function<void()>& fn, int iters, int reps = 11) {
-  for (int i = 0; i < iters / 4 + 1; ++i) fn();  // warm-up: caches, allocator
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    auto t1 = std::chrono::steady_clock::now();
-    t.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Baseline and candidate timed in alternating repetitions, so that drift (frequency, page
-// faults of the first runs) hits both alike. Returns {baseline_us, candidate_us}.
-std::pair<double, double> time_pair(const std::function<void()>& base, const std::function<void()>& cand,
-                                    int iters, int reps = 11) {
-  for (int i = 0; i < iters / 4 + 1; ++i) { base(); cand(); }
-  std::vector<double> tb, tc;
-  for (int r = 0; r < reps; ++r) {
-    tb.push_back(time_us(base, iters, 1));
-    tc.push_back(time_us(cand, iters, 1));
-  }
-  std::sort(tb.begin(), tb.end());
-  std::sort(tc.begin(), tc.end());
-  return {tb[tb.size() / 2], tc[tc.size() / 2]};
-}
-
-void emit(const std::string& name, const std::string& params, double value, const char* unit,
-          double baseline = -1, double ratio = -1) {
-  std::printf("{\"name\": \"%s\", %s\"value\": %.4g, \"unit\": \"%s\"", name.c_str(), params.c_str(), value, unit);
-  if (baseline >= 0) std::printf(", \"baseline\": %.4g, \"ratio\": %.4g", baseline, ratio);
-  std::printf("}\n");
-  std::fflush(stdout);
-}
 
 std::string blas_in_use() {
   std::ifstream maps("/proc/self/maps");
@@ -131,7 +98,51 @@ void module_call_overhead() {
 
 }  // namespace
 
+namespace hp_bench {
+double single_block_step_ms(int threads);
+}
+
+// Runs the multi-rank benchmarks under hprun (this binary with --worker) and relays rank 0's
+// JSON lines; the worker's step time feeds the efficiency figure.
+void tp_benchmarks(const char* self) {
+  const std::string names[] = {"tp_mlp_vs_manual", "tp_block_vs_manual", "tp2_vs_single_2threads", "collectives_per_layer",
+                               "param_bytes_per_rank"};
+  bool any = false;
+  for (const auto& n : names) any = any || wanted(n);
+  if (!any) return;
+  const std::string cmd = std::string(HP_HPRUN_PATH) + " --nproc-per-node 2 " + self + " --worker '" + g_filter + "' 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return;
+  char line[8192];
+  double tp_step_ms = -1;
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    std::string l(line);
+    const std::string prefix = "[rank0]: ";
+    if (l.rfind(prefix, 0) != 0) continue;
+    l = l.substr(prefix.size());
+    if (l.find("\"tp_step_ms\"") != std::string::npos) {
+      tp_step_ms = std::stod(l.substr(l.find("\"value\": ") + 9));
+      continue;
+    }
+    if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
+  }
+  const int rc = pclose(pipe);
+  if (rc != 0) std::fprintf(stderr, "hp_bench: the tp benchmark job failed (status %d): %s\n", rc, cmd.c_str());
+  if (tp_step_ms > 0 && wanted("tp2_vs_single_2threads")) {
+    const double single = hp_bench::single_block_step_ms(2);
+    emit("tp2_vs_single_2threads", "\"tp\": 2, \"single_threads\": 2, \"what\": \"decoder layer fwd+bwd\", ", tp_step_ms, "ms",
+         single, tp_step_ms / single);
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "--worker") {  // a rank of the tp benchmarks
+    at::set_num_threads(1);
+    hp::init_process_group();
+    hp_bench::run_tp_benchmarks(argv[2]);
+    hp::destroy_process_group();
+    return 0;
+  }
   if (argc > 1) g_filter = argv[1];
   if (!std::getenv("RANK")) {  // a 1-rank job of our own
     setenv("RANK", "0", 1);
@@ -149,5 +160,6 @@ int main(int argc, char** argv) {
   adam_step(mesh);
   module_call_overhead();
   hp::destroy_process_group();
+  tp_benchmarks(argv[0]);
   return 0;
 }

@@ -1,0 +1,59 @@
+#pragma once
+// Timing and JSON output shared by the benchmarks.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hp_bench {
+
+/// Median over `reps` repetitions of the mean time per call of `fn`, in microseconds.
+inline double time_us(const std::function<void()>& fn, int iters, int reps = 11) {
+  for (int i = 0; i < iters / 4 + 1; ++i) fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Baseline and candidate timed in alternating repetitions (drift hits both alike):
+/// {baseline_us, candidate_us}. `between` runs before each timed repetition (e.g. a barrier).
+inline std::pair<double, double> time_pair(const std::function<void()>& base, const std::function<void()>& cand, int iters,
+                                           int reps = 11, const std::function<void()>& between = nullptr) {
+  for (int i = 0; i < iters / 4 + 1; ++i) {
+    base();
+    cand();
+  }
+  std::vector<double> tb, tc;
+  for (int r = 0; r < reps; ++r) {
+    if (between) between();
+    tb.push_back(time_us(base, iters, 1));
+    if (between) between();
+    tc.push_back(time_us(cand, iters, 1));
+  }
+  std::sort(tb.begin(), tb.end());
+  std::sort(tc.begin(), tc.end());
+  return {tb[tb.size() / 2], tc[tc.size() / 2]};
+}
+
+/// One JSON line: {"name": ..., <params>, "value": ..., "unit": ..., ["baseline", "ratio"]}.
+/// `params` is a list of `"key": value` fragments, each followed by ", ".
+inline void emit(const std::string& name, const std::string& params, double value, const char* unit, double baseline = -1,
+                 double ratio = -1) {
+  std::printf("{\"name\": \"%s\", %s\"value\": %.4g, \"unit\": \"%s\"", name.c_str(), params.c_str(), value, unit);
+  if (baseline >= 0) std::printf(", \"baseline\": %.4g, \"ratio\": %.4g", baseline, ratio);
+  std::printf("}\n");
+  std::fflush(stdout);
+}
+
+/// The tensor-parallel benchmarks, run on every rank of a job started by hprun; rank 0 prints.
+void run_tp_benchmarks(const std::string& filter);
+
+}  // namespace hp_bench
