@@ -81,7 +81,7 @@ void adam_step(const hp::DeviceMesh& mesh) {
   }
   torch::optim::Adam op(plain, torch::optim::AdamOptions(1e-3));
   torch::optim::Adam od(dist, torch::optim::AdamOptions(1e-3));
-  const auto [p, d] = time_pair([&] { op.step(); }, [&] { od.step(); }, 50);
+  const auto [p, d] = time_pair([&] { op.step(); }, [&] { od.step(); }, 20, 31);
   emit(name, "\"hidden\": 256, \"params\": 4, ", d, "us", p, d / p);
 }
 
