@@ -8,6 +8,8 @@
 
 #include <hyper_parallel/hyper_parallel.h>
 
+#include "mlp.h"
+
 #include <map>
 #include <sstream>
 
@@ -62,16 +64,7 @@ std::string json_params(const std::map<std::string, int64_t>& m) {
   return os.str();
 }
 
-class MlpImpl : public hnn::Cloneable<MlpImpl> {
- public:
-  MlpImpl(int64_t dim, int64_t hidden) {
-    up = register_module("up", hnn::Linear(dim, hidden));
-    down = register_module("down", hnn::Linear(hidden, dim));
-  }
-  at::Tensor forward(const at::Tensor& x) { return down(at::gelu(up(x))); }
-  hnn::Linear up{nullptr}, down{nullptr};
-};
-HP_MODULE(Mlp);
+using hp_examples::Mlp;
 
 void tp_mlp_vs_manual(const std::string& filter) {
   if (!wanted(filter, "tp_mlp_vs_manual")) return;

@@ -7,21 +7,14 @@
 
 #include <hyper_parallel/hyper_parallel.h>
 
+#include "mlp.h"
+
 #include <iostream>
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
-class MlpImpl : public hnn::Cloneable<MlpImpl> {
- public:
-  MlpImpl(int64_t dim, int64_t hidden) {
-    up = register_module("up", hnn::Linear(dim, hidden));
-    down = register_module("down", hnn::Linear(hidden, dim));
-  }
-  at::Tensor forward(const at::Tensor& x) { return down(at::gelu(up(x))); }
-  hnn::Linear up{nullptr}, down{nullptr};
-};
-HP_MODULE(Mlp);
+using hp_examples::Mlp;
 
 int main() {
   hp::init_process_group();

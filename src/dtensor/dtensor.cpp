@@ -95,6 +95,22 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 
 thread_local bool t_implicit_replication = false;
 
+// The spec of a new DTensor made from plain tensor `t` (mesh, checked placements, dtype); the
+// caller fills in the global shape and stride.
+std::shared_ptr<DTensorSpec> new_spec(const char* what, const at::Tensor& t, const DeviceMesh& mesh,
+                                      const Placements& placements) {
+  HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, " needs a defined plain tensor",
+             (t.defined() ? ", got a DTensor" : ""));
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), what, ": ",
+             to_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
+             " dimensions");
+  auto spec = std::make_shared<DTensorSpec>();
+  spec->mesh = mesh;
+  spec->placements = normalize_placements(placements, t.dim());
+  spec->dtype = t.scalar_type();
+  return spec;
+}
+
 }  // namespace
 
 bool is_dtensor(const at::Tensor& t) { return dtensor_impl(t) != nullptr; }
@@ -145,15 +161,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             const Placements& placements, bool run_check,
                             c10::optional<at::IntArrayRef> shape,
                             c10::optional<at::IntArrayRef> stride) {
-  HP_CHECK_T(c10::TypeError, local.defined() && !is_dtensor(local),
-             "DTensor::from_local needs a defined plain tensor", (local.defined() ? ", got a DTensor" : ""));
-  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
-             "DTensor::from_local: ", to_string(placements), " has ", placements.size(),
-             " placements for a mesh with ", mesh.ndim(), " dimensions");
-  auto spec = std::make_shared<DTensorSpec>();
-  spec->mesh = mesh;
-  spec->placements = normalize_placements(placements, local.dim());
-  spec->dtype = local.scalar_type();
+  auto spec = new_spec("DTensor::from_local", local, mesh, placements);
   at::Tensor data = local;
   if (shape) {
     spec->shape = shape->vec();
@@ -204,17 +212,9 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, c10::optional<int64_t> src_data_rank) {
-  HP_CHECK_T(c10::TypeError, tensor.defined() && !is_dtensor(tensor),
-             "distribute_tensor needs a defined plain tensor", (tensor.defined() ? ", got a DTensor" : ""));
-  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
-             "distribute_tensor: ", to_string(placements), " has ", placements.size(),
-             " placements for a mesh with ", mesh.ndim(), " dimensions");
-  auto spec = std::make_shared<DTensorSpec>();
-  spec->mesh = mesh;
-  spec->placements = normalize_placements(placements, tensor.dim());
+  auto spec = new_spec("distribute_tensor", tensor, mesh, placements);
   spec->shape = tensor.sizes().vec();
   spec->stride = contiguous_strides(spec->shape);
-  spec->dtype = tensor.scalar_type();
   const auto coord_opt = mesh.get_coordinate();
   TORCH_CHECK(coord_opt.has_value(), "distribute_tensor: this rank is not part of ", mesh.to_string());
   const auto& coord = *coord_opt;
