@@ -22,3 +22,4 @@
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 #include <hyper_parallel/tensor_parallel/api.h>
+#include <hyper_parallel/fsdp/fully_shard.h>

@@ -18,6 +18,8 @@ struct DeviceMesh::Impl {
   c10::optional<std::vector<int64_t>> coordinate;
   std::vector<Group> groups;  // one per dim; undefined when this rank is not in the mesh
   uint64_t seed = 0;
+  std::shared_ptr<const Impl> root;  // the mesh this one was sliced from, if any
+  int64_t root_dim = -1;
 };
 
 namespace {
@@ -97,7 +99,20 @@ DeviceMesh DeviceMesh::operator[](const std::string& dim_name) const {
   sub->coordinate = std::vector<int64_t>{(*m.coordinate)[static_cast<size_t>(d)]};
   sub->groups = {m.groups[static_cast<size_t>(d)]};
   sub->seed = m.seed;
+  sub->root = m.root ? m.root : impl_;
+  sub->root_dim = d;
   return DeviceMesh(std::move(sub));
+}
+
+DeviceMesh DeviceMesh::root_mesh() const {
+  const auto& m = get(impl_);
+  return m.root ? DeviceMesh(m.root) : *this;
+}
+
+c10::optional<int64_t> DeviceMesh::dim_in_root() const {
+  const auto& m = get(impl_);
+  if (!m.root) return c10::nullopt;
+  return m.root_dim;
 }
 
 std::string DeviceMesh::to_string() const {

@@ -43,6 +43,10 @@ class DeviceMesh {
   /// The 1-D sub-mesh of this rank's peers along the named dimension; shares its group.
   /// e.g. on a ("dp","tp") = 2x2 mesh rank 3 gets `mesh["tp"]` == ranks [2, 3].
   DeviceMesh operator[](const std::string& dim_name) const;
+  /// The mesh this one was sliced from with operator[] (itself for a mesh from init_device_mesh).
+  DeviceMesh root_mesh() const;
+  /// For a slice: its dimension in root_mesh(); nullopt for a root.
+  c10::optional<int64_t> dim_in_root() const;
   /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation), so
   /// replicated random ops (dropout on a Replicate input) draw identical values everywhere.
   uint64_t shared_seed() const;

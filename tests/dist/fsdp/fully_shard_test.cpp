@@ -1,0 +1,114 @@
+// Seed C15: tensor parallelism on mesh["tp"] then fully_shard on mesh["dp"] of one (dp, tp) mesh,
+// against one process on the same global batch.
+#include <gtest/gtest.h>
+
+#include <torch/optim.h>
+
+#include "../dtensor/test_util.h"
+#include "../tensor_parallel/tp_models.h"
+#include "model.h"
+#include "parallelize.h"
+
+using namespace tp_test;
+
+namespace {
+
+// The rows of the global batch this dp rank trains on.
+at::Tensor dp_rows(const at::Tensor& global, const hp::DeviceMesh& dp) {
+  return global.chunk(dp.size(0), 0)[dp.get_local_rank()].contiguous();
+}
+
+void expect_params_match(torch::nn::Module& model, torch::nn::Module& ref, const char* when) {
+  auto ref_params = ref.named_parameters();
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(hp::is_dtensor(p.value())) << p.key();
+    EXPECT_TRUE(close(full(p.value()), ref_params[p.key()])) << p.key() << " " << when;
+  }
+}
+
+}  // namespace
+
+TEST(FullyShardDist, C15_TensorParallelThenFullyShardMlp) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto model = seeded<Mlp>(61, 8, 12);
+  auto ref = seeded<Mlp>(61, 8, 12);
+  // The 2-D root mesh is refused by parallelize_module (A2); its tp slice is what TP takes.
+  EXPECT_THROW(hp::parallelize_module(*model, mesh, {{"linear1", hp::ColwiseParallel()}}), c10::ValueError);
+  hp::parallelize_module(*model, mesh["tp"], {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+  hp::fully_shard(*model->linear1, mesh["dp"]);
+  hp::fully_shard(*model->linear2, mesh["dp"]);
+  hp::fully_shard(*model, mesh["dp"]);
+  // linear1.weight: Colwise Shard(0) on tp, so dp takes dim 1; linear2.weight: Rowwise Shard(1), dp takes dim 0.
+  EXPECT_EQ(hp::DTensor(model->linear1->weight()).placements(), (hp::Placements{hp::Shard(1), hp::Shard(0)}));
+  EXPECT_EQ(hp::DTensor(model->linear2->weight()).placements(), (hp::Placements{hp::Shard(0), hp::Shard(1)}));
+  EXPECT_EQ(hp::DTensor(model->linear2->bias()).placements(), (hp::Placements{hp::Shard(0), hp::Replicate()}));
+  EXPECT_EQ(hp::DTensor(model->linear1->bias()).placements(), (hp::Placements{hp::Replicate(), hp::Shard(0)}));
+  EXPECT_EQ(hp::DTensor(model->linear1->weight()).to_local().sizes(), (std::vector<int64_t>{6, 4}));  // 1/4 of [12, 8]
+  expect_params_match(*model, *ref, "after sharding");
+
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor x = random({4, 8}, 10 + step), target = random({4, 8}, 20 + step);
+    hp::CommDebugMode fwd;
+    at::Tensor y = model(dp_rows(x, mesh["dp"]));
+    // 3 parameter all-gathers over dp (linear1.bias is replicated over dp), 1 TP all-reduce.
+    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 3}, {"all_reduce", 1}})) << fwd.summary();
+    at::Tensor loss = (y - dp_rows(target, mesh["dp"])).pow(2).mean();
+    hp::CommDebugMode bwd;
+    opt.zero_grad();
+    loss.backward();
+    // 3 reduce-scatters over dp, 1 all-reduce over dp for linear1.bias; no TP input-gradient
+    // reduction (x needs no gradient) and nothing reduced twice.
+    EXPECT_EQ(bwd.get_comm_counts(), (std::map<std::string, int64_t>{{"reduce_scatter", 3}, {"all_reduce", 1}})) << bwd.summary();
+    at::Tensor ref_loss = (ref(x) - target).pow(2).mean();
+    ref_opt.zero_grad();
+    ref_loss.backward();
+    auto ref_params = ref->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      EXPECT_EQ(hp::DTensor(p.value().grad()).placements(), hp::DTensor(p.value()).placements()) << p.key();
+      EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key() << " gradient, step " << step;
+    }
+    opt.step();
+    ref_opt.step();
+    expect_params_match(*model, *ref, "after a step");
+  }
+}
+
+TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  qwen3::Config c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  at::manual_seed(62);
+  qwen3::CausalLM model(c);
+  at::manual_seed(62);
+  qwen3::CausalLM ref(c);
+  qwen3::parallelize_qwen3_tp(*model, mesh["tp"], /*sequence_parallel=*/true);
+  for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"]);
+  hp::fully_shard(*model, mesh["dp"]);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  at::Tensor ids = at::randint(c.vocab_size, {4, 9}, at::detail::createCPUGenerator(3), at::kLong);
+  at::Tensor x = ids.narrow(1, 0, 8), y = ids.narrow(1, 1, 8);
+  at::Tensor loss = qwen3::causal_lm_loss(model(dp_rows(x, mesh["dp"])), dp_rows(y, mesh["dp"]));
+  loss.backward();
+  at::Tensor ref_loss = qwen3::causal_lm_loss(ref(x), y);
+  ref_loss.backward();
+  // This dp rank's loss is half the batch; their mean is the global loss.
+  at::Tensor mean_loss = hp::all_reduce(loss.detach().reshape({1}), hp::ReduceOp::AVG, mesh["dp"].get_group());
+  EXPECT_TRUE(close(mean_loss[0], ref_loss));
+  auto ref_params = ref->named_parameters();
+  for (const auto& p : model->named_parameters())
+    EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key() << " gradient";
+  opt.step();
+  ref_opt.step();
+  expect_params_match(*model, *ref, "after a step");
+}
