@@ -23,3 +23,4 @@
 #include <hyper_parallel/tensor_parallel/style.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
+#include <hyper_parallel/checkpoint/sharded_checkpoint.h>

@@ -91,12 +91,12 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   };
   std::vector<Planned> plan;
   {
-    for (const auto& item : module.named_modules("", true)) {
-      torch::nn::Module& owner = *item.value();
+    for (const auto& [prefix, owner_ptr] : nn::modules_with_names(module)) {
+      torch::nn::Module& owner = *owner_ptr;
       for (const auto& p : owner.named_parameters(false)) {
         const at::Tensor& param = p.value();
         if (already_sharded(param, dp_mesh, root)) continue;
-        const std::string fqn = item.key().empty() ? p.key() : item.key() + "." + p.key();
+        const std::string fqn = prefix.empty() ? p.key() : prefix + "." + p.key();
         auto layout = c10::make_intrusive<ParamLayout>();
         layout->dp_mesh = dp_mesh;
         auto sharded = std::make_shared<DTensorSpec>();

@@ -112,6 +112,12 @@ void check_compatible(const std::string& module, const char* what, const std::st
 }
 }  // namespace
 
+std::vector<std::pair<std::string, torch::nn::Module*>> modules_with_names(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> out{{"", &module}};
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) out.emplace_back(item.key(), item.value().get());
+  return out;
+}
+
 void replace_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value) {
   at::Tensor* p = ParametersAccess::of(module).find(name);
   HP_CHECK_T(c10::IndexError, p != nullptr, module.name(), " has no parameter '", name, "'");

@@ -21,9 +21,9 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
               "has already been called on ", module.name(), " (two styles that distribute parameters cannot be "
               "applied to the same module)");
   const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate());
-  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
-    torch::nn::Module& sub = *item.value();
-    if (partition_fn) partition_fn(item.key(), sub, mesh);
+  for (const auto& [name, sub_ptr] : nn::modules_with_names(module)) {
+    torch::nn::Module& sub = *sub_ptr;
+    if (partition_fn) partition_fn(name, sub, mesh);
     for (const auto& p : sub.named_parameters(/*recurse=*/false))
       if (!is_dtensor(p.value()))
         nn::replace_parameter(sub, p.key(), distribute_parameter(p.value(), mesh, replicate, src_data_rank));

@@ -108,6 +108,10 @@ class Module : public torch::nn::Module {
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
+/// `module` itself (named "") and every submodule with its FQN, in named_modules order. Unlike
+/// named_modules(include_self=true) it works for a module that is not held by a shared_ptr.
+std::vector<std::pair<std::string, torch::nn::Module*>> modules_with_names(torch::nn::Module& module);
+
 /// Replaces parameter `name` of any module (libtorch's own too): same checks as
 /// Module::replace_parameter.
 void replace_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value);

@@ -112,3 +112,24 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   ref_opt.step();
   expect_params_match(*model, *ref, "after a step");
 }
+
+TEST(FullyShardDist, BadMeshesAndModulesFailBeforeAnyChange) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto model = seeded<Mlp>(63, 8, 12);
+  hp::parallelize_module(*model, mesh["tp"], {{"linear1", hp::ColwiseParallel()}});
+  const auto before = model->parameters();
+  auto unchanged = [&] {
+    const auto after = model->parameters();
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i].unsafeGetTensorImpl(), after[i].unsafeGetTensorImpl());
+  };
+  EXPECT_THROW(hp::fully_shard(*model, mesh), c10::ValueError);  // the 2-D root mesh
+  unchanged();
+  // TP parameters on a mesh that is not the other slice of dp's root mesh.
+  auto other = hp::init_device_mesh("cpu", {4}, {"world"});
+  EXPECT_THROW(hp::fully_shard(*model, other), c10::ValueError);
+  unchanged();
+  // A libtorch module cannot run the gathering hooks.
+  torch::nn::Linear plain(4, 4);
+  EXPECT_THROW(hp::fully_shard(*plain, mesh["dp"]), c10::TypeError);
+}

@@ -275,3 +275,10 @@ TEST(ParallelizeModuleApi, D2_SingleStyleAppliesToTheRootWithSrcDataRank) {
   at::Tensor y = hp::all_gather(l(x), -1, tp_mesh().get_group());
   EXPECT_TRUE(close(y, ref(x)));
 }
+
+TEST(DistributeModuleApi, WorksOnModulesNotHeldByASharedPtr) {
+  hnn::LinearImpl l(4, 2 * tp_size());  // on the stack, as users may build a root module
+  hp::parallelize_module(l, tp_mesh(), hp::ColwiseParallel());
+  EXPECT_TRUE(hp::is_dtensor(l.weight()));
+  EXPECT_TRUE(l.distribute_module_applied);
+}
