@@ -78,6 +78,23 @@ at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::opt
   return use_local ? d.to_local() : at::Tensor(d);
 }
 
+// Colwise/Rowwise (seed §3.2): only Linear- and Embedding-like modules, whose weight splits
+// evenly along the dim the style shards (given for each kind with the dim's name).
+struct ShardedDim {
+  int64_t dim;
+  const char* what;
+};
+void validate_linear_or_embedding(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+                                  const ParallelStyle& style, ShardedDim linear_dim, ShardedDim embedding_dim) {
+  check_mesh(mesh, style.name());
+  check_hookable_and_fresh(module, fqn, style);
+  const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
+  HP_CHECK_T(c10::NotImplementedError, linear || embedding, style.name(), " currently only supports Linear and Embedding "
+             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
+  const ShardedDim d = linear ? linear_dim : embedding_dim;
+  check_divisible(module, fqn, style.name(), "weight", d.dim, d.what, mesh.size(0));
+}
+
 const at::Tensor& first_tensor(const std::vector<c10::IValue>& inputs, const std::string& where) {
   HP_CHECK_T(c10::ValueError, !inputs.empty(), where, ": forward got no positional input");
   HP_CHECK_T(c10::TypeError, inputs[0].isTensor(), where, ": the first positional input must be a tensor or DTensor, got ",
@@ -96,13 +113,7 @@ std::vector<c10::IValue> with_first(const std::vector<c10::IValue>& inputs, at::
 // ---- ColwiseParallel
 
 void ColwiseParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_mesh(mesh, name());
-  check_hookable_and_fresh(module, fqn, *this);
-  const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
-  HP_CHECK_T(c10::NotImplementedError, linear || embedding, "ColwiseParallel currently only supports Linear and Embedding "
-             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
-  if (linear) check_divisible(module, fqn, name(), "weight", 0, "out_features", mesh.size(0));
-  else check_divisible(module, fqn, name(), "weight", 1, "embedding_dim", mesh.size(0));
+  validate_linear_or_embedding(module, fqn, mesh, *this, {0, "out_features"}, {1, "embedding_dim"});
 }
 
 torch::nn::Module& ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
@@ -135,13 +146,7 @@ torch::nn::Module& ColwiseParallel::apply(torch::nn::Module& module, const Devic
 // ---- RowwiseParallel
 
 void RowwiseParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_mesh(mesh, name());
-  check_hookable_and_fresh(module, fqn, *this);
-  const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
-  HP_CHECK_T(c10::NotImplementedError, linear || embedding, "RowwiseParallel currently only supports Linear and Embedding "
-             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
-  if (linear) check_divisible(module, fqn, name(), "weight", 1, "in_features", mesh.size(0));
-  else check_divisible(module, fqn, name(), "weight", 0, "num_embeddings", mesh.size(0));
+  validate_linear_or_embedding(module, fqn, mesh, *this, {1, "in_features"}, {0, "num_embeddings"});
 }
 
 torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
