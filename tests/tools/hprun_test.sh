@@ -27,4 +27,13 @@ grep -q "rank 0 (pid [0-9]*) failed first" "$OUT" || fail "rank 0 not named"
 grep -q "timeout of 2 s" "$OUT" || fail "no timeout error"
 grep -q "never joined the job: \[1\]" "$OUT" || fail "the missing rank is not named"
 [ $elapsed -lt 30 ] || fail "took ${elapsed}s: not a prompt timeout"
+# Signals reach every rank: SIGTERM to hprun stops the sleeping ranks, status 128+15.
+"$HPRUN" --nproc-per-node 2 --grace-s 2 "$PROBE" exit-on-rank 9 0 >"$OUT" 2>&1 &
+pid=$!
+sleep 1
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || fail "expected 143 after SIGTERM, got $rc"
+grep -q "forwarding it to every rank" "$OUT" || fail "signal not forwarded"
 echo "hprun tests passed"
