@@ -1,5 +1,4 @@
-// Reductions (sum, mean, amax, amin, all/any, norms) and softmax / log_softmax with their
-// backwards.
+// Reductions (sum, mean, amax, amin, all/any, norms).
 #include "rule_utils.h"
 
 namespace hyper_parallel {
@@ -67,28 +66,6 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
   return s;
 }
 
-// softmax(self, dim, ...): the softmax dim whole on every rank, no Partial.
-OpSharding softmax_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.spec(0);
-  const int64_t dim = wrap_dim(info.arg(1).toInt(), in.ndim());
-  Placements want = without_partial(without_shards(in.placements, [dim](int64_t d) { return d == dim; }));
-  OpSharding s;
-  s.input_placements = {want};
-  s.output_placements = {want};
-  return s;
-}
-
-// _softmax_backward_data(grad_output, output, dim, input_dtype): both laid out like the output.
-OpSharding softmax_backward_rule(const OpInfo& info) {
-  const DTensorSpec& out = *info.spec(1);
-  const int64_t dim = wrap_dim(info.arg(2).toInt(), out.ndim());
-  Placements want = without_partial(without_shards(out.placements, [dim](int64_t d) { return d == dim; }));
-  OpSharding s;
-  s.input_placements.assign(info.inputs().size(), want);
-  s.output_placements = {want};
-  return s;
-}
-
 struct Registrar {
   Registrar() {
     register_sharding_rule("aten::sum", [](const OpInfo& i) { return reduction_rule(i, Reduce::Sum, -1, -1); });
@@ -103,10 +80,6 @@ struct Registrar {
     register_sharding_rule("aten::all.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
     register_sharding_rule("aten::any.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
     register_sharding_rule("aten::linalg_vector_norm", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 2, 3); });
-    register_sharding_rule("aten::_softmax", softmax_rule);
-    register_sharding_rule("aten::_log_softmax", softmax_rule);
-    register_sharding_rule("aten::_softmax_backward_data", softmax_backward_rule);
-    register_sharding_rule("aten::_log_softmax_backward_data", softmax_backward_rule);
   }
 } registrar;
 

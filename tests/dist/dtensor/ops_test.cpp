@@ -327,3 +327,30 @@ TEST(OpsDist, ErrorsNameTheOpAndPlacements) {
     EXPECT_NE(std::string(e.what()).find("Shard(dim=0)"), std::string::npos) << e.what();
   }
 }
+
+TEST(OpsDist, VocabParallelCrossEntropyNeverGathersTheLogits) {
+  auto mesh = world_mesh();
+  const int64_t n = ws();
+  at::Tensor logits = random({6, 5 * n}, 1);
+  at::Tensor target = at::tensor(std::vector<int64_t>{0, 5 * n - 1, 3, -100, 2 * n, 1}, at::kLong);
+  for (int64_t reduction : {at::Reduction::Mean, at::Reduction::Sum, at::Reduction::None}) {
+    at::Tensor ref_in = logits.clone().requires_grad_(true);
+    at::Tensor ref = at::cross_entropy_loss(ref_in, target, {}, reduction);
+    auto d = hp::distribute_tensor(logits, mesh, S1);
+    d.set_requires_grad(true);
+    auto t = hp::distribute_tensor(target, mesh, R);
+    hp::CommDebugMode fwd;
+    hp::DTensor loss(at::cross_entropy_loss(d, t, {}, reduction));
+    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_reduce", 2}})) << fwd.summary();  // max, sum
+    EXPECT_EQ(loss.placements(), P{hp::Partial()});  // each rank scored the targets in its range
+    ASSERT_TRUE(close(loss, ref)) << reduction;
+    at::Tensor w = values(ref.sizes(), 2) + 1;
+    (ref * w).sum().backward();
+    at::Tensor total = (loss.full_tensor() * w).sum();
+    hp::CommDebugMode bwd;
+    total.backward();
+    EXPECT_EQ(bwd.get_comm_count("all_gather"), 0) << bwd.summary();
+    EXPECT_TRUE(close(d.grad(), ref_in.grad())) << reduction;
+    EXPECT_EQ(hp::DTensor(d.grad()).placements(), S1);
+  }
+}
