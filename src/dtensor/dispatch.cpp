@@ -425,6 +425,8 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     d = it->second;
   } else {
     d = decide(info);
+    // Shapes that keep changing (variable sequence lengths) would grow the cache without bound.
+    if (t_cache.map.size() >= 65536) t_cache.map.clear();
     t_cache.map.emplace(std::move(key), d);
   }
 
