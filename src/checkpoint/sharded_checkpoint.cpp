@@ -93,8 +93,8 @@ struct Metadata {
 };
 
 [[noreturn]] void corrupt(const std::string& path, const std::string& why) {
-  HP_CHECK_T(c10::ValueError, false, "load_sharded: checkpoint file ", path, " is truncated or corrupt: ", why);
-  throw;  // unreachable
+  throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                        c10::str("load_sharded: checkpoint file ", path, " is truncated or corrupt: ", why));
 }
 
 Metadata read_metadata(const std::string& dir) {

@@ -179,8 +179,8 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
     // dims must agree. One all_gather of the shapes per mesh dimension.
     for (int64_t i = 0; i < mesh.ndim(); ++i) {
       const Group& g = mesh.get_group(i);
-      at::Tensor mine = at::tensor(local.sizes().vec(), at::kLong).unsqueeze(0);
-      at::Tensor all = all_gather(mine, 0, g);
+      at::Tensor mine = at::tensor(local.sizes().vec(), at::kLong).unsqueeze(0).to(local.device());
+      at::Tensor all = all_gather(mine, 0, g).cpu();
       const Placement& p = spec->placements[static_cast<size_t>(i)];
       if (p.is_shard() && !shape && spec->mesh_dims_sharding(p.dim()).size() == 1) {
         // Uneven shards: the global size is the sum of the pieces.
