@@ -352,3 +352,29 @@ TEST(TensorParallelNumerics, C14_SequenceParallelOnDim2ForQkNorms) {
   EXPECT_TRUE(close(x.grad(), piece(xr.grad(), 2)));
   EXPECT_TRUE(close(grad_of(norm->weight()), ref->weight().grad()));
 }
+
+TEST(TensorParallelNumerics, C10_PrepareModuleInputNoneSlotsAndKwargs) {
+  const int64_t n = tp_size();
+  TwoInputs m;
+  auto tp = mesh();
+  // Input 0 arrives row-sharded and is gathered; input 1 passes through untouched; the named
+  // input "bias" arrives row-sharded and is gathered too.
+  hp::parallelize_module(*m, tp, hp::PrepareModuleInput(hp::Layouts{hp::Shard(0), c10::nullopt}, hp::Layouts{hp::Replicate(), c10::nullopt},
+                                                          hp::KwargLayouts{{"bias", hp::Shard(0)}},
+                                                          hp::KwargLayouts{{"bias", hp::Replicate()}}, /*use_local_output=*/true));
+  at::Tensor a = random({2 * n, 3}, 1), b = random({2 * n, 3}, 2), bias = random({2 * n, 3}, 3);
+  at::Tensor out = m(piece(a, 0), b, hnn::Kwargs{{"bias", piece(bias, 0)}});
+  EXPECT_FALSE(hp::is_dtensor(out));  // use_local_output: forward saw local tensors
+  EXPECT_TRUE(close(out, a * 2 + b + bias));
+}
+
+TEST(TensorParallelNumerics, C11_PrepareModuleOutputTupleWithNoneSlot) {
+  const int64_t n = tp_size();
+  TwoOutputs m;
+  hp::parallelize_module(*m, mesh(), hp::PrepareModuleOutput(hp::Layouts{hp::Shard(0), c10::nullopt}, hp::Layouts{hp::Replicate(), c10::nullopt}));
+  at::Tensor x = random({2 * n, 3}, 1);
+  auto [first, second] = m(piece(x, 0));
+  EXPECT_TRUE(close(first, x * 3));                      // gathered to the whole tensor, returned local
+  EXPECT_TRUE(at::equal(second, piece(x, 0) - 1));       // the None slot passes through as it was
+  EXPECT_FALSE(hp::is_dtensor(second));
+}
