@@ -1,6 +1,8 @@
 // Uses the installed headers and library the way a user's program does.
-#include <ATen/ATen.h>
+// The umbrella header first: it must stand on its own.
 #include <hyper_parallel/hyper_parallel.h>
+
+#include <ATen/ATen.h>
 
 #include <iostream>
 

@@ -1,6 +1,7 @@
 #pragma once
 // torch.chunk arithmetic, shared by the collectives and DTensor sharding: a dimension of size n
 // split into `parts` pieces of ceil(n / parts), trailing pieces smaller or empty.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
