@@ -22,18 +22,15 @@ constexpr const char* kMagic = "hyper_parallel sharded checkpoint v1";
 struct Entry {  // one parameter or buffer of the model
   std::string name;
   at::Tensor value;
-  bool is_buffer;
-  torch::nn::Module* owner;
-  std::string local_name;
 };
 
 std::vector<Entry> entries_of(torch::nn::Module& model) {
   std::vector<Entry> out;
   for (const auto& [fqn, m] : nn::modules_with_names(model)) {
     const std::string prefix = fqn.empty() ? "" : fqn + ".";
-    for (const auto& p : m->named_parameters(false)) out.push_back({prefix + p.key(), p.value(), false, m, p.key()});
+    for (const auto& p : m->named_parameters(false)) out.push_back({prefix + p.key(), p.value()});
     for (const auto& b : m->named_buffers(false))
-      if (b.value().defined()) out.push_back({prefix + b.key(), b.value(), true, m, b.key()});
+      if (b.value().defined()) out.push_back({prefix + b.key(), b.value()});
   }
   return out;
 }
@@ -62,23 +59,17 @@ int64_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-// This rank's piece of `value`: the local data, its offset in the global tensor, the dtype.
+// This rank's piece of `value`: the local data and its offset in the global tensor.
 struct Piece {
   at::Tensor data;
-  std::vector<int64_t> offset, global_shape;
+  std::vector<int64_t> offset;
 };
 
 Piece piece_of(const at::Tensor& value) {
-  if (!is_dtensor(value)) return {value.detach(), std::vector<int64_t>(static_cast<size_t>(value.dim()), 0), value.sizes().vec()};
+  if (!is_dtensor(value)) return {value.detach(), std::vector<int64_t>(static_cast<size_t>(value.dim()), 0)};
   DTensor d(value);
-  if (d.spec().has_partial()) {  // a Partial has no piece of its own: reduce it first
-    Placements p = d.placements();
-    for (auto& x : p)
-      if (x.is_partial()) x = Replicate();
-    d = d.redistribute(p);
-  }
-  auto [shape, offset] = d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate());
-  return {d.to_local().detach(), offset, d.spec().shape};
+  if (d.spec().has_partial()) d = d.redistribute(without_partial(d.placements()));  // a Partial has no piece of its own
+  return {d.to_local().detach(), d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate()).second};
 }
 
 struct SavedPiece {
@@ -235,7 +226,6 @@ void load_sharded(torch::nn::Module& model, const std::string& dir) {
     std::vector<int64_t> lo, len;
   };
   std::vector<Need> needs;
-  std::vector<int64_t> target_offsets;
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> targets(entries.size());
   for (size_t k = 0; k < entries.size(); ++k) {
     const at::Tensor& v = entries[k].value;

@@ -23,15 +23,21 @@ namespace hyper_parallel {
 // OpInfo
 
 OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs)
-    : op_(op), args_(args), nargs_(nargs) {
-  const auto& a = op.schema().arguments();
-  for (size_t i = 0; i < a.size(); ++i) {
-    const auto* alias = a[i].alias_info();
-    if (alias != nullptr && alias->isWrite()) {
-      written_arg_ = static_cast<int64_t>(i);
-      break;
+    : op_(op), args_(args), nargs_(nargs) {}
+
+int64_t OpInfo::written_arg() const {
+  if (written_arg_ == -2) {
+    written_arg_ = -1;
+    const auto& a = op_.schema().arguments();
+    for (size_t i = 0; i < a.size(); ++i) {
+      const auto* alias = a[i].alias_info();
+      if (alias != nullptr && alias->isWrite()) {
+        written_arg_ = static_cast<int64_t>(i);
+        break;
+      }
     }
   }
+  return written_arg_;
 }
 
 std::string OpInfo::name() const {

@@ -56,7 +56,7 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
     if (DTensorImpl* impl = dtensor_impl(g)) {
       // The gradient of each rank's local is the DTensor gradient in the forward layout; a
       // Partial gradient (e.g. from Colwise) is reduced here.
-      g = redistribute_local(impl->local(), impl->spec(), placements_for_grad(spec->placements));
+      g = redistribute_local(impl->local(), impl->spec(), without_partial(spec->placements));
     }
     return {g, at::Tensor()};
   }
@@ -89,7 +89,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto src = uncapsule(ctx->saved_data["src"]);
-    return {grad_to(grads[0], placements_for_grad(src->placements)), at::Tensor()};
+    return {grad_to(grads[0], without_partial(src->placements)), at::Tensor()};
   }
 };
 
@@ -130,7 +130,7 @@ at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
   if (!impl.spec().has_partial() && !grad_placements && !requires_grad()) return impl.local();
   auto grad_spec = spec_with_placements(
       impl.spec(), grad_placements ? normalize_placements(*grad_placements, impl.spec().ndim())
-                                   : placements_for_grad(impl.spec().placements));
+                                   : without_partial(impl.spec().placements));
   // Passed as at::Tensor: autograd's argument scan only recognises that exact type.
   return ToLocalFn::apply(static_cast<const at::Tensor&>(*this), std::move(grad_spec));
 }

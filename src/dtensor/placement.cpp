@@ -27,6 +27,12 @@ std::string to_string(const Placements& placements) {
   return s + (placements.size() == 1 ? ",)" : ")");
 }
 
+Placements without_partial(Placements placements) {
+  for (auto& p : placements)
+    if (p.is_partial()) p = Replicate();
+  return placements;
+}
+
 Placements normalize_placements(const Placements& placements, int64_t ndim) {
   Placements out;
   out.reserve(placements.size());

@@ -22,13 +22,6 @@ int64_t level_size(const DTensorSpec& spec, const Placements& cur, int64_t mesh_
 
 }  // namespace
 
-Placements placements_for_grad(const Placements& placements) {
-  Placements out = placements;
-  for (auto& p : out)
-    if (p.is_partial()) p = Replicate();
-  return out;
-}
-
 std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements) {
   auto s = std::make_shared<DTensorSpec>(spec);
   s->placements = std::move(placements);

@@ -14,7 +14,5 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
 /// `spec` with other placements (and contiguous strides when they change).
 std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements);
 
-/// Placements a gradient takes for a tensor laid out by `placements`: Partial becomes Replicate.
-Placements placements_for_grad(const Placements& placements);
 
 }  // namespace hyper_parallel

@@ -78,6 +78,14 @@ at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::opt
   return use_local ? d.to_local() : at::Tensor(d);
 }
 
+// What every style that calls distribute_module needs: a 1-D mesh, a hookable module not
+// distributed yet.
+void validate_distributable(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+                            const ParallelStyle& style) {
+  check_mesh(mesh, style.name());
+  check_hookable_and_fresh(module, fqn, style);
+}
+
 // Colwise/Rowwise (seed §3.2): only Linear- and Embedding-like modules, whose weight splits
 // evenly along the dim the style shards (given for each kind with the dim's name).
 struct ShardedDim {
@@ -86,8 +94,7 @@ struct ShardedDim {
 };
 void validate_linear_or_embedding(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
                                   const ParallelStyle& style, ShardedDim linear_dim, ShardedDim embedding_dim) {
-  check_mesh(mesh, style.name());
-  check_hookable_and_fresh(module, fqn, style);
+  validate_distributable(module, fqn, mesh, style);
   const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
   HP_CHECK_T(c10::NotImplementedError, linear || embedding, style.name(), " currently only supports Linear and Embedding "
              "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
@@ -106,6 +113,16 @@ std::vector<c10::IValue> with_first(const std::vector<c10::IValue>& inputs, at::
   std::vector<c10::IValue> out = inputs;
   out[0] = std::move(first);
   return out;
+}
+
+// The input hook of Colwise/Rowwise/NoParallel: only the first positional input is prepared
+// (seed §7.1), annotated with `layout` when plain and redistributed to `desired`.
+InputFn first_input_fn(const char* style, Placement layout, Placement desired) {
+  return [style, layout, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+             -> c10::optional<std::vector<c10::IValue>> {
+    const std::string where = std::string(style) + " input of '" + name_of(m) + "'";
+    return with_first(inputs, prepare_input(first_tensor(inputs, where), layout, desired, mesh, false, where));
+  };
 }
 
 }  // namespace
@@ -130,11 +147,7 @@ torch::nn::Module& ColwiseParallel::apply(torch::nn::Module& module, const Devic
   };
   const Placement in = input_layouts_, desired = desired_input_layouts(), out = output_layouts_;
   const bool local = use_local_output_;
-  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
-      -> c10::optional<std::vector<c10::IValue>> {
-    const std::string where = "ColwiseParallel input of '" + name_of(m) + "'";
-    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
-  };
+  const InputFn input_fn = first_input_fn("ColwiseParallel", in, desired);
   auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
     const std::string where = "ColwiseParallel output of '" + name_of(m) + "'";
     HP_CHECK_T(c10::TypeError, output.isTensor() && is_dtensor(output.toTensor()), where, " is not a DTensor");
@@ -166,11 +179,7 @@ torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const Devic
   const Placement in = input_layouts_, desired = desired_input_layouts_, out = output_layouts_;
   const bool local = use_local_output_;
   const auto reduce = reduce_dtype_;
-  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
-      -> c10::optional<std::vector<c10::IValue>> {
-    const std::string where = "RowwiseParallel input of '" + name_of(m) + "'";
-    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
-  };
+  const InputFn input_fn = first_input_fn("RowwiseParallel", in, desired);
   auto output_fn = [out, local, reduce, embedding](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh)
       -> c10::optional<c10::IValue> {
     const std::string where = "RowwiseParallel output of '" + name_of(m) + "'";
@@ -189,8 +198,7 @@ torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const Devic
 // ---- SequenceParallel
 
 void SequenceParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_mesh(mesh, name());
-  check_hookable_and_fresh(module, fqn, *this);
+  validate_distributable(module, fqn, mesh, *this);
 }
 
 torch::nn::Module& SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
@@ -217,19 +225,14 @@ torch::nn::Module& SequenceParallel::apply(torch::nn::Module& module, const Devi
 // ---- NoParallel
 
 void NoParallel::validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_mesh(mesh, name());
-  check_hookable_and_fresh(module, fqn, *this);
+  validate_distributable(module, fqn, mesh, *this);
 }
 
 torch::nn::Module& NoParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
   validate(module, name_of(module), mesh);
   const Placement in = input_layout_, desired = desired_input_layout_, out = output_layout_;
   const bool local = use_local_output_;
-  auto input_fn = [in, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
-      -> c10::optional<std::vector<c10::IValue>> {
-    const std::string where = "NoParallel input of '" + name_of(m) + "'";
-    return with_first(inputs, prepare_input(first_tensor(inputs, where), in, desired, mesh, false, where));
-  };
+  const InputFn input_fn = first_input_fn("NoParallel", in, desired);
   auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
     const std::string where = "NoParallel output of '" + name_of(m) + "'";
     HP_CHECK_T(c10::TypeError, output.isTensor(), where, " is not a tensor");

@@ -65,6 +65,10 @@ using Placements = std::vector<Placement>;
 std::ostream& operator<<(std::ostream& os, const Placement& p);
 /// "(Shard(dim=0), Replicate())".
 std::string to_string(const Placements& placements);
+/// `placements` with every Partial turned into Replicate (what a reduction leaves, and the
+/// placements a gradient takes for a Partial value).
+Placements without_partial(Placements placements);
+
 /// Every placement normalised against `ndim` (see Placement::normalized).
 Placements normalize_placements(const Placements& placements, int64_t ndim);
 

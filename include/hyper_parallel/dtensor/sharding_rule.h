@@ -42,7 +42,7 @@ class OpInfo {
   /// Index into inputs() of argument `arg`, or -1.
   int64_t input_index(size_t arg, int64_t elem = -1) const;
   /// Argument written by the op (self of an in-place op, out of an out= op), or -1.
-  int64_t written_arg() const { return written_arg_; }
+  int64_t written_arg() const;
   /// The op and its inputs' placements, for error messages.
   std::string describe() const;
 
@@ -57,7 +57,7 @@ class OpInfo {
   size_t nargs_;
   std::vector<TensorInput> inputs_;
   const DeviceMesh* mesh_ = nullptr;
-  int64_t written_arg_ = -1;
+  mutable int64_t written_arg_ = -2;  // -2: not looked up yet (only rules need it, on a cache miss)
   std::vector<std::unique_ptr<DTensorSpec>> owned_;
 };
 

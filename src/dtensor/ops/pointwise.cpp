@@ -19,7 +19,7 @@ std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t
   return out;
 }
 
-OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool explicit_shape) {
+OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   const auto& inputs = info.inputs();
   const size_t nmesh = static_cast<size_t>(info.mesh().ndim());
   std::vector<const std::vector<int64_t>*> shapes;
@@ -106,16 +106,16 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool expl
     s.input_placements.push_back(std::move(want));
   }
   s.output_placements.assign(info.schema().returns().size(), out);
-  if (explicit_shape) s.output_shapes.assign(info.schema().returns().size(), out_shape);
+  // The broadcast shape, not a meta run: many pointwise ops (relu, _to_copy, where) have no meta
+  // kernel in libtorch 1.13.
+  s.output_shapes.assign(info.schema().returns().size(), out_shape);
   return s;
 }
 
 namespace {
 
-// The shape is always the broadcast of the inputs': many pointwise ops (relu, _to_copy) have no
-// meta kernel in libtorch 1.13.
-ShardingRule rule(Linearity l, bool explicit_shape = true) {
-  return [l, explicit_shape](const OpInfo& info) { return pointwise_sharding(info, l, explicit_shape); };
+ShardingRule rule(Linearity l) {
+  return [l](const OpInfo& info) { return pointwise_sharding(info, l); };
 }
 
 // Ops with no linearity to exploit: a Partial input is reduced first.
@@ -137,8 +137,7 @@ const char* kNonLinear[] = {
     "aten::isneginf", "aten::isposinf", "aten::bitwise_and", "aten::bitwise_or",
     "aten::bitwise_not", "aten::masked_fill", "aten::masked_fill_", "aten::where",
     "aten::native_dropout_backward", "aten::rsub", "aten::sgn", "aten::signbit",
-    "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square",
-    "aten::_foreach_placeholder_do_not_use"};
+    "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square"};
 // Linear in each operand when all operands are Partial(sum): x + y, x - y.
 const char* kAdditive[] = {"aten::add", "aten::add_", "aten::sub", "aten::sub_"};
 // Linear in one Partial operand when the others are replicated: x * c.
@@ -156,7 +155,6 @@ struct Registrar {
     for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
     for (auto n : kNumerator) register_sharding_rule(n, rule(Linearity::Numerator));
     for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
-    register_sharding_rule("aten::where.self", rule(Linearity::None));
   }
 } registrar;
 

@@ -16,8 +16,8 @@ enum class Linearity {
 
 /// Output sharding follows the first input that shards a dimension it holds (broadcast dims are
 /// replicated); in-place/out= ops follow the written tensor; Partial survives per `linearity`.
-/// `explicit_shape`: give the broadcast shape instead of running the op on meta tensors.
-OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity, bool explicit_shape = true);
+/// The output shape is the broadcast of the inputs'.
+OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity);
 
 }  // namespace ops
 }  // namespace hyper_parallel

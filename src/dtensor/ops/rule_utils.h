@@ -18,13 +18,6 @@ inline Placements replicate(const OpInfo& info) {
   return Placements(static_cast<size_t>(info.mesh().ndim()), Replicate());
 }
 
-/// `p` with every Partial turned into Replicate (a reduction before the op).
-inline Placements without_partial(Placements p) {
-  for (auto& x : p)
-    if (x.is_partial()) x = Replicate();
-  return p;
-}
-
 /// `p` with every Shard(d) for which `unshard(d)` holds turned into Replicate.
 inline Placements without_shards(Placements p, const std::function<bool(int64_t)>& unshard) {
   for (auto& x : p)
@@ -85,11 +78,6 @@ inline std::vector<int64_t> int_list(const OpInfo& info, size_t i) {
 
 /// The broadcast shape of the given shapes.
 std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t>*>& shapes);
-
-/// Whether mesh dim `i` has coordinate 0 on this rank.
-inline bool first_on_mesh_dim(const OpInfo& info, size_t i) {
-  return (*info.mesh().get_coordinate())[i] == 0;
-}
 
 }  // namespace ops
 }  // namespace hyper_parallel

@@ -86,7 +86,7 @@ struct Registrar {
     register_sharding_rule("aten::zero_", keep_self_rule);
     register_sharding_rule("aten::fill_", fill_rule);
     // copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source).
-    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive, true); });
+    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive); });
     register_sharding_rule("aten::_local_scalar_dense", replicated_inputs);
     register_sharding_rule("aten::equal", replicated_inputs);
     register_sharding_rule("aten::allclose", replicated_inputs);
