@@ -97,6 +97,8 @@ struct Decision {
   mutable std::vector<std::vector<std::shared_ptr<const DTensorSpec>>> outputs;
   std::vector<std::vector<std::vector<int64_t>>> local_shapes;
   std::vector<int64_t> written_return_arg;  // per return slot: the argument it aliases, or -1
+  std::vector<int64_t> view_return_arg;     // per return slot: the argument it is a view of, or -1
+  std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
   std::function<void(torch::jit::Stack&)> adjust_args;
   std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
 };
@@ -138,6 +140,7 @@ void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
   k.push_back(s.ndim());
   for (auto x : s.shape) k.push_back(x);
   for (auto x : s.stride) k.push_back(x);
+  k.push_back(s.storage_offset);
   for (const auto& p : s.placements) k.push_back(static_cast<int64_t>(p.hash()));
 }
 
@@ -196,9 +199,17 @@ at::TensorOptions meta_options(at::ScalarType dtype) {
 }
 
 at::Tensor meta_of(const at::Tensor& t) {
-  if (DTensorImpl* d = dtensor_impl(t))
-    return at::empty_strided(d->spec().shape, d->spec().stride, meta_options(d->spec().dtype));
-  return at::empty_strided(t.sizes(), t.strides(), meta_options(t.scalar_type()));
+  DTensorImpl* d = dtensor_impl(t);
+  if (d == nullptr) return at::empty_strided(t.sizes(), t.strides(), meta_options(t.scalar_type()));
+  const DTensorSpec& s = d->spec();
+  if (s.storage_offset == 0) return at::empty_strided(s.shape, s.stride, meta_options(s.dtype));
+  // A view keeps its offset, so the meta run reports the offsets of the views it makes.
+  int64_t extent = 1;
+  for (size_t k = 0; k < s.shape.size(); ++k) {
+    if (s.shape[k] == 0) { extent = 0; break; }
+    extent += (s.shape[k] - 1) * s.stride[k];
+  }
+  return at::empty({s.storage_offset + extent}, meta_options(s.dtype)).as_strided(s.shape, s.stride, s.storage_offset);
 }
 
 // Runs the op on meta tensors of the global shapes: the global shapes and strides of its returns.
@@ -254,21 +265,25 @@ std::shared_ptr<const Decision> decide(OpInfo& info) {
   const auto& rets = info.schema().returns();
   const auto& args = info.schema().arguments();
   d->written_return_arg.assign(rets.size(), -1);
+  d->view_return_arg.assign(rets.size(), -1);
   for (size_t r = 0; r < rets.size(); ++r) {
     const auto* ra = rets[r].alias_info();
-    if (ra == nullptr || !ra->isWrite()) continue;
+    // A list of views (split, unbind, chunk) carries its alias set on the element type.
+    if (ra != nullptr && ra->beforeSets().empty() && !ra->containedTypes().empty()) ra = &ra->containedTypes()[0];
+    if (ra == nullptr) continue;
     for (size_t a = 0; a < args.size(); ++a) {
       const auto* aa = args[a].alias_info();
-      if (aa != nullptr && aa->isWrite() && aa->beforeSets() == ra->beforeSets()) {
-        d->written_return_arg[r] = static_cast<int64_t>(a);
-        break;
-      }
+      if (aa == nullptr || aa->beforeSets() != ra->beforeSets()) continue;
+      if (ra->isWrite() && aa->isWrite()) d->written_return_arg[r] = static_cast<int64_t>(a);
+      else if (!ra->isWrite()) d->view_return_arg[r] = static_cast<int64_t>(a);
+      break;
     }
   }
   // Written arguments keep their layout: an in-place op cannot change placements.
   for (size_t k = 0; k < inputs.size(); ++k) {
     const auto& in = inputs[k];
     const auto* alias = args[in.arg].alias_info();
+    if (alias != nullptr && alias->isWrite()) d->written_inputs.push_back(k);
     if (alias != nullptr && alias->isWrite())
       HP_CHECK_T(c10::ValueError, !d->redistribute[k], "hyper_parallel: ", info.describe(),
                  " would have to change the placements of its in-place/out argument '",
@@ -290,8 +305,9 @@ std::shared_ptr<const Decision> decide(OpInfo& info) {
   if (need_meta) meta = run_on_meta(info);
   const auto coord = info.mesh().get_coordinate();
   auto make_spec = [&](const Placements& pl, std::vector<int64_t> shape, std::vector<int64_t> stride,
-                       at::ScalarType dtype, size_t r) {
+                       at::ScalarType dtype, size_t r, int64_t offset = 0) {
     auto spec = std::make_shared<DTensorSpec>();
+    spec->storage_offset = offset;
     spec->mesh = info.mesh();
     spec->placements = normalize_placements(pl, static_cast<int64_t>(shape.size()));
     spec->shape = std::move(shape);
@@ -315,10 +331,11 @@ std::shared_ptr<const Decision> decide(OpInfo& info) {
     if (!meta.empty()) {
       const c10::IValue& m = meta[r];
       if (is_list) {
-        for (const at::Tensor& t : m.toTensorList()) make_spec(pl, t.sizes().vec(), t.strides().vec(), t.scalar_type(), r);
+        for (const at::Tensor& t : m.toTensorList())
+          make_spec(pl, t.sizes().vec(), t.strides().vec(), t.scalar_type(), r, t.storage_offset());
       } else if (m.isTensor() && m.toTensor().defined()) {
         const at::Tensor& t = m.toTensor();
-        make_spec(pl, t.sizes().vec(), t.strides().vec(), t.scalar_type(), r);
+        make_spec(pl, t.sizes().vec(), t.strides().vec(), t.scalar_type(), r, t.storage_offset());
       } else {
         d->outputs[r].push_back(nullptr);
         d->local_shapes[r].emplace_back();
@@ -436,6 +453,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     t_cache.map.emplace(std::move(key), d);
   }
 
+  // A write into a view whose local data is a copy would be lost: refuse it (on every rank: the
+  // flag comes from placements, which all ranks share).
+  for (size_t k : d->written_inputs) {
+    const auto& in = info.inputs()[k];
+    const c10::IValue& v = args[in.arg];
+    const at::Tensor& t = in.elem < 0 ? v.toTensor() : v.toTensorList().get(static_cast<size_t>(in.elem));
+    DTensorImpl* impl = dtensor_impl(t);
+    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel: ",
+               info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
+               "(making the view needed communication, e.g. a narrow/select/split along a sharded dim): "
+               "the write would not reach the viewed DTensor. In-place operations that require "
+               "placement changes are not supported; write into the base with an out-of-place op and "
+               "copy_, or redistribute the base first");
+  }
+
   // The local arguments.
   std::vector<c10::IValue> original(std::make_move_iterator(stack->begin() + static_cast<std::ptrdiff_t>(base)),
                                     std::make_move_iterator(stack->end()));
@@ -479,15 +511,39 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t rbase = stack->size() - nret;
   for (size_t r = 0; r < nret; ++r) {
     c10::IValue& v = (*stack)[rbase + r];
+    // A view's local result must be a view of its base's local data; otherwise it is a copy.
+    DTensorImpl* base = nullptr;
+    bool base_moved = false;
+    if (d->view_return_arg[r] >= 0) {
+      const auto a = static_cast<size_t>(d->view_return_arg[r]);
+      if (original[a].isTensor()) base = dtensor_impl(original[a].toTensor());
+      const int64_t k = info.input_index(a);
+      base_moved = k >= 0 && d->redistribute[static_cast<size_t>(k)];
+    }
+    auto mark = [&](const at::Tensor& local, at::Tensor& wrapped) {
+      if (base == nullptr || !wrapped.defined()) return;
+      if (base_moved || base->is_copy_view() || !local.is_alias_of(base->local()))
+        static_cast<DTensorImpl*>(wrapped.unsafeGetTensorImpl())->set_copy_view(true);
+    };
     if (d->written_return_arg[r] >= 0) {
       v = original[static_cast<size_t>(d->written_return_arg[r])];  // the very same DTensor
     } else if (v.isTensor()) {
-      if (!d->outputs[r].empty() && d->outputs[r][0]) v = wrap(v.toTensor(), d->outputs[r][0], d->local_shapes[r][0], info);
+      if (!d->outputs[r].empty() && d->outputs[r][0]) {
+        at::Tensor local = v.toTensor();
+        at::Tensor w = wrap(local, d->outputs[r][0], d->local_shapes[r][0], info);
+        mark(local, w);
+        v = w;
+      }
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       TORCH_CHECK(l.size() == d->outputs[r].size(), "hyper_parallel: ", info.describe(), " returned ",
                   l.size(), " local tensors where the global op returns ", d->outputs[r].size());
-      for (size_t j = 0; j < l.size(); ++j) l.set(j, wrap(l.get(j), d->outputs[r][j], d->local_shapes[r][j], info));
+      for (size_t j = 0; j < l.size(); ++j) {
+        at::Tensor local = l.get(j);
+        at::Tensor w = wrap(local, d->outputs[r][j], d->local_shapes[r][j], info);
+        mark(local, w);
+        l.set(j, w);
+      }
       v = l;
     }
   }

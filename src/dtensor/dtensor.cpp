@@ -145,6 +145,13 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
              " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements dst = normalize_placements(placements, impl.spec().ndim());
   if (dst == impl.spec().placements) return *this;
+  // As PyTorch: a Partial is what ops produce, not a layout to ask for (which rank would hold
+  // the value, and what would its gradient be?).
+  for (size_t i = 0; i < dst.size(); ++i)
+    HP_CHECK_T(c10::ValueError, !dst[i].is_partial() || dst[i] == impl.spec().placements[i],
+               "redistribute: redistributing to ", dst[i].to_string(), " (mesh dim ", i, ", from ",
+               impl.spec().placements[i].to_string(), ") is not supported; Partial placements "
+               "come from ops (e.g. a Rowwise matmul), or build one with DTensor::from_local");
   return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this),
                                        spec_with_placements(impl.spec(), std::move(dst))));
 }

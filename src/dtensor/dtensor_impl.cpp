@@ -17,6 +17,7 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
       local_(std::move(local)),
       spec_(std::move(spec)) {
   set_sizes_and_strides(spec_->shape, spec_->stride);
+  storage_offset_ = spec_->storage_offset;
   set_storage_access_should_throw();
 }
 
@@ -25,6 +26,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_impl(VersionCounter&& vc, 
   auto r = c10::make_intrusive<DTensorImpl>(local_, spec_);
   r->set_version_counter(std::forward<VersionCounter>(vc));
   r->set_allow_tensor_metadata_change(allow);
+  r->copy_view_ = copy_view_;
   return r;
 }
 
@@ -44,6 +46,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
   spec_ = other->spec_;
+  copy_view_ = other->copy_view_;
 }
 
 void DTensorImpl::release_resources() {

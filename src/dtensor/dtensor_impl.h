@@ -22,6 +22,11 @@ class DTensorImpl final : public c10::TensorImpl {
   const at::Tensor& local() const { return local_; }
   const DTensorSpec& spec() const { return *spec_; }
   const std::shared_ptr<const DTensorSpec>& spec_ptr() const { return spec_; }
+  /// Whether this DTensor is a view whose local data is a copy (its base had to be redistributed,
+  /// or the local piece could not be viewed): an in-place write would not reach the base, so the
+  /// dispatcher refuses it instead of losing it silently.
+  bool is_copy_view() const { return copy_view_; }
+  void set_copy_view(bool v) { copy_view_ = v; }
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -38,6 +43,7 @@ class DTensorImpl final : public c10::TensorImpl {
 
   at::Tensor local_;
   std::shared_ptr<const DTensorSpec> spec_;
+  bool copy_view_ = false;
 };
 
 /// The DTensorImpl behind `t`, or nullptr when `t` is not a DTensor.

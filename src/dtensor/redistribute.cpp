@@ -39,6 +39,11 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
   using Kind = RedistributeStep::Kind;
   for (const auto& s : steps) {
     const auto i = static_cast<size_t>(s.mesh_dim);
+    // A mesh dim of size 1 holds the whole tensor on its only rank in every placement.
+    if (src.mesh.size(s.mesh_dim) == 1) {
+      cur = s.after;
+      continue;
+    }
     const Group& g = src.mesh.get_group(s.mesh_dim);
     switch (s.kind) {
       case Kind::AllGather:

@@ -82,6 +82,17 @@ at::Tensor as_wire(const at::Tensor& t) {
   return w == t.scalar_type() ? t : t.view(w);
 }
 
+// Integer averages are refused (PyTorch's Gloo rejects them; NCCL floors): no rounding
+// convention is silently chosen for the caller.
+void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
+  HP_CHECK_T(c10::TypeError, op != ReduceOp::AVG || at::isFloatingType(t) || at::isComplexType(t),
+             "hyper_parallel::", what, ": ReduceOp avg is defined for floating-point tensors only, got ",
+             t, "; reduce with sum and divide as your integer semantics require");
+}
+
+// Booleans reduce as logical or (sum, max) / logical and (min), on bytes.
+ReduceOp bool_op(ReduceOp op) { return op == ReduceOp::MIN ? ReduceOp::MIN : ReduceOp::MAX; }
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
@@ -120,6 +131,12 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
              group.rank(), " holds ", local.size(dim), " elements along dim ", dim,
              " but torch.chunk of ", n, " over ", g, " ranks gives it ", mine);
   if (g == 1) return local.clone();
+  // Nothing to move (every piece is empty on every rank: n == 0 or another dim is 0); Gloo
+  // divides by the element count and would crash.
+  int64_t padded_numel = padded;
+  for (int64_t k = 0; k < local.dim(); ++k) if (k != dim) padded_numel *= local.size(k);
+  if (padded_numel == 0)
+    return at::empty(with_size(local.sizes(), dim, n), local.options());
   at::Tensor input = local.contiguous();
   if (mine != padded) {
     at::Tensor p = at::zeros(with_size(local.sizes(), dim, padded), local.options());
@@ -139,18 +156,24 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
 
 at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_group(group, "all_reduce");
+  check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
   CommDebugMode::record("all_reduce", nbytes(tensor));
-  if (group.size() == 1) return tensor;
+  if (group.size() == 1 || tensor.numel() == 0) return tensor;
+  const bool is_bool = tensor.scalar_type() == at::kBool;
   // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
-  // rounded once at the end otherwise).
-  const bool upcast = wire_type(tensor.scalar_type()) != tensor.scalar_type();
-  at::Tensor buf = upcast ? tensor.to(at::kFloat)
-                          : (tensor.is_contiguous() ? tensor : tensor.contiguous());
+  // rounded once at the end otherwise). Every buffer is in logical (row-major) order, whatever
+  // the caller's layout: ranks with different strides must still add matching elements.
+  at::Tensor buf;
+  if (is_bool) buf = tensor.contiguous().view(at::kByte);
+  else if (tensor.scalar_type() == at::kBFloat16)
+    buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
+  else buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> ts{buf};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
+  opts.reduceOp = to_c10d(is_bool ? bool_op(op) : op);
   wait(c10d_group(group)->allreduce(ts, opts));
   if (op == ReduceOp::AVG) buf.div_(group.size());
+  if (is_bool) buf = buf.view(at::kBool);
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   return tensor;
 }
@@ -162,23 +185,29 @@ at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group)
 
 at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
   check_group(group, "reduce_scatter");
+  check_reduce_dtype(op, input.scalar_type(), "reduce_scatter");
   dim = wrap_dim(dim, input.dim(), "reduce_scatter");
   const int64_t g = group.size();
   CommDebugMode::record("reduce_scatter", nbytes(input));
   if (g == 1) return input.clone();
+  const int64_t mine = chunk_size(input.size(dim), g, group.rank());
+  if (input.numel() == 0) return at::empty(with_size(input.sizes(), dim, mine), input.options());
   at::Tensor send = stack_pieces(input, dim, g);
   at::Tensor recv = at::empty_like(send);
   at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
   std::vector<int64_t> splits;  // empty: equal splits along dim 0
   wait(c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
   at::Tensor reduced;
-  switch (op) {
-    case ReduceOp::SUM: reduced = recv.sum(0); break;
-    case ReduceOp::AVG: reduced = recv.sum(0).div_(g); break;
+  const auto dtype = recv.scalar_type();
+  const ReduceOp rop = dtype == at::kBool ? bool_op(op) : op;
+  switch (rop) {
+    // Summed in the input's dtype (torch.sum would promote integers to int64); bf16/fp16
+    // accumulate in fp32 inside the kernel and round once.
+    case ReduceOp::SUM: reduced = recv.sum(0, false, dtype); break;
+    case ReduceOp::AVG: reduced = recv.sum(0, false, dtype).div_(g); break;
     case ReduceOp::MAX: reduced = std::get<0>(recv.max(0)); break;
     case ReduceOp::MIN: reduced = std::get<0>(recv.min(0)); break;
   }
-  const int64_t mine = chunk_size(input.size(dim), g, group.rank());
   return mine == reduced.size(dim) ? reduced : reduced.narrow(dim, 0, mine).contiguous();
 }
 
@@ -198,6 +227,14 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: rank ", group.rank(), " holds ", local.size(concat_dim),
              " elements along concat dim ", concat_dim, " but torch.chunk of ", cn, " over ", g,
              " ranks gives it ", chunk_size(cn, g, group.rank()));
+  int64_t padded_numel = cpad;
+  for (int64_t k = 0; k < local.dim(); ++k) if (k != concat_dim) padded_numel *= local.size(k);
+  if (padded_numel == 0) {
+    // Nothing moves on any rank (the empty dim is the same everywhere, or concat is empty).
+    auto shape = with_size(local.sizes(), concat_dim, cn);
+    shape[static_cast<size_t>(split_dim)] = chunk_size(local.size(split_dim), g, group.rank());
+    return at::empty(shape, local.options());
+  }
   at::Tensor src = local;
   if (local.size(concat_dim) != cpad) {  // uneven: pad every peer's piece to the same shape
     src = at::zeros(with_size(local.sizes(), concat_dim, cpad), local.options());
@@ -218,7 +255,7 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::broadcast: src ",
              src, " is not a rank of a group of size ", group.size());
   CommDebugMode::record("broadcast", nbytes(tensor));
-  if (group.size() == 1) return tensor;
+  if (group.size() == 1 || tensor.numel() == 0) return tensor;
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> ts{as_wire(buf)};
   c10d::BroadcastOptions opts;
@@ -238,6 +275,7 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   const int64_t mine = chunk_size(n, g, group.rank());
   CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0);
   if (g == 1) return full.clone();
+  if (full.numel() == 0) return at::empty(with_size(full.sizes(), dim, mine), full.options());
   at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), full.options());
   std::vector<at::Tensor> outputs{as_wire(out)};
   std::vector<std::vector<at::Tensor>> inputs;

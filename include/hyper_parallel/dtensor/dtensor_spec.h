@@ -19,6 +19,9 @@ struct DTensorSpec {
   std::vector<int64_t> shape;   ///< global sizes
   std::vector<int64_t> stride;  ///< global strides (contiguous unless a view made them otherwise)
   c10::ScalarType dtype = c10::ScalarType::Float;
+  /// Offset of a view into its base's (global) storage, as a plain tensor's would be: autograd
+  /// replays an in-place op on a view with as_strided(sizes, strides, offset), so it must be real.
+  int64_t storage_offset = 0;
 
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
   int64_t numel() const;

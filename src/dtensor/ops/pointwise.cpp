@@ -82,7 +82,51 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
     }
   }
 
+  // Scalar operands (Scalar arguments, 0-dim plain tensors) of an op that keeps a Partial(sum)
+  // result: every rank would add the scalar once, so only the ranks at coordinate 0 of every
+  // Partial mesh dim keep it; the others add zero (x + s = (x_0 + s) + x_1 + ...).
+  std::vector<size_t> scalar_operands;
+  bool partial_out = false;
+  for (const auto& p : out) partial_out = partial_out || p.is_partial();
+  if (partial_out && linearity == Linearity::Additive) {
+    const auto& args = info.schema().arguments();
+    for (size_t a = 0; a < args.size(); ++a) {
+      if (args[a].name() == "alpha" || info.input_index(a) >= 0) continue;
+      const auto kind = args[a].type()->kind();
+      const c10::IValue& v = info.arg(a);
+      if ((kind == c10::TypeKind::NumberType && v.isScalar()) ||
+          (kind == c10::TypeKind::TensorType && v.isTensor() && v.toTensor().defined()))
+        scalar_operands.push_back(a);
+    }
+  }
+
   OpSharding s;
+  if (!scalar_operands.empty()) {
+    bool keeps = true;
+    const auto coord = info.mesh().get_coordinate();
+    for (size_t i = 0; i < nmesh; ++i)
+      if (out[i].is_partial() && coord && (*coord)[i] != 0) keeps = false;
+    if (!keeps)
+      s.adjust_args = [scalar_operands](torch::jit::Stack& args) {
+        for (size_t a : scalar_operands) {
+          c10::IValue& v = args[a];
+          if (v.isTensor()) {
+            const at::Tensor& t = v.toTensor();
+            at::Tensor z = at::zeros_like(t);
+            z.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+            v = z;
+          } else if (v.isDouble()) {
+            v = c10::IValue(0.0);
+          } else if (v.isComplexDouble()) {
+            v = c10::IValue(c10::complex<double>(0, 0));
+          } else if (v.isBool()) {
+            v = c10::IValue(false);
+          } else {
+            v = c10::IValue(int64_t{0});
+          }
+        }
+      };
+  }
   for (size_t k = 0; k < inputs.size(); ++k) {
     Placements want(nmesh);
     for (size_t i = 0; i < nmesh; ++i) {
@@ -118,6 +162,29 @@ ShardingRule rule(Linearity l) {
   return [l](const OpInfo& info) { return pointwise_sharding(info, l); };
 }
 
+bool is_float_like(at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); }
+
+// A cast commutes with the sum of a Partial value only between floating types (the rounding is of
+// the order of the reduction's own); to integer or bool types each rank's addend would be
+// truncated on its own, so the value is reduced first.
+OpSharding to_copy_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.spec(0);
+  at::ScalarType target = in.dtype;
+  const auto& args = info.schema().arguments();
+  for (size_t a = 1; a < args.size(); ++a)
+    if (args[a].name() == "dtype" && !info.arg(a).isNone()) target = static_cast<at::ScalarType>(info.arg(a).toInt());
+  const bool linear = is_float_like(in.dtype) && is_float_like(target);
+  return pointwise_sharding(info, linear ? Linearity::Unary : Linearity::None);
+}
+
+// div with a rounding mode (floor/trunc) is not linear in its numerator.
+OpSharding div_rule(const OpInfo& info) {
+  const auto& args = info.schema().arguments();
+  for (size_t a = 0; a < args.size(); ++a)
+    if (args[a].name() == "rounding_mode" && !info.arg(a).isNone()) return pointwise_sharding(info, Linearity::None);
+  return pointwise_sharding(info, Linearity::Numerator);
+}
+
 // Ops with no linearity to exploit: a Partial input is reduced first.
 const char* kNonLinear[] = {
     "aten::abs", "aten::acos", "aten::asin", "aten::atan", "aten::ceil", "aten::cos", "aten::cosh",
@@ -142,10 +209,8 @@ const char* kNonLinear[] = {
 const char* kAdditive[] = {"aten::add", "aten::add_", "aten::sub", "aten::sub_"};
 // Linear in one Partial operand when the others are replicated: x * c.
 const char* kMultiplicative[] = {"aten::mul", "aten::mul_"};
-// Linear in the numerator: x / c.
-const char* kNumerator[] = {"aten::div", "aten::div_"};
 // One input, linear: -x, copies, conversions.
-const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy",
+const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone",
                               "aten::positive", "aten::real", "aten::conj_physical"};
 
 struct Registrar {
@@ -153,7 +218,9 @@ struct Registrar {
     for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
     for (auto n : kAdditive) register_sharding_rule(n, rule(Linearity::Additive));
     for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
-    for (auto n : kNumerator) register_sharding_rule(n, rule(Linearity::Numerator));
+    // Linear in the numerator: x / c.
+    for (auto n : {"aten::div", "aten::div_"}) register_sharding_rule(n, div_rule);
+    register_sharding_rule("aten::_to_copy", to_copy_rule);
     for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
   }
 } registrar;

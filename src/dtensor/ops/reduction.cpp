@@ -1,6 +1,10 @@
 // Reductions (sum, mean, amax, amin, all/any, norms).
 #include "rule_utils.h"
 
+#include <ATen/Dispatch.h>
+
+#include <limits>
+
 namespace hyper_parallel {
 namespace ops {
 namespace {
@@ -63,6 +67,39 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
   s.input_placements.assign(info.inputs().size(), replicate(info));
   s.input_placements[0] = want;
   s.output_placements.assign(info.schema().returns().size(), out);
+  if ((kind == Reduce::Max || kind == Reduce::Min) && dim_arg >= 0) {
+    // A rank whose piece of a reduced dim is empty (torch.chunk leaves trailing ranks nothing)
+    // contributes the reduction's identity instead of failing alone while its peers go on.
+    const bool is_max = kind == Reduce::Max;
+    const size_t nargs = info.num_args();
+    s.kernel = [is_max, nargs](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      const at::Tensor& self = (*stack)[stack->size() - nargs].toTensor();
+      const auto dims = (*stack)[stack->size() - nargs + 1].toIntVector();
+      const bool keep = (*stack)[stack->size() - nargs + 2].toBool();
+      std::vector<bool> red(static_cast<size_t>(self.dim()), dims.empty());
+      for (int64_t d : dims) red[static_cast<size_t>(wrap_dim(d, self.dim()))] = true;
+      bool empty = false;
+      std::vector<int64_t> shape;
+      for (int64_t d = 0; d < self.dim(); ++d) {
+        if (!red[static_cast<size_t>(d)]) shape.push_back(self.size(d));
+        else {
+          empty = empty || self.size(d) == 0;
+          if (keep) shape.push_back(1);
+        }
+      }
+      if (!empty) return op.callBoxed(stack);
+      stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+      at::Tensor identity = at::empty(shape, self.options());
+      if (self.scalar_type() == at::kBool) identity.fill_(!is_max);
+      else if (at::isFloatingType(self.scalar_type()))
+        identity.fill_(is_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
+      else
+        AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "amax_identity", [&] {
+          identity.fill_(is_max ? std::numeric_limits<scalar_t>::lowest() : std::numeric_limits<scalar_t>::max());
+        });
+      stack->emplace_back(identity);
+    };
+  }
   return s;
 }
 

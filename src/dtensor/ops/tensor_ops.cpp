@@ -49,6 +49,22 @@ OpSharding fill_rule(const OpInfo& info) {
   return keep_self_rule(info);
 }
 
+// copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source,
+// a replicated source becomes Partial by zeros off coordinate 0). A Partial source copied across a
+// cast that does not commute with the sum (into integers or bool) would truncate each addend.
+OpSharding copy_rule(const OpInfo& info) {
+  const DTensorSpec* self = info.spec(0);
+  const DTensorSpec* src = info.spec(1);
+  if (self != nullptr && src != nullptr && src->has_partial()) {
+    auto float_like = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
+    HP_CHECK_T(c10::ValueError, !self->has_partial() || (float_like(self->dtype) && float_like(src->dtype)),
+               "hyper_parallel: ", info.describe(), ": copying a Partial value from ", src->dtype,
+               " into a Partial ", self->dtype, " tensor would round each rank's addend on its own; "
+               "redistribute the source to Replicate first");
+  }
+  return pointwise_sharding(info, Linearity::Additive);
+}
+
 // Whole-tensor consumers: gather everything, run locally.
 OpSharding replicated_inputs(const OpInfo& info) {
   OpSharding s;
@@ -86,7 +102,7 @@ struct Registrar {
     register_sharding_rule("aten::zero_", keep_self_rule);
     register_sharding_rule("aten::fill_", fill_rule);
     // copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source).
-    register_sharding_rule("aten::copy_", [](const OpInfo& i) { return pointwise_sharding(i, Linearity::Additive); });
+    register_sharding_rule("aten::copy_", copy_rule);
     register_sharding_rule("aten::_local_scalar_dense", replicated_inputs);
     register_sharding_rule("aten::equal", replicated_inputs);
     register_sharding_rule("aten::allclose", replicated_inputs);

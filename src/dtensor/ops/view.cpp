@@ -91,9 +91,10 @@ OpSharding reshape_rule(const OpInfo& info, ReshapeKind kind) {
   const std::vector<int64_t> local = local_shape(info, out, out_shape);
   s.kernel = kernel_returning(info.num_args(), [local, kind](const torch::jit::Stack& a) {
     const at::Tensor& self = a[0].toTensor();
-    if (kind == ReshapeKind::UnsafeView) return at::_unsafe_view(self, local);
-    // A local shard that cannot be viewed (its layout differs from the global one) is copied.
+    // A local shard that cannot be viewed (its layout differs from the global one, e.g. after an
+    // all-gather along a later dim) is copied; the dispatcher marks such a view as a copy.
     auto strides = at::detail::computeStride(self.sizes(), self.strides(), local);
+    if (kind == ReshapeKind::UnsafeView) return strides ? at::_unsafe_view(self, local) : self.reshape(local);
     return strides ? self.view(local) : self.reshape(local);
   });
   return s;
@@ -209,19 +210,35 @@ OpSharding identity_rule(const OpInfo& info) {
   return single_input(info, in.placements, in.placements);
 }
 
-// as_strided reaches DTensors from autograd's in-place-on-view path: supported when the local
-// tensor is the whole tensor (no Shard) or when it restates the tensor's own geometry.
+// as_strided reaches DTensors from autograd's in-place-on-view path (CopySlices, AsStridedBackward),
+// with the geometry the DTensors report (global sizes, strides and storage offsets). A tensor with
+// no Shard holds the whole tensor locally: the same geometry applies to its local data, offset
+// relative to the local view's own; a sharded one supports only restating its own geometry.
 OpSharding as_strided_rule(const OpInfo& info) {
   const DTensorSpec& in = self_spec(info);
   bool sharded = false;
   for (const auto& p : in.placements) sharded = sharded || p.is_shard();
-  if (!sharded) return identity_rule(info);
   const auto size = int_list(info, 1), stride = int_list(info, 2);
-  const bool no_offset = info.arg(3).isNone() || info.arg(3).toInt() == 0;
-  HP_CHECK_T(c10::NotImplementedError, size == in.shape && stride == in.stride && no_offset,
+  const int64_t offset = info.arg(3).isNone() ? in.storage_offset : info.arg(3).toInt();
+  if (!sharded) {
+    OpSharding s = identity_rule(info);
+    const std::vector<int64_t> global_stride = in.stride;
+    const int64_t global_offset = in.storage_offset;
+    const std::string what = info.describe();
+    s.kernel = kernel_returning(info.num_args(), [=](const torch::jit::Stack& a) {
+      const at::Tensor& self = a[0].toTensor();
+      HP_CHECK_T(c10::NotImplementedError, self.numel() == 0 || self.strides() == c10::IntArrayRef(global_stride),
+                 "hyper_parallel: ", what, ": the local data is laid out with strides ", self.strides(),
+                 " where the DTensor reports ", c10::IntArrayRef(global_stride), "; as_strided cannot be replayed");
+      return self.as_strided(size, stride, self.storage_offset() + (offset - global_offset));
+    });
+    return s;
+  }
+  HP_CHECK_T(c10::NotImplementedError, size == in.shape && stride == in.stride && offset == in.storage_offset,
              "hyper_parallel: ", info.describe(), " with size ", c10::IntArrayRef(size), " stride ",
-             c10::IntArrayRef(stride),
-             " on a sharded DTensor is not supported (avoid in-place ops on views of sharded DTensors)");
+             c10::IntArrayRef(stride), " offset ", offset,
+             " on a sharded DTensor is not supported (autograd replays an in-place op on a view of a "
+             "sharded DTensor this way: run the op out of place)");
   OpSharding s = identity_rule(info);
   s.kernel = kernel_returning(info.num_args(), [](const torch::jit::Stack& a) { return a[0].toTensor().alias(); });
   return s;

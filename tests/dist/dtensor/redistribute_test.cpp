@@ -41,6 +41,12 @@ TEST(RedistributeDist, EveryTransitionForwardAndBackward) {
         at::Tensor full = values(shape, 3);
         at::Tensor weight = values(shape, 7) + 1;  // the upstream gradient
         hp::DTensor x = make_input(full, mesh, src);
+        if (dst[0].is_partial() && !src[0].is_partial()) {
+          // PyTorch parity: Partial is produced by ops, never asked for (internally the ops'
+          // Replicate -> Partial step stays: RedistributePlan tests cover it).
+          EXPECT_THROW(x.redistribute(mesh, dst), c10::ValueError) << what;
+          continue;
+        }
         hp::DTensor y = x.redistribute(mesh, dst);
         ASSERT_EQ(y.placements(), hp::normalize_placements(dst, 2)) << what;
         ASSERT_EQ(y.sizes(), full.sizes()) << what;
@@ -94,8 +100,9 @@ TEST(RedistributeDist, CollectivesPerTransition) {
   auto x = make_input(full, mesh, {hp::Replicate()});
   hp::CommDebugMode comm;
   x.redistribute({hp::Shard(1)});  // a local chunk
-  x.redistribute({hp::Partial()});
   EXPECT_EQ(comm.get_total_counts(), 0);
+  // PyTorch parity: Partial is not a layout to ask for.
+  EXPECT_THROW(x.redistribute({hp::Partial()}), c10::ValueError);
 }
 
 // 4 ranks as a 2x2 mesh: transitions on each mesh dim and on both at once.

@@ -146,3 +146,69 @@ TEST(CollectivesDist, CommDebugModeCountsAndBytes) {
   EXPECT_EQ(outer.get_total_counts(), 5);  // nested scopes both count
   EXPECT_EQ(outer.get_comm_count("barrier"), 1);
 }
+
+// Repro: in-place all_reduce_ of bf16/fp16 where the ranks' tensors have different memory
+// layouts must add matching elements, not matching memory positions.
+TEST(CollectivesDist, InPlaceAllReduceWithDifferentLayoutsPerRank) {
+  auto g = hp::world_group();
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat, at::kLong})
+    for (auto op : {hp::ReduceOp::SUM, hp::ReduceOp::MAX, hp::ReduceOp::MIN}) {
+      at::Tensor t = g.rank() % 2 == 1 ? at::empty({3, 2}, dtype).t() : at::empty({2, 3}, dtype);
+      auto value = [&](int64_t r) { return (at::arange(6).view({2, 3}) + 10 * r).to(dtype); };
+      t.copy_(value(g.rank()));
+      at::Tensor expect = value(0);
+      for (int64_t r = 1; r < g.size(); ++r) {
+        if (op == hp::ReduceOp::SUM) expect = expect + value(r);
+        else if (op == hp::ReduceOp::MAX) expect = at::maximum(expect, value(r));
+        else expect = at::minimum(expect, value(r));
+      }
+      hp::all_reduce_(t, op, g);
+      ASSERT_TRUE(at::equal(t, expect)) << dtype << " " << hp::reduce_op_name(op) << "\n" << t;
+    }
+  // A view into a larger tensor: nothing outside the view is written.
+  at::Tensor base = at::full({4, 4}, -7.0);
+  at::Tensor view = base.narrow(1, 1, 2);
+  view.fill_(1.0);
+  hp::all_reduce_(view, hp::ReduceOp::SUM, g);
+  EXPECT_TRUE(at::equal(base.narrow(1, 1, 2), at::full({4, 2}, static_cast<double>(g.size()))));
+  EXPECT_TRUE(at::equal(base.narrow(1, 0, 1), at::full({4, 1}, -7.0)));
+  EXPECT_TRUE(at::equal(base.narrow(1, 3, 1), at::full({4, 1}, -7.0)));
+}
+
+// Repro: zero-element tensors (a crash inside Gloo before).
+TEST(CollectivesDist, EmptyTensorsEverywhere) {
+  auto g = hp::world_group();
+  EXPECT_EQ(hp::all_gather(at::zeros({0, 3}), 0, g, 0).sizes(), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(hp::all_gather(at::zeros({2, 0}), 0, g).sizes(), (std::vector<int64_t>{2 * g.size(), 0}));
+  at::Tensor e = at::zeros({0, 4});
+  EXPECT_EQ(hp::all_reduce(e, hp::ReduceOp::SUM, g).sizes(), e.sizes());
+  EXPECT_EQ(hp::reduce_scatter(at::zeros({g.size(), 0}), hp::ReduceOp::SUM, 0, g).sizes(),
+            (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(hp::all_to_all(at::zeros({0, 2}), 0, 1, g).sizes(), (std::vector<int64_t>{0, 2 * g.size()}));
+  EXPECT_EQ(hp::scatter(at::zeros({g.size(), 0}), 0, 0, g).sizes(), (std::vector<int64_t>{1, 0}));
+  at::Tensor b = at::zeros({0});
+  EXPECT_EQ(hp::broadcast_(b, 0, g).numel(), 0);
+  // Still in step: a real collective after the empty ones.
+  at::Tensor one = at::ones({1});
+  EXPECT_EQ(hp::all_reduce(one, hp::ReduceOp::SUM, g).item<float>(), g.size());
+}
+
+// Integer dtypes: sums stay in the input dtype; avg is refused (no silent rounding convention).
+TEST(CollectivesDist, IntegerAndBoolDtypes) {
+  auto g = hp::world_group();
+  for (auto dtype : {at::kInt, at::kLong}) {
+    at::Tensor x = at::arange(2 * g.size(), at::kLong).to(dtype) + g.rank();
+    at::Tensor rs = hp::reduce_scatter(x, hp::ReduceOp::SUM, 0, g);
+    EXPECT_EQ(rs.scalar_type(), dtype);
+    at::Tensor expect = (at::arange(2 * g.size(), at::kLong) * g.size() + g.size() * (g.size() - 1) / 2).to(dtype);
+    EXPECT_TRUE(at::equal(rs, expect.narrow(0, 2 * g.rank(), 2)));
+    EXPECT_THROW(hp::all_reduce(x, hp::ReduceOp::AVG, g), c10::TypeError);
+    EXPECT_THROW(hp::all_reduce_(x, hp::ReduceOp::AVG, g), c10::TypeError);
+    EXPECT_THROW(hp::reduce_scatter(x, hp::ReduceOp::AVG, 0, g), c10::TypeError);
+  }
+  // bool: sum/max are logical or, min logical and.
+  auto bools = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(at::kBool); };
+  at::Tensor b = bools({g.rank() == 0, 0, 1});
+  EXPECT_TRUE(at::equal(hp::all_reduce(b, hp::ReduceOp::SUM, g), bools({1, 0, 1})));
+  EXPECT_TRUE(at::equal(hp::all_reduce(b, hp::ReduceOp::MIN, g), bools({g.size() == 1, 0, 1})));
+}

@@ -1,0 +1,229 @@
+// Repros of DTensor results that were silently wrong off the models' paths (scalars on Partial
+// values, casts, in-place writes through views, empty local pieces, non-contiguous locals, mesh
+// dims of size 1). Each compares with plain tensors in this process, or expects the error that
+// every rank raises.
+#include "test_util.h"
+
+#include <hyper_parallel/runtime/comm_debug_mode.h>
+
+using namespace hp_test;
+using P = hp::Placements;
+
+namespace {
+const P R{hp::Replicate()};
+const P S0{hp::Shard(0)};
+const P Part{hp::Partial()};
+int64_t ws() { return hp::get_world_size(); }
+
+// A Partial(sum) DTensor of `full` whose addends are not integers (so truncation shows).
+hp::DTensor partial_of(const at::Tensor& full, const hp::DeviceMesh& mesh) {
+  const auto& g = mesh.get_group(0);
+  at::Tensor piece = g.rank() == 0 ? full - 0.375 * (g.size() - 1) : at::full_like(full, 0.375);
+  return hp::DTensor::from_local(piece, mesh, Part);
+}
+}  // namespace
+
+// Item 1: a scalar operand of an additive op is added once, not once per rank.
+TEST(OffPathDist, PartialPlusScalarIsAddedOnce) {
+  auto mesh = world_mesh();
+  at::Tensor full = values({3, 4});
+  auto x = [&] { return partial_of(full, mesh); };
+  EXPECT_TRUE(close(x() + 2.5, full + 2.5));
+  EXPECT_TRUE(close(x() - 2.5, full - 2.5));
+  EXPECT_TRUE(close(2.5 - x(), 2.5 - full));
+  EXPECT_TRUE(close(x() + at::scalar_tensor(2.5), full + 2.5));
+  EXPECT_TRUE(close(at::scalar_tensor(2.5) + x(), full + 2.5));
+  EXPECT_TRUE(close(at::add(x(), 2.5, /*alpha=*/3), full + 7.5));
+  EXPECT_TRUE(close(at::sub(x(), at::scalar_tensor(1.0), 2), full - 2.0));
+  {
+    auto y = x();
+    y.add_(2.5);
+    EXPECT_TRUE(close(y, full + 2.5));
+    y.sub_(at::scalar_tensor(1.0));
+    EXPECT_TRUE(close(y, full + 1.5));
+  }
+  {
+    // copy_ of a scalar into a Partial tensor: the value once.
+    auto y = x();
+    y.copy_(at::scalar_tensor(4.0));
+    EXPECT_TRUE(close(y, at::full_like(full, 4.0)));
+  }
+  // Multiplicative and numerator-linear ops keep the Partial exact.
+  EXPECT_TRUE(close(x() * 3.0, full * 3.0));
+  EXPECT_TRUE(close(x() / 4.0, full / 4.0));
+  EXPECT_EQ(hp::DTensor(x() * 3.0).placements(), Part);
+  // div with a rounding mode is not linear: reduced first.
+  EXPECT_TRUE(close(at::div(x(), 0.5, "floor"), at::div(full, 0.5, "floor")));
+}
+
+// Item 1 through autograd: pow's backward computes exponent - 1 on a Partial exponent.
+TEST(OffPathDist, PowWithPartialExponentHasTheRightGradient) {
+  auto mesh = world_mesh();
+  at::Tensor base = values({2, 3}).abs() + 1.0, e = values({2, 3}, 4);
+  at::Tensor pb = base.clone().requires_grad_(true);
+  at::pow(pb, e).sum().backward();
+  auto db = hp::distribute_tensor(base, mesh, R, c10::nullopt);
+  db.set_requires_grad(true);
+  auto de = partial_of(e, mesh);
+  at::Tensor y = at::pow(db, de);
+  EXPECT_TRUE(close(y, at::pow(base, e)));
+  y.sum().backward();
+  EXPECT_TRUE(close(db.grad(), pb.grad()));
+}
+
+// Item 2: casts that do not commute with the sum reduce first; float-to-float stays Partial.
+TEST(OffPathDist, PartialCastsToIntegersReduceFirst) {
+  auto mesh = world_mesh();
+  at::Tensor full = values({3, 4}) * 4 + 0.5;
+  auto x = partial_of(full, mesh);
+  EXPECT_TRUE(close(x.to(at::kLong), full.to(at::kLong)));
+  EXPECT_TRUE(close(x.to(at::kBool), full.to(at::kBool)));
+  EXPECT_TRUE(close(x.to(at::kInt), full.to(at::kInt)));
+  hp::DTensor d(x.to(at::kDouble));
+  EXPECT_EQ(d.placements(), Part);  // float -> float: its rounding is of the reduction's order
+  EXPECT_TRUE(close(d, full.to(at::kDouble)));
+  // copy_ of a Partial float into a Partial integer tensor would truncate each addend.
+  auto ints = hp::DTensor::from_local(at::zeros({3, 4}, at::kLong), mesh, Part);
+  EXPECT_THROW(ints.copy_(x), c10::ValueError);
+}
+
+// Item 3: an in-place write into a view that needed communication is refused on every rank,
+// and the base is unchanged; views that are real local views write through.
+TEST(OffPathDist, InPlaceThroughViewsOfShardedDTensors) {
+  auto mesh = world_mesh();
+  const int64_t n = ws();
+  at::Tensor full = values({2 * n, 3});
+  auto x = hp::distribute_tensor(full, mesh, S0);
+  EXPECT_THROW(x.narrow(0, 1, 2).mul_(2), c10::NotImplementedError);
+  EXPECT_THROW(x[0].zero_(), c10::NotImplementedError);
+  EXPECT_THROW(x.select(0, 1).fill_(1.0), c10::NotImplementedError);
+  EXPECT_THROW(x.slice(0, 0, 2 * n, 2).mul_(2), c10::NotImplementedError);
+  EXPECT_THROW(x.chunk(2, 0)[1].add_(1.0), c10::NotImplementedError);
+  EXPECT_THROW(x.split(1, 0)[0].sub_(1.0), c10::NotImplementedError);
+  EXPECT_THROW(x.narrow(0, 1, 2).copy_(hp::distribute_tensor(at::ones({2, 3}), mesh, R)), c10::NotImplementedError);
+  EXPECT_THROW(x.narrow(0, 1, 2).view({6}).mul_(2), c10::NotImplementedError);  // a view of a copy
+  EXPECT_TRUE(close(x, full));  // nothing was written anywhere
+  // Views along dims that are not sharded are views of the local shard: the write reaches x.
+  at::Tensor ref = full.clone();
+  x.select(1, 2).mul_(3);
+  ref.select(1, 2).mul_(3);
+  x.narrow(1, 0, 2).add_(1.0);
+  ref.narrow(1, 0, 2).add_(1.0);
+  x.t()[1].zero_();
+  ref.t()[1].zero_();
+  EXPECT_TRUE(close(x, ref));
+  // A view that needs communication is a copy (as in PyTorch): it does not follow later writes.
+  auto v = x.narrow(0, 1, 2);
+  x.mul_(2);
+  EXPECT_TRUE(close(v, ref.narrow(0, 1, 2)));
+}
+
+// Item 4: gradients through an in-place op on a view of a Replicate or Partial DTensor.
+TEST(OffPathDist, GradientThroughInPlaceOnAViewMatchesPlain) {
+  auto mesh = world_mesh();
+  at::Tensor w0 = values({4, 3}), W = values({4, 3}, 5);
+  at::Tensor pw = w0.clone().requires_grad_(true);
+  {
+    at::Tensor y = pw * 1;
+    y.narrow(0, 1, 2).mul_(2);
+    y.select(1, 2).add_(y.select(1, 0));
+    (y * W).sum().backward();
+  }
+  for (const P& pl : {R, Part}) {
+    hp::DTensor w = pl[0].is_partial() ? partial_of(w0, mesh) : hp::distribute_tensor(w0, mesh, R, c10::nullopt);
+    w = hp::DTensor(w.detach());
+    w.set_requires_grad(true);
+    at::Tensor y = w * 1;
+    y.narrow(0, 1, 2).mul_(2);
+    y.select(1, 2).add_(y.select(1, 0));
+    auto dW = hp::distribute_tensor(W, mesh, R, c10::nullopt);
+    EXPECT_TRUE(close(y, [&] { at::Tensor r = w0 * 1; r.narrow(0, 1, 2).mul_(2); r.select(1, 2).add_(r.select(1, 0)); return r; }()));
+    (y * dW).sum().backward();
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_TRUE(close(w.grad(), pw.grad())) << hp::to_string(pl);
+  }
+  // On a sharded DTensor autograd replays the view on the shard: right, or refused; never wrong.
+  at::Tensor s0 = values({2 * ws(), 3});
+  at::Tensor ps = s0.clone().requires_grad_(true);
+  {
+    at::Tensor y = ps * 1;
+    y.select(1, 0).mul_(2);
+    (y * W.narrow(0, 0, 1)).sum().backward();
+  }
+  auto ds = hp::distribute_tensor(s0, mesh, S0);
+  ds.set_requires_grad(true);
+  at::Tensor y = ds * 1;
+  y.select(1, 0).mul_(2);  // a real local view: the forward is right
+  EXPECT_TRUE(close(y, [&] { at::Tensor r = s0.clone(); r.select(1, 0).mul_(2); return r; }()));
+  bool refused = false;
+  try {
+    (y * hp::distribute_tensor(W.narrow(0, 0, 1), mesh, R)).sum().backward();
+  } catch (const c10::NotImplementedError&) {
+    refused = true;
+  }
+  if (!refused) EXPECT_TRUE(close(ds.grad(), ps.grad()));
+}
+
+// Item 5: empty local pieces behave identically on every rank.
+TEST(OffPathDist, EmptyLocalPieces) {
+  auto mesh = world_mesh();
+  const int64_t n = ws();
+  // n + 1 rows over n ranks... and fewer rows than ranks: trailing ranks hold nothing.
+  for (int64_t rows : {int64_t{1}, n - 1, n + 1}) {
+    if (rows <= 0) continue;
+    at::Tensor full = values({rows, 3}, rows);
+    auto x = hp::distribute_tensor(full, mesh, S0);
+    EXPECT_TRUE(close(at::amax(x, {0}), at::amax(full, {0}))) << rows;
+    EXPECT_TRUE(close(at::amin(x, {0}, true), at::amin(full, {0}, true))) << rows;
+    EXPECT_TRUE(close(x.sum(0), full.sum(0))) << rows;
+    EXPECT_TRUE(close(x * 2 + 1, full * 2 + 1)) << rows;
+    EXPECT_TRUE(close(x.redistribute({hp::Shard(1)}), full)) << rows;
+    auto xi = hp::distribute_tensor(full.to(at::kInt), mesh, S0);
+    EXPECT_TRUE(close(at::amax(xi, {0}), at::amax(full.to(at::kInt), {0}))) << rows;
+  }
+  // A tensor with no elements at all.
+  at::Tensor empty = at::zeros({0, 3});
+  auto e = hp::distribute_tensor(empty, mesh, S0);
+  EXPECT_EQ(hp::DTensor(e).full_tensor().sizes(), empty.sizes());
+  auto e1 = hp::distribute_tensor(at::zeros({4, 0}), mesh, S0);
+  EXPECT_EQ(hp::DTensor(e1).full_tensor().sizes(), (std::vector<int64_t>{4, 0}));
+  EXPECT_EQ(hp::DTensor(e1.redistribute({hp::Shard(1)})).full_tensor().sizes(), (std::vector<int64_t>{4, 0}));
+}
+
+// Item 5 on a 2x2 mesh: a whole group of ranks holds empty pieces.
+TEST(OffPath2x2Dist, WholeGroupOfEmptyPieces) {
+  ASSERT_EQ(ws(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  at::Tensor t = values({1, 3});
+  auto x = hp::distribute_tensor(t, mesh, {hp::Shard(0), hp::Shard(1)});
+  EXPECT_TRUE(close(x, t));
+  EXPECT_TRUE(close(x.redistribute({hp::Replicate(), hp::Shard(1)}), t));
+  EXPECT_TRUE(close(at::amax(x, {0}), at::amax(t, {0})));
+}
+
+// Item 6: heads-sharded attention shapes: the gathered local is not contiguous.
+TEST(OffPathDist, ViewsOfNonContiguousGatheredLocals) {
+  auto mesh = world_mesh();
+  at::Tensor full = random({8, 8, 16}, 3);
+  auto x = hp::distribute_tensor(full, mesh, {hp::Shard(2)});
+  auto f = [](const at::Tensor& t) { return t.view({8, 8, 4, 4}).transpose(1, 2).reshape({32, 8, 4}); };
+  EXPECT_TRUE(close(f(x), f(full)));
+  at::Tensor w = random({4, 5}, 4);
+  EXPECT_TRUE(close(at::matmul(f(x), hp::distribute_tensor(w, mesh, R)), at::matmul(f(full), w)));
+}
+
+// Item 7: PyTorch's test_one_chunk_mesh: a mesh dim of size 1 never communicates.
+TEST(OffPathDist, MeshDimOfSizeOneNeverCommunicates) {
+  auto mesh = hp::init_device_mesh("cpu", {ws(), 1}, {"dp", "tp"});
+  at::Tensor full = values({4, 6});
+  auto x = hp::distribute_tensor(full, mesh, {hp::Replicate(), hp::Shard(0)});
+  hp::CommDebugMode comm;
+  auto y = x.redistribute({hp::Replicate(), hp::Replicate()});
+  auto z = y.redistribute({hp::Replicate(), hp::Shard(1)});
+  auto p = hp::DTensor::from_local(full, mesh, {hp::Replicate(), hp::Partial()});
+  auto q = p.redistribute({hp::Replicate(), hp::Replicate()});
+  EXPECT_EQ(comm.get_total_counts(), 0) << comm.summary();
+  EXPECT_TRUE(close(y, full));
+  EXPECT_TRUE(close(z, full));
+  EXPECT_TRUE(close(q, full));
+}
