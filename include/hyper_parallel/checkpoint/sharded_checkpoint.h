@@ -8,20 +8,35 @@
 
 namespace hyper_parallel {
 
-/// Writes `dir/rank_<r>.pt` (this rank's local shards of every parameter and buffer) and
-/// `dir/rank_<r>.meta` (for each shard: name, dtype, global shape, offset and shape of the piece,
-/// and the byte size of the .pt file); rank 0 also writes `dir/metadata` (names, dtypes, global
-/// shapes, world size). Partial values are reduced first. Collective: every rank calls it. A model
-/// without DTensors is written by rank 0 alone, as a 1-rank checkpoint.
-/// e.g. `hp::save_sharded(*model, "ckpt/step_100");`
-void save_sharded(torch::nn::Module& model, const std::string& dir);
+/// Options of save_sharded.
+struct SaveOptions {
+  /// Committed generations kept in the directory (the newest first); older ones are removed
+  /// after the new one is committed, never before.
+  int64_t keep = 1;
+};
 
-/// Loads `dir` into `model`'s current layout: each rank reads the saved pieces that overlap its
-/// shards. Everything is checked and read before anything is written, so a failure leaves the
-/// model as it was: a key the checkpoint lacks, a shape or dtype that differs (named with both
-/// shapes), pieces missing for part of a tensor (a rank file absent: another world layout), or a
-/// truncated/corrupt file (named) raise c10::ValueError.
+/// Saves every parameter and buffer of `model` as a transaction into directory `dir`: a new
+/// generation `dir/gen_<n>/` is written beside the committed one (each rank: `rank_<r>.pt` with its
+/// local shards, `rank_<r>.meta` with each piece's box and CRC-32, the file's size and CRC; rank 0:
+/// `metadata` with names, dtypes, global shapes, world size), every write checked and fsynced, every
+/// file stamped with the checkpoint's id. Only when every rank has written successfully does rank 0
+/// commit, by atomically replacing `dir/LATEST`. A crash, a full disk or an error on any rank at any
+/// moment leaves the previous checkpoint current and loadable, and raises on every rank that is
+/// still alive. Partial values are reduced first. Collective: every rank calls it. A model without
+/// DTensors is written by rank 0 alone, as a 1-rank checkpoint.
+/// e.g. `hp::save_sharded(*model, "ckpt");` (then `hp::load_sharded(*model, "ckpt");`)
+void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options = {});
+
+/// Loads the committed generation of `dir` into `model`'s current layout: each rank reads the
+/// saved pieces that overlap its shards, and verifies every file's id, size and CRC and every
+/// piece's CRC. All or nothing: the ranks agree before anyone writes, so if any rank cannot load
+/// (a key the checkpoint lacks, a shape or dtype that differs, a missing, truncated, corrupted or
+/// mixed-generation file, all named), every rank raises c10::ValueError and every model is
+/// unchanged. Collective when a process group is initialized.
 void load_sharded(torch::nn::Module& model, const std::string& dir);
+
+/// The directory of the committed generation of checkpoint `dir` (e.g. to copy or archive it).
+std::string checkpoint_generation_dir(const std::string& dir);
 
 /// Every parameter and buffer whole, on rank 0 (other ranks get an empty dict); torch::save can
 /// write the tensors. Collective over the meshes of DTensor parameters.

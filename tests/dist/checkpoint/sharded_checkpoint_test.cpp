@@ -5,7 +5,11 @@
 #include <torch/serialize.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+
+#include <csignal>
+#include <sys/resource.h>
 
 #include "../tensor_parallel/tp_models.h"
 
@@ -13,10 +17,50 @@ using namespace tp_test;
 
 namespace {
 
-// A scratch directory shared by the ranks of this job (same machine).
-std::string scratch(const std::string& name) {
-  const char* port = std::getenv("MASTER_PORT");
-  return "/tmp/hp_ckpt_" + std::string(port ? port : "0") + "_" + name;
+// A scratch directory shared by the ranks of this job (same machine), removed at the end of
+// the test once every rank is done with it.
+struct Scratch {
+  explicit Scratch(const std::string& name) {
+    const char* port = std::getenv("MASTER_PORT");
+    path = "/tmp/hp_ckpt_" + std::string(port ? port : "0") + "_" + name;
+  }
+  ~Scratch() {
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
+  }
+  operator const std::string&() const { return path; }
+  std::string path;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::vector<at::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(full(p).clone());
+  return out;
+}
+void expect_values(torch::nn::Module& m, const std::vector<at::Tensor>& values, const std::string& what) {
+  auto ps = m.parameters();
+  ASSERT_EQ(ps.size(), values.size());
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(at::equal(full(ps[i]), values[i])) << what << ": parameter " << i;
+}
+
+// Loading must fail on every rank with `words` in the message, leaving every model unchanged.
+void expect_refused(torch::nn::Module& m, const std::string& dir, const std::string& words) {
+  const auto before = snapshot(m);
+  try {
+    hp::load_sharded(m, dir);
+    ADD_FAILURE() << "loaded, expected: " << words;
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+  expect_values(m, before, "after a refused load");
 }
 
 hp::ParallelizePlan mlp_plan() { return {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}}; }
@@ -38,7 +82,7 @@ void randomize(torch::nn::Module& m, uint64_t seed) {
 
 TEST(ShardedCheckpoint, TpToSingleAndSingleToTp) {
   auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
-  const std::string dir = scratch("tp");
+  const Scratch dir("tp");
   auto model = seeded<Mlp>(71, 8, 4 * tp_size());
   hp::parallelize_module(*model, tp, mlp_plan());
   hp::save_sharded(*model, dir);
@@ -47,16 +91,13 @@ TEST(ShardedCheckpoint, TpToSingleAndSingleToTp) {
   hp::load_sharded(*plain, dir);
   expect_same_values(*model, *plain);
   // tp=1 -> tp=n: a plain model's checkpoint loads into a parallelised one with other values.
-  const std::string dir1 = scratch("single");
+  const Scratch dir1("single");
   {
     auto single = seeded<Mlp>(73, 8, 4 * tp_size());
     hp::save_sharded(*single, dir1);  // no DTensors: a 1-rank checkpoint, written by rank 0
-    std::ifstream meta(dir1 + "/metadata");
-    std::string magic, key;
-    int64_t world = 0;
-    std::getline(meta, magic);
-    meta >> key >> world;
-    EXPECT_EQ(world, 1);
+    std::ifstream meta(hp::checkpoint_generation_dir(dir1) + "/metadata");
+    std::string text((std::istreambuf_iterator<char>(meta)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\nworld_size 1\n"), std::string::npos) << text;
   }
   auto target = seeded<Mlp>(74, 8, 4 * tp_size());
   hp::parallelize_module(*target, tp, mlp_plan());
@@ -70,7 +111,7 @@ TEST(ShardedCheckpoint, TpToSingleAndSingleToTp) {
     EXPECT_TRUE(at::equal(sd["linear1.weight"], single->linear1->weight()));
     std::vector<at::Tensor> tensors;
     for (const auto& item : sd) tensors.push_back(item.value());
-    EXPECT_NO_THROW(torch::save(tensors, dir1 + "/full.pt"));
+    EXPECT_NO_THROW(torch::save(tensors, dir1.path + "/full.pt"));
   } else {
     EXPECT_EQ(sd.size(), 0u);
   }
@@ -79,7 +120,7 @@ TEST(ShardedCheckpoint, TpToSingleAndSingleToTp) {
 TEST(ShardedCheckpoint, DataTimesTensorParallelToTensorParallel) {
   ASSERT_EQ(hp::get_world_size(), 4);
   auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  const std::string dir = scratch("dptp");
+  const Scratch dir("dptp");
   auto model = seeded<Mlp>(75, 8, 12);
   hp::parallelize_module(*model, mesh["tp"], mlp_plan());
   hp::fully_shard(*model, mesh["dp"]);
@@ -99,7 +140,7 @@ TEST(ShardedCheckpoint, DataTimesTensorParallelToTensorParallel) {
 
 TEST(ShardedCheckpoint, BadCheckpointsFailCleanlyAndLoadNothing) {
   auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
-  const std::string dir = scratch("bad");
+  const Scratch dir("bad");
   auto model = seeded<Mlp>(78, 8, 4 * tp_size());
   hp::parallelize_module(*model, tp, mlp_plan());
   hp::save_sharded(*model, dir);
@@ -128,19 +169,151 @@ TEST(ShardedCheckpoint, BadCheckpointsFailCleanlyAndLoadNothing) {
   expect_unchanged_after(*wider, [&] { hp::load_sharded(*wider, dir); }, "linear1.weight' has shape");
   hp::barrier(hp::world_group());
   // A missing rank file (another world layout) and a truncated file.
+  const std::string gen = hp::checkpoint_generation_dir(dir);
   if (hp::get_rank() == 0) {
-    std::rename((dir + "/rank_1.meta").c_str(), (dir + "/rank_1.meta.away").c_str());
+    std::rename((gen + "/rank_1.meta").c_str(), (gen + "/rank_1.meta.away").c_str());
   }
   hp::barrier(hp::world_group());
   auto target = seeded<Mlp>(80, 8, 4 * tp_size());
   expect_unchanged_after(*target, [&] { hp::load_sharded(*target, dir); }, "rank_1.meta is missing");
   hp::barrier(hp::world_group());
   if (hp::get_rank() == 0) {
-    std::rename((dir + "/rank_1.meta.away").c_str(), (dir + "/rank_1.meta").c_str());
-    std::ifstream in(dir + "/rank_0.pt", std::ios::binary);
+    std::rename((gen + "/rank_1.meta.away").c_str(), (gen + "/rank_1.meta").c_str());
+    std::ifstream in(gen + "/rank_0.pt", std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::ofstream(dir + "/rank_0.pt", std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+    std::ofstream(gen + "/rank_0.pt", std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   }
   hp::barrier(hp::world_group());
   expect_unchanged_after(*target, [&] { hp::load_sharded(*target, dir); }, "rank_0.pt is truncated or corrupt");
+}
+
+// Flipped bytes, a truncated .meta, files of another save: refused on every rank, nothing loaded.
+TEST(ShardedCheckpoint, CorruptedAndMixedFilesAreRefusedEverywhere) {
+  auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
+  const Scratch dir("corrupt");
+  auto model = seeded<Mlp>(81, 8, 4 * tp_size());
+  hp::parallelize_module(*model, tp, mlp_plan());
+  hp::save_sharded(*model, dir, {/*keep=*/2});
+  const std::string old_gen = hp::checkpoint_generation_dir(dir);
+  randomize(*model, 9);
+  hp::save_sharded(*model, dir, {/*keep=*/2});
+  const std::string gen = hp::checkpoint_generation_dir(dir);
+  ASSERT_NE(gen, old_gen);
+  const auto saved = snapshot(*model);
+  auto target = seeded<Mlp>(82, 8, 4 * tp_size());
+  hp::parallelize_module(*target, tp, mlp_plan());
+  const std::string last = std::to_string(tp_size() - 1);
+  struct Case {
+    std::string file, words;
+    std::function<std::string(const std::string&)> damage;
+  };
+  const std::vector<Case> cases = {
+      {"rank_" + last + ".pt", "crc does not match", [](std::string b) { b[b.size() / 2] ^= 0x10; return b; }},
+      {"rank_" + last + ".pt", "bytes", [](std::string b) { return b.substr(0, b.size() - 7); }},
+      {"rank_0.meta", "crc", [](std::string b) { b[b.size() / 3] ^= 0x01; return b; }},
+      {"rank_0.meta", "truncated or corrupt", [](std::string b) { return b.substr(0, b.size() / 2); }},
+      {"metadata", "truncated or corrupt", [](std::string b) { return b.substr(0, 10); }},
+  };
+  for (const auto& c : cases) {
+    const std::string path = gen + "/" + c.file;
+    std::string original;
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) {
+      original = read_bytes(path);
+      write_bytes(path, c.damage(original));
+    }
+    hp::barrier(hp::world_group());
+    expect_refused(*target, dir, c.words);
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) write_bytes(path, original);
+  }
+  // A rank file of the previous save in the current generation.
+  hp::barrier(hp::world_group());
+  if (hp::get_rank() == 0)
+    for (const char* ext : {".pt", ".meta"}) {
+      const std::string f = "/rank_" + last + ext;
+      std::filesystem::rename(gen + f, gen + f + ".keep");
+      std::filesystem::copy_file(old_gen + f, gen + f);
+    }
+  hp::barrier(hp::world_group());
+  expect_refused(*target, dir, "belongs to checkpoint");
+  hp::barrier(hp::world_group());
+  if (hp::get_rank() == 0)
+    for (const char* ext : {".pt", ".meta"}) {
+      const std::string f = "/rank_" + last + ext;
+      std::filesystem::remove(gen + f);
+      std::filesystem::rename(gen + f + ".keep", gen + f);
+    }
+  hp::barrier(hp::world_group());
+  hp::load_sharded(*target, dir);  // repaired: loads, exactly
+  expect_values(*target, saved, "after repair");
+}
+
+// A disk that fills up on one rank during a save: an error on every rank, and the previous
+// checkpoint stays current and loads bit-exact. (RLIMIT_FSIZE stands in for a full disk: the
+// write fails with EFBIG, as it would with ENOSPC.)
+TEST(ShardedCheckpoint, DiskFullOnOneRankLosesNothing) {
+  auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
+  const Scratch dir("full");
+  auto model = seeded<Mlp>(83, 8, 4 * tp_size());
+  hp::parallelize_module(*model, tp, mlp_plan());
+  hp::save_sharded(*model, dir);
+  const auto first = snapshot(*model);
+  const std::string gen = hp::checkpoint_generation_dir(dir);
+  randomize(*model, 11);
+  const bool victim = hp::get_rank() == hp::get_world_size() - 1;
+  struct rlimit old_limit;
+  ::getrlimit(RLIMIT_FSIZE, &old_limit);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  if (victim) {
+    struct rlimit small = old_limit;
+    small.rlim_cur = 512;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+  }
+  try {
+    hp::save_sharded(*model, dir);
+    ADD_FAILURE() << "save succeeded on a full disk";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("save_sharded: rank(s) [" + std::to_string(hp::get_world_size() - 1) + "] failed"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(hp::checkpoint_generation_dir(dir), gen);
+  auto target = seeded<Mlp>(84, 8, 4 * tp_size());
+  hp::parallelize_module(*target, tp, mlp_plan());
+  hp::load_sharded(*target, dir);
+  expect_values(*target, first, "the previous checkpoint");
+  // The failed generation was removed; the next save works and commits.
+  hp::barrier(hp::world_group());
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator()), 2);
+  hp::barrier(hp::world_group());
+  hp::save_sharded(*model, dir);
+  hp::load_sharded(*target, dir);
+  expect_values(*target, snapshot(*model), "the next checkpoint");
+}
+
+// Driven by tests/tools/checkpoint_fault_test.sh, which kills ranks in the middle of saves
+// (HP_CHECKPOINT_FAULT) and then checks that the previous checkpoint still loads bit-exact.
+// HP_TEST_CKPT=save|verify:<dir>:<seed>.
+TEST(CheckpointFault, SaveOrVerify) {
+  const char* spec = std::getenv("HP_TEST_CKPT");
+  if (spec == nullptr) GTEST_SKIP() << "run by checkpoint_fault_test.sh";
+  const std::string s(spec);
+  const size_t a = s.find(':'), b = s.rfind(':');
+  const std::string mode = s.substr(0, a), dir = s.substr(a + 1, b - a - 1);
+  const uint64_t seed = std::stoull(s.substr(b + 1));
+  auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
+  auto model = seeded<Mlp>(90, 8, 4 * tp_size());
+  hp::parallelize_module(*model, tp, mlp_plan());
+  randomize(*model, seed);
+  if (mode == "save") {
+    hp::save_sharded(*model, dir);
+    return;
+  }
+  auto target = seeded<Mlp>(91, 8, 4 * tp_size());
+  hp::parallelize_module(*target, tp, mlp_plan());
+  hp::load_sharded(*target, dir);
+  expect_values(*target, snapshot(*model), "checkpoint of seed " + std::to_string(seed));
 }

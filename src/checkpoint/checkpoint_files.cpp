@@ -1,0 +1,199 @@
+#include "checkpoint_files.h"
+
+#include <hyper_parallel/runtime/errors.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace hyper_parallel {
+namespace checkpoint_files {
+namespace {
+
+struct CrcTable {
+  uint32_t t[256];
+  CrcTable() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+  }
+};
+
+[[noreturn]] void os_error(const char* what, const std::string& path, int err) {
+  TORCH_CHECK(false, "checkpoint: cannot ", what, " ", path, ": ", std::strerror(err));
+}
+
+void write_all(int fd, const std::string& path, const std::string& bytes) {
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      os_error("write", path, err);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    os_error("fsync", path, err);
+  }
+  if (::close(fd) != 0) os_error("close", path, errno);
+}
+
+}  // namespace
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc) {
+  static const CrcTable table;
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table.t[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) os_error("create", path, errno);
+  write_all(fd, path, bytes);
+}
+
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) os_error("open directory", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL) os_error("fsync directory", dir, err);
+}
+
+void replace_file(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  write_file(tmp, bytes);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) os_error("rename into", path, errno);
+  sync_dir(std::filesystem::path(path).parent_path().string());
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+std::string read_file(const std::string& path, int64_t max_bytes) {
+  const int64_t size = file_size(path);
+  HP_CHECK_T(c10::ValueError, size >= 0, "load_sharded: ", path, " is missing");
+  HP_CHECK_T(c10::ValueError, size <= max_bytes, "load_sharded: ", path, " has ", size,
+             " bytes, more than a file of its kind can (", max_bytes, "): corrupt");
+  std::ifstream in(path, std::ios::binary);
+  HP_CHECK_T(c10::ValueError, in.good(), "load_sharded: cannot read ", path);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), size);
+  HP_CHECK_T(c10::ValueError, in.gcount() == size, "load_sharded: ", path, " changed while it was read");
+  return bytes;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string seal(std::string text) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "crc %08x\n", crc32(text.data(), text.size()));
+  return text + buf;
+}
+
+Lines::Lines(std::string path, const std::string& text, const std::string& magic) : path_(std::move(path)) {
+  // The crc line seals the file: any flipped or missing byte is refused before any value is used.
+  const size_t last = text.rfind("crc ", text.size() >= 4 ? text.size() - 4 : 0);
+  if (last == std::string::npos || (last != 0 && text[last - 1] != '\n') || text.empty() || text.back() != '\n')
+    fail("it has no crc line (truncated?)");
+  const std::string body = text.substr(0, last);
+  const std::string stored = text.substr(last + 4, text.size() - last - 5);
+  char expect[16];
+  std::snprintf(expect, sizeof expect, "%08x", crc32(body.data(), body.size()));
+  if (stored != expect) fail("its crc is " + stored + " but its contents hash to " + expect + " (corrupt)");
+  std::istringstream in(body);
+  std::string l;
+  while (std::getline(in, l)) {
+    std::vector<std::string> toks;
+    std::istringstream ls(l);
+    std::string t;
+    while (ls >> t) toks.push_back(t);
+    lines_.push_back(std::move(toks));
+  }
+  if (lines_.empty() || lines_[0].empty()) fail("it is empty");
+  std::string first;
+  for (size_t k = 0; k < lines_[0].size(); ++k) first += (k ? " " : "") + lines_[0][k];
+  if (first != magic) fail("its header is '" + first + "', expected '" + magic + "'");
+}
+
+void Lines::fail(const std::string& why) const {
+  throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                        c10::str("load_sharded: checkpoint file ", path_, " is truncated or corrupt: ", why));
+}
+
+const std::string& Lines::token(size_t i, size_t k, const char* key) const {
+  if (i >= lines_.size() || k >= lines_[i].size())
+    fail(std::string("line ") + std::to_string(i + 1) + " ('" + key + "') has too few fields");
+  return lines_[i][k];
+}
+
+int64_t Lines::integer(size_t i, size_t k, const char* key, int64_t lo, int64_t hi) const {
+  const std::string& t = token(i, k, key);
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(t.c_str(), &end, 10);
+  if (t.empty() || errno != 0 || end == nullptr || *end != '\0' || v < lo || v > hi)
+    fail(std::string("'") + key + "' is '" + t + "', not an integer in [" + std::to_string(lo) + ", " +
+         std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<int64_t> Lines::integers(size_t i, size_t k, const char* key, int64_t lo, int64_t hi,
+                                     size_t max_len) const {
+  const std::string& t = token(i, k, key);
+  std::vector<int64_t> out;
+  if (t == "-") return out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = t.find(',', start);
+    const std::string item = t.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || errno != 0 || *end != '\0' || v < lo || v > hi || out.size() >= max_len)
+      fail(std::string("'") + key + "' is '" + t + "', not a list of at most " + std::to_string(max_len) +
+           " integers in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+size_t Lines::find(const char* key) const {
+  size_t found = lines_.size();
+  for (size_t i = 1; i < lines_.size(); ++i)
+    if (!lines_[i].empty() && lines_[i][0] == key) {
+      if (found != lines_.size()) fail(std::string("'") + key + "' appears twice");
+      found = i;
+    }
+  if (found == lines_.size()) fail(std::string("it has no '") + key + "' line");
+  return found;
+}
+
+}  // namespace checkpoint_files
+}  // namespace hyper_parallel

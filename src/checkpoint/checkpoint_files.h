@@ -1,0 +1,53 @@
+#pragma once
+// File primitives for crash-safe checkpoints: checked writes with fsync, atomic replace, CRC-32,
+// and a bounds-checked reader for the line-based metadata files. Internal to the library.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hyper_parallel {
+namespace checkpoint_files {
+
+/// CRC-32 (IEEE, as zlib's crc32) of `n` bytes, continuing from `crc`.
+uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
+
+/// Writes `bytes` to `path` (created or truncated), checks every write and fsyncs the file.
+/// Throws c10::Error naming the path and the OS error (ENOSPC, EFBIG, EIO, ...).
+void write_file(const std::string& path, const std::string& bytes);
+/// Writes `bytes` to `path + ".tmp"`, fsyncs it, renames it over `path` and fsyncs the directory:
+/// readers see the old file or the new one, never a mix.
+void replace_file(const std::string& path, const std::string& bytes);
+/// fsyncs a directory, so the entries created in it survive a crash.
+void sync_dir(const std::string& dir);
+/// The whole file; c10::ValueError naming it when it is missing or larger than `max_bytes`.
+std::string read_file(const std::string& path, int64_t max_bytes);
+int64_t file_size(const std::string& path);
+/// Removes a directory tree (best effort; used for failed and pruned generations).
+void remove_tree(const std::string& path);
+
+/// Appends the line "crc <hex>" covering everything before it.
+std::string seal(std::string text);
+
+/// A parsed metadata file: its lines split on spaces, after its crc line was verified. Every
+/// accessor checks bounds and numbers and throws c10::ValueError naming the file and the key.
+class Lines {
+ public:
+  Lines(std::string path, const std::string& text, const std::string& magic);
+  size_t size() const { return lines_.size(); }
+  const std::vector<std::string>& line(size_t i) const { return lines_[i]; }
+  /// Token `k` of line `i`, which must exist.
+  const std::string& token(size_t i, size_t k, const char* key) const;
+  int64_t integer(size_t i, size_t k, const char* key, int64_t lo, int64_t hi) const;
+  /// A comma-separated list of integers in [lo, hi] ("-" is empty), at most `max_len` long.
+  std::vector<int64_t> integers(size_t i, size_t k, const char* key, int64_t lo, int64_t hi, size_t max_len) const;
+  /// The line whose first token is `key` (exactly one).
+  size_t find(const char* key) const;
+  [[noreturn]] void fail(const std::string& why) const;
+
+ private:
+  std::string path_;
+  std::vector<std::vector<std::string>> lines_;
+};
+
+}  // namespace checkpoint_files
+}  // namespace hyper_parallel
