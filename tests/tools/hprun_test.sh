@@ -36,4 +36,18 @@ wait $pid
 rc=$?
 [ $rc -eq 143 ] || fail "expected 143 after SIGTERM, got $rc"
 grep -q "forwarding it to every rank" "$OUT" || fail "signal not forwarded"
+# hprun killed with SIGKILL (it can forward nothing): its ranks die with it, at once.
+"$HPRUN" --nproc-per-node 2 --grace-s 2 "$PROBE" exit-on-rank 9 0 >"$OUT" 2>&1 &
+pid=$!
+sleep 1
+ranks=$(cat /proc/$pid/task/*/children 2>/dev/null)
+[ -n "$ranks" ] || fail "no ranks started"
+kill -KILL $pid
+wait $pid 2>/dev/null
+sleep 1
+for r in $ranks; do
+  # (a zombie waiting for a reaper that never comes is dead too)
+  state=$(awk '{print $3}' /proc/$r/stat 2>/dev/null)
+  [ -z "$state" ] || [ "$state" = Z ] || fail "rank pid $r (state $state) outlived its SIGKILLed launcher"
+done
 echo "hprun tests passed"

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -161,10 +162,16 @@ int main(int argc, char** argv) {
     Rank& r = ranks[static_cast<size_t>(i)];
     r.rank = o.node_rank * o.nproc + i;
     int out[2], err[2];
-    if (::pipe(out) != 0 || ::pipe(err) != 0) { std::perror("hprun: pipe"); return 2; }
+    // Close-on-exec: a later rank must not inherit an earlier rank's pipe ends (it would keep
+    // that rank's output open after hprun is gone).
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) { std::perror("hprun: pipe"); return 2; }
+    const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) { std::perror("hprun: fork"); return 2; }
     if (pid == 0) {
+      // Ranks die with their launcher, even when it is SIGKILLed and cannot forward anything.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) std::_Exit(128 + SIGKILL);  // hprun died before prctl took effect
       ::setpgid(0, 0);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
