@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -176,12 +177,20 @@ void key_value(std::vector<int64_t>& k, const c10::IValue& v) {
 
 // A plain tensor among DTensors: a 0-dim tensor is a scalar; otherwise an error unless implicit
 // replication is on, when it becomes a Replicate input.
+//
+// During autograd's backward the plain tensors are libtorch's own (zeros for unused outputs of a
+// split, targets and indices saved from the forward, masks of decompositions): they are the same
+// on every rank, so they are replicated there as inside an ImplicitReplicationGuard (PyTorch's
+// implicit replication); a plain tensor could only have met a DTensor in the forward under that
+// guard anyway.
 bool accept_plain(OpInfo& info, size_t arg, int64_t elem, const at::Tensor& t, std::vector<int64_t>& key) {
-  if (t.dim() == 0 && !ImplicitReplicationGuard::enabled()) {
+  const bool implicit = ImplicitReplicationGuard::enabled() ||
+                        torch::autograd::get_current_graph_task_exec_info() != nullptr;
+  if (t.dim() == 0 && !implicit) {
     key_plain(key, t);
     return false;
   }
-  if (!ImplicitReplicationGuard::enabled()) mixed_error(info, arg, t);
+  if (!implicit) mixed_error(info, arg, t);
   auto s = std::make_unique<DTensorSpec>();
   s->mesh = info.mesh();
   s->placements = Placements(static_cast<size_t>(info.mesh().ndim()), Replicate());
@@ -526,7 +535,17 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         static_cast<DTensorImpl*>(wrapped.unsafeGetTensorImpl())->set_copy_view(true);
     };
     if (d->written_return_arg[r] >= 0) {
-      v = original[static_cast<size_t>(d->written_return_arg[r])];  // the very same DTensor
+      const c10::IValue& self = original[static_cast<size_t>(d->written_return_arg[r])];
+      const int64_t k = info.input_index(static_cast<size_t>(d->written_return_arg[r]));
+      if (k >= 0 && self.isTensor() && dtensor_impl(self.toTensor()) == nullptr) {
+        // A plain tensor written in place under implicit replication (libtorch's backward
+        // formulas do this, e.g. zeros(...).scatter_(...)): it holds the whole value, and the
+        // result goes on among DTensors as the Replicate DTensor it stands for.
+        auto spec = std::make_shared<DTensorSpec>(*info.inputs()[static_cast<size_t>(k)].spec);
+        v = make_dtensor(self.toTensor(), std::move(spec));
+      } else {
+        v = self;  // the very same DTensor
+      }
     } else if (v.isTensor()) {
       if (!d->outputs[r].empty() && d->outputs[r][0]) {
         at::Tensor local = v.toTensor();

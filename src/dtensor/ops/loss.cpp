@@ -97,9 +97,23 @@ struct Registrar {
   Registrar() {
     register_sharding_rule("aten::nll_loss_forward", nll_forward_rule);
     register_sharding_rule("aten::nll_loss_backward", nll_backward_rule);
-    for (const char* n : {"aten::nll_loss2d_forward", "aten::nll_loss2d_backward", "aten::mse_loss", "aten::mse_loss_backward",
-                          "aten::binary_cross_entropy", "aten::binary_cross_entropy_backward"})
-      register_sharding_rule(n, all_replicated);
+    for (const char* n : {"aten::mse_loss", "aten::binary_cross_entropy"}) register_sharding_rule(n, all_replicated);
+    // No meta kernels in libtorch 1.13: the rules give the shapes.
+    for (const char* n : {"aten::mse_loss_backward", "aten::binary_cross_entropy_backward", "aten::nll_loss2d_backward"})
+      register_sharding_rule(n, [](const OpInfo& i) {  // (grad_output, self, ...) -> like self
+        OpSharding s = all_replicated(i);
+        s.output_shapes = {i.spec(1)->shape};
+        return s;
+      });
+    // nll_loss2d_forward(self [N,C,H,W], target [N,H,W], weight, reduction, ignore_index) -> (output, total_weight)
+    register_sharding_rule("aten::nll_loss2d_forward", [](const OpInfo& i) {
+      OpSharding s = all_replicated(i);
+      const int64_t reduction = i.arg(3).toInt();
+      const DTensorSpec* target = i.spec(1);
+      std::vector<int64_t> out = reduction == 0 && target != nullptr ? target->shape : std::vector<int64_t>{};
+      s.output_shapes = {out, {}};
+      return s;
+    });
   }
 } registrar;
 

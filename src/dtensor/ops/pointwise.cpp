@@ -77,6 +77,13 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
       case Linearity::Numerator:
         if (npartial == 1 && inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial()) out[i] = Partial();
         break;
+      case Linearity::MaskedFill:
+        if (npartial == 1 && inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial()) {
+          bool value_is_input = false;
+          for (const auto& in : inputs) value_is_input = value_is_input || in.arg >= 2;
+          if (!value_is_input) out[i] = Partial();
+        }
+        break;
       case Linearity::None:
         break;
     }
@@ -88,7 +95,7 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   std::vector<size_t> scalar_operands;
   bool partial_out = false;
   for (const auto& p : out) partial_out = partial_out || p.is_partial();
-  if (partial_out && linearity == Linearity::Additive) {
+  if (partial_out && (linearity == Linearity::Additive || linearity == Linearity::MaskedFill)) {
     const auto& args = info.schema().arguments();
     for (size_t a = 0; a < args.size(); ++a) {
       if (args[a].name() == "alpha" || info.input_index(a) >= 0) continue;
@@ -164,9 +171,10 @@ ShardingRule rule(Linearity l) {
 
 bool is_float_like(at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); }
 
-// A cast commutes with the sum of a Partial value only between floating types (the rounding is of
-// the order of the reduction's own); to integer or bool types each rank's addend would be
-// truncated on its own, so the value is reduced first.
+// A cast commutes with the sum of a Partial value between floating types: widening is exact, and
+// narrowing rounds each addend once, an error of the order of reducing in the narrow type itself
+// (what a reduction of the cast value would do). To integer or bool types each rank's addend
+// would be truncated on its own: the value is reduced first.
 OpSharding to_copy_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.spec(0);
   at::ScalarType target = in.dtype;
@@ -202,9 +210,11 @@ const char* kNonLinear[] = {
     "aten::gt", "aten::ge", "aten::eq_", "aten::ne_", "aten::logical_and", "aten::logical_or",
     "aten::logical_not", "aten::logical_xor", "aten::isnan", "aten::isinf", "aten::isfinite",
     "aten::isneginf", "aten::isposinf", "aten::bitwise_and", "aten::bitwise_or",
-    "aten::bitwise_not", "aten::masked_fill", "aten::masked_fill_", "aten::where",
+    "aten::bitwise_not", "aten::where",
     "aten::native_dropout_backward", "aten::rsub", "aten::sgn", "aten::signbit",
-    "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square"};
+    "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square",
+    "aten::logical_and_", "aten::logical_or_", "aten::logical_not_", "aten::elu_backward",
+    "aten::softplus_backward", "aten::mish_backward", "aten::sgn_", "aten::bitwise_xor"};
 // Linear in each operand when all operands are Partial(sum): x + y, x - y.
 const char* kAdditive[] = {"aten::add", "aten::add_", "aten::sub", "aten::sub_"};
 // Linear in one Partial operand when the others are replicated: x * c.
@@ -221,6 +231,7 @@ struct Registrar {
     // Linear in the numerator: x / c.
     for (auto n : {"aten::div", "aten::div_"}) register_sharding_rule(n, div_rule);
     register_sharding_rule("aten::_to_copy", to_copy_rule);
+    for (auto n : {"aten::masked_fill", "aten::masked_fill_"}) register_sharding_rule(n, rule(Linearity::MaskedFill));
     for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
   }
 } registrar;

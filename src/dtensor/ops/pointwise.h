@@ -12,6 +12,8 @@ enum class Linearity {
   Additive,        ///< all operands Partial stay Partial
   Multiplicative,  ///< exactly one Partial operand, the others replicated
   Numerator,       ///< the first operand Partial, the others replicated
+  MaskedFill,      ///< self Partial, the mask replicated: the fill value is given once (off
+                   ///< coordinate 0 it becomes 0)
 };
 
 /// Output sharding follows the first input that shards a dimension it holds (broadcast dims are

@@ -67,15 +67,26 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
   s.input_placements.assign(info.inputs().size(), replicate(info));
   s.input_placements[0] = want;
   s.output_placements.assign(info.schema().returns().size(), out);
-  if ((kind == Reduce::Max || kind == Reduce::Min) && dim_arg >= 0) {
+  // The reduced shape, for every return (values and indices alike): several of these ops have no
+  // meta kernel in libtorch 1.13.
+  std::vector<int64_t> out_shape;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (!reduced[static_cast<size_t>(d)]) out_shape.push_back(in.shape[static_cast<size_t>(d)]);
+    else if (keepdim) out_shape.push_back(1);
+  }
+  size_t tensor_returns = 0;
+  for (const auto& r : info.schema().returns()) tensor_returns += r.type()->kind() == c10::TypeKind::TensorType;
+  s.output_shapes.assign(tensor_returns, out_shape);
+  if (kind == Reduce::Max || kind == Reduce::Min) {
     // A rank whose piece of a reduced dim is empty (torch.chunk leaves trailing ranks nothing)
     // contributes the reduction's identity instead of failing alone while its peers go on.
     const bool is_max = kind == Reduce::Max;
     const size_t nargs = info.num_args();
-    s.kernel = [is_max, nargs](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const bool has_dims = dim_arg >= 0;
+    s.kernel = [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const at::Tensor& self = (*stack)[stack->size() - nargs].toTensor();
-      const auto dims = (*stack)[stack->size() - nargs + 1].toIntVector();
-      const bool keep = (*stack)[stack->size() - nargs + 2].toBool();
+      const auto dims = has_dims ? (*stack)[stack->size() - nargs + 1].toIntVector() : std::vector<int64_t>{};
+      const bool keep = has_dims && (*stack)[stack->size() - nargs + 2].toBool();
       std::vector<bool> red(static_cast<size_t>(self.dim()), dims.empty());
       for (int64_t d : dims) red[static_cast<size_t>(wrap_dim(d, self.dim()))] = true;
       bool empty = false;
@@ -117,6 +128,20 @@ struct Registrar {
     register_sharding_rule("aten::all.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
     register_sharding_rule("aten::any.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
     register_sharding_rule("aten::linalg_vector_norm", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 2, 3); });
+    // Whole-tensor max/min: each rank's piece, combined as Partial(max/min).
+    register_sharding_rule("aten::max", [](const OpInfo& i) { return reduction_rule(i, Reduce::Max, -1, -1); });
+    register_sharding_rule("aten::min", [](const OpInfo& i) { return reduction_rule(i, Reduce::Min, -1, -1); });
+    // Reductions that need the whole reduced dims (values with indices, second moments, norms):
+    // other dims keep their shards.
+    register_sharding_rule("aten::max.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::min.dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::argmax", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::argmin", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::var.correction", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 3); });
+    register_sharding_rule("aten::std.correction", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 3); });
+    register_sharding_rule("aten::logsumexp", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 1, 2); });
+    register_sharding_rule("aten::norm.Scalar", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, -1, -1); });
+    register_sharding_rule("aten::norm.ScalarOpt_dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 2, 3); });
   }
 } registrar;
 

@@ -42,10 +42,10 @@ OpSharding keep_self_rule(const OpInfo& info) {
   return s;
 }
 
+// fill_ of a Partial(sum) tensor: the value once, on coordinate 0 (the additive rule zeroes the
+// scalar operand elsewhere).
 OpSharding fill_rule(const OpInfo& info) {
-  HP_CHECK_T(c10::ValueError, !info.spec(0)->has_partial(), "hyper_parallel: ", info.describe(),
-             ": filling a Partial DTensor would multiply the value by the number of ranks; "
-             "redistribute it to Replicate first");
+  if (info.spec(0)->has_partial()) return pointwise_sharding(info, Linearity::Additive);
   return keep_self_rule(info);
 }
 
@@ -91,8 +91,52 @@ OpSharding positional_rule(const OpInfo& info, std::vector<int64_t> dims, bool l
   return s;
 }
 
+// sort / topk: the values along `dim` must all be on one rank; other dims keep their shards.
+// Several returns (values, indices) laid out alike; the shapes come from the meta kernels.
+OpSharding along_dim_rule(const OpInfo& info, size_t dim_arg) {
+  const DTensorSpec& self = *info.spec(0);
+  const int64_t dim = wrap_dim(info.arg(dim_arg).toInt(), self.ndim());
+  Placements want = without_partial(without_shards(self.placements, [dim](int64_t d) { return d == dim; }));
+  OpSharding s;
+  s.input_placements = {want};
+  s.output_placements.assign(info.schema().returns().size(), want);
+  return s;
+}
+
+// Ops indexing with another tensor (gather, scatter, index_put_, index_add_, repeat): every input
+// whole; the result replicated (shape given: several have no meta kernel in libtorch 1.13).
+OpSharding indexed_rule(const OpInfo& info, std::vector<int64_t> shape) {
+  OpSharding s = replicated_inputs(info);
+  if (info.written_arg() < 0) s.output_shapes = {std::move(shape)};
+  return s;
+}
+
 struct Registrar {
   Registrar() {
+    register_sharding_rule("aten::sort", [](const OpInfo& i) { return along_dim_rule(i, 1); });
+    register_sharding_rule("aten::sort.stable", [](const OpInfo& i) { return along_dim_rule(i, 2); });
+    register_sharding_rule("aten::topk", [](const OpInfo& i) { return along_dim_rule(i, 2); });
+    register_sharding_rule("aten::roll", [](const OpInfo& i) {
+      std::vector<int64_t> dims = int_list(i, 2);
+      if (dims.empty())  // roll of the flattened tensor
+        for (int64_t d = 0; d < i.spec(0)->ndim(); ++d) dims.push_back(d);
+      return positional_rule(i, dims, true);
+    });
+    register_sharding_rule("aten::repeat", [](const OpInfo& i) {
+      const auto reps = int_list(i, 1);
+      std::vector<int64_t> shape = i.spec(0)->shape;
+      shape.insert(shape.begin(), reps.size() - std::min(reps.size(), shape.size()), 1);
+      for (size_t k = 0; k < shape.size(); ++k) shape[k] *= reps[k];
+      return indexed_rule(i, shape);
+    });
+    register_sharding_rule("aten::gather", [](const OpInfo& i) {
+      const DTensorSpec* index = i.spec(2);
+      return indexed_rule(i, index ? index->shape : i.arg(2).toTensor().sizes().vec());
+    });
+    for (const char* n : {"aten::scatter", "aten::scatter_add", "aten::scatter_", "aten::scatter_add_",
+                          "aten::index_put_", "aten::index_put", "aten::_index_put_impl_", "aten::index_add",
+                          "aten::index_add_", "aten::index_fill_", "aten::index_fill"})
+      register_sharding_rule(n, [](const OpInfo& i) { return indexed_rule(i, i.spec(0)->shape); });
     for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
                           "aten::rand_like", "aten::randn_like"})
       register_sharding_rule(n, like_rule);
