@@ -535,17 +535,8 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         static_cast<DTensorImpl*>(wrapped.unsafeGetTensorImpl())->set_copy_view(true);
     };
     if (d->written_return_arg[r] >= 0) {
-      const c10::IValue& self = original[static_cast<size_t>(d->written_return_arg[r])];
-      const int64_t k = info.input_index(static_cast<size_t>(d->written_return_arg[r]));
-      if (k >= 0 && self.isTensor() && dtensor_impl(self.toTensor()) == nullptr) {
-        // A plain tensor written in place under implicit replication (libtorch's backward
-        // formulas do this, e.g. zeros(...).scatter_(...)): it holds the whole value, and the
-        // result goes on among DTensors as the Replicate DTensor it stands for.
-        auto spec = std::make_shared<DTensorSpec>(*info.inputs()[static_cast<size_t>(k)].spec);
-        v = make_dtensor(self.toTensor(), std::move(spec));
-      } else {
-        v = self;  // the very same DTensor
-      }
+      // The very same tensor (autograd's in-place wrappers return their own self anyway).
+      v = original[static_cast<size_t>(d->written_return_arg[r])];
     } else if (v.isTensor()) {
       if (!d->outputs[r].empty() && d->outputs[r][0]) {
         at::Tensor local = v.toTensor();

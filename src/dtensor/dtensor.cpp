@@ -36,8 +36,22 @@ DTensorImpl& impl_of(const at::Tensor& t, const char* what) {
   return *impl;
 }
 
+// A plain gradient of a DTensor's global shape is one libtorch made in backward (e.g. an in-place
+// op on zeros(sizes) under implicit replication returns the plain tensor itself): it holds the
+// whole value on every rank, i.e. it is the Replicate DTensor it stands for.
+at::Tensor whole_grad_as_replicate(const at::Tensor& grad, const DTensorSpec& spec) {
+  if (!grad.defined() || dtensor_impl(grad) != nullptr || grad.sizes() != c10::IntArrayRef(spec.shape)) return grad;
+  auto s = std::make_shared<DTensorSpec>(spec);
+  s->placements = Placements(spec.placements.size(), Replicate());
+  s->stride = contiguous_strides(s->shape);
+  s->storage_offset = 0;
+  s->dtype = grad.scalar_type();
+  return make_dtensor(grad.contiguous(), std::move(s));
+}
+
 // Redistributes a gradient to `target` placements; plain gradients pass through.
-at::Tensor grad_to(const at::Tensor& grad, const Placements& target) {
+at::Tensor grad_to(const at::Tensor& grad_in, const DTensorSpec& spec, const Placements& target) {
+  const at::Tensor grad = whole_grad_as_replicate(grad_in, spec);
   DTensorImpl* g = dtensor_impl(grad);
   if (g == nullptr || g->spec().placements == target) return grad;
   return make_dtensor(redistribute_local(g->local(), g->spec(), target),
@@ -52,7 +66,7 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto spec = uncapsule(ctx->saved_data["spec"]);
-    at::Tensor g = grads[0];
+    at::Tensor g = whole_grad_as_replicate(grads[0], *spec);
     if (DTensorImpl* impl = dtensor_impl(g)) {
       // The gradient of each rank's local is the DTensor gradient in the forward layout; a
       // Partial gradient (e.g. from Colwise) is reduced here.
@@ -89,7 +103,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto src = uncapsule(ctx->saved_data["src"]);
-    return {grad_to(grads[0], without_partial(src->placements)), at::Tensor()};
+    return {grad_to(grads[0], *src, without_partial(src->placements)), at::Tensor()};
   }
 };
 

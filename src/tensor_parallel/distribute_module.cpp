@@ -38,7 +38,11 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
     at::Tensor param = p.value();
     if (!param.requires_grad() || !is_dtensor(param)) continue;
     const Placements target = DTensor(param).placements();
-    param.register_hook([target](const at::Tensor& grad) -> at::Tensor {
+    const DeviceMesh mesh_of_param = DTensor(param).device_mesh();
+    param.register_hook([target, mesh_of_param](const at::Tensor& grad) -> at::Tensor {
+      // A plain gradient of the whole shape comes from libtorch's backward under implicit
+      // replication: every rank holds it whole, so slicing it needs no communication.
+      if (grad.defined() && !is_dtensor(grad)) return distribute_tensor(grad, mesh_of_param, target, c10::nullopt);
       if (!is_dtensor(grad) || DTensor(grad).placements() == target) return grad;
       return DTensor(grad).redistribute(target);
     });

@@ -356,7 +356,9 @@ void run_matrix(const hp::DeviceMesh& mesh) {
   Matrix m;
   const int64_t n = mesh.size();
   std::set<std::string> variants;
+  const char* only = std::getenv("HP_OP_MATRIX_ONLY");  // debugging: one variant by name
   for (const auto& op : op_table()) {
+    if (only != nullptr && op.name != only) continue;
     variants.insert(op.name);
     // Even, uneven and (for n > 1) empty trailing pieces; on a 2-D mesh the uneven and empty ones.
     const std::vector<int64_t> sizes = mesh.ndim() == 1 ? std::vector<int64_t>{2 * n, n + 1, 1} : std::vector<int64_t>{n + 1, 1};
