@@ -11,7 +11,6 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "hyper_parallel::", what, ": dim ", dim,
@@ -150,7 +149,7 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t j = 0; j < g; ++j) outputs[0].push_back(wire_blocks[j]);
   std::vector<at::Tensor> inputs{as_wire(input)};
-  wait(c10d_group(group)->allgather(outputs, inputs));
+  wait_collective(group, "all_gather", c10d_group(group)->allgather(outputs, inputs));
   return concat_blocks(blocks, dim, chunk_sizes(n, g));
 }
 
@@ -171,7 +170,7 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   std::vector<at::Tensor> ts{buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(is_bool ? bool_op(op) : op);
-  wait(c10d_group(group)->allreduce(ts, opts));
+  wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
   if (op == ReduceOp::AVG) buf.div_(group.size());
   if (is_bool) buf = buf.view(at::kBool);
   if (!buf.is_same(tensor)) tensor.copy_(buf);
@@ -196,7 +195,7 @@ at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, con
   at::Tensor recv = at::empty_like(send);
   at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
   std::vector<int64_t> splits;  // empty: equal splits along dim 0
-  wait(c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  wait_collective(group, "reduce_scatter", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
   at::Tensor reduced;
   const auto dtype = recv.scalar_type();
   const ReduceOp rop = dtype == at::kBool ? bool_op(op) : op;
@@ -244,7 +243,7 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
   at::Tensor recv = at::empty_like(send);
   at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
   std::vector<int64_t> splits;
-  wait(c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  wait_collective(group, "all_to_all", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
   const int64_t my_split = chunk_size(local.size(split_dim), g, group.rank());
   if (my_split != recv.size(split_dim + 1)) recv = recv.narrow(split_dim + 1, 0, my_split);
   return concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous();
@@ -260,7 +259,7 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   std::vector<at::Tensor> ts{as_wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  wait(c10d_group(group)->broadcast(ts, opts));
+  wait_collective(group, "broadcast", c10d_group(group)->broadcast(ts, opts));
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   return tensor;
 }
@@ -287,14 +286,14 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   }
   c10d::ScatterOptions opts;
   opts.rootRank = src;
-  wait(c10d_group(group)->scatter(outputs, inputs, opts));
+  wait_collective(group, "scatter", c10d_group(group)->scatter(outputs, inputs, opts));
   return mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous();
 }
 
 void barrier(const Group& group) {
   check_group(group, "barrier");
   CommDebugMode::record("barrier", 0);
-  if (group.size() > 1) wait(c10d_group(group)->barrier());
+  if (group.size() > 1) wait_collective(group, "barrier", c10d_group(group)->barrier());
 }
 
 }  // namespace hyper_parallel

@@ -11,7 +11,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 #include <map>
 #include <mutex>
 
@@ -22,6 +24,11 @@ struct Group::Impl {
   std::vector<int64_t> ranks;
   std::string device_type;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  // For naming the ranks that did not arrive when a collective times out.
+  std::string prefix;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::chrono::milliseconds timeout{0};
+  std::atomic<uint64_t> seq{0};  // collectives issued on this group by this rank
 };
 
 int64_t Group::rank() const { return impl_->rank; }
@@ -128,6 +135,9 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
   for (size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i] == s.env.rank) impl->rank = static_cast<int64_t>(i);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
+  impl->prefix = prefix;
+  impl->store = s.store;
+  impl->timeout = s.timeout;
   try {
     impl->pg = make_backend(s, store, static_cast<int>(impl->rank),
                             static_cast<int>(ranks.size()));
@@ -141,6 +151,50 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
 }
 
 }  // namespace
+
+void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+  Group::Impl& g = *group.impl();
+  const uint64_t seq = ++g.seq;
+  try {
+    work->wait();
+    return;
+  } catch (const std::exception& e) {
+    const std::string cause = message_of(e);
+    // Every rank of the group that is still alive and stuck in this collective times out too,
+    // and says so in the store; the ones that never say so within a grace period did not arrive
+    // (stopped, deadlocked, dead or busy elsewhere). The store is asked with a short timeout: if
+    // rank 0, which serves it, is the one stopped, that is a finding too.
+    const std::string key = "hp/arrived/" + g.prefix;
+    std::vector<int64_t> missing;
+    std::string store_note;
+    try {
+      g.store->setTimeout(std::chrono::milliseconds(2000));
+      g.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
+      g.store->add(key + "seq" + std::to_string(g.rank), static_cast<int64_t>(seq));
+      const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::milliseconds(5000));
+      const auto until = std::chrono::steady_clock::now() + grace;
+      do {
+        missing.clear();
+        for (size_t r = 0; r < g.ranks.size(); ++r)
+          if (!g.store->check({key + std::to_string(r)})) missing.push_back(g.ranks[r]);
+        if (missing.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } while (std::chrono::steady_clock::now() < until);
+    } catch (const std::exception&) {
+      store_note = " (the rendezvous store on rank 0 does not answer either: rank 0 is probably the one stopped)";
+      if (missing.empty()) missing.push_back(g.ranks[0]);
+    }
+    if (!missing.empty())
+      TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
+                  "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " after up to ",
+                  g.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join(missing),
+                  "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note,
+                  ". Cause: ", cause);
+    TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
+                "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)],
+                " although every rank of the group reached it. Cause: ", cause);
+  }
+}
 
 void init_process_group(const InitOptions& options) {
   State& s = state();

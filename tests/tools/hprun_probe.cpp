@@ -2,12 +2,19 @@
 //   env                  print the launch environment
 //   exit-on-rank R CODE  rank R exits with CODE at once, the others wait to be stopped
 //   never-joins R        rank R never joins; the others try to and must fail with a timeout
+//   stop-in-collective R rank R stops itself (SIGSTOP) before an all_reduce the others enter
+//   exit-in-collective R rank R exits before an all_reduce the others enter
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
+#include <csignal>
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/process_group.h>
 
 int main(int argc, char** argv) {
@@ -30,6 +37,23 @@ int main(int argc, char** argv) {
     }
     try {
       hyper_parallel::init_process_group();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
+  if ((mode == "stop-in-collective" || mode == "exit-in-collective") && argc > 2) {
+    namespace hp = hyper_parallel;
+    try {
+      hp::init_process_group();
+      at::Tensor t = at::ones({4});
+      hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());  // everyone is here once
+      if (rank == std::atoi(argv[2])) {
+        if (mode == "stop-in-collective") std::raise(SIGSTOP);
+        std::_Exit(0);  // gone without a word
+      }
+      hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;

@@ -50,4 +50,19 @@ for r in $ranks; do
   state=$(awk '{print $3}' /proc/$r/stat 2>/dev/null)
   [ -z "$state" ] || [ "$state" = Z ] || fail "rank pid $r (state $state) outlived its SIGKILLed launcher"
 done
+# A rank that stops (SIGSTOP) in the middle of the job: the others time out in their collective
+# and name it; hprun reports it stopped.
+start=$(date +%s)
+HP_TIMEOUT_S=2 "$HPRUN" --nproc-per-node 3 --grace-s 1 "$PROBE" stop-in-collective 1 >"$OUT" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] || fail "a stopped rank went unnoticed"
+grep -q "rank(s) \[1\] did not arrive" "$OUT" || fail "the stopped rank is not named by its peers"
+grep -q "rank 1 (pid [0-9]*) is stopped" "$OUT" || fail "hprun does not report the stopped rank"
+[ $elapsed -lt 30 ] || fail "took ${elapsed}s to report a stopped rank"
+echo "stopped rank: named after ${elapsed}s: $(grep -m1 'did not arrive' "$OUT" | cut -c1-200)"
+# A rank that exits without a word while the others wait in a collective.
+HP_TIMEOUT_S=2 "$HPRUN" --nproc-per-node 3 --grace-s 1 "$PROBE" exit-in-collective 2 >"$OUT" 2>&1
+[ $? -ne 0 ] || fail "a vanished rank went unnoticed"
+grep -q "rank 2 (pid [0-9]*) failed first\|rank(s) \[2\] did not arrive" "$OUT" || fail "the vanished rank is not named"
 echo "hprun tests passed"

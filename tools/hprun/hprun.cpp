@@ -146,6 +146,20 @@ void signal_all(std::vector<Rank>& ranks, int sig) {
 
 }  // namespace
 
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped, ...), or '?'.
+char process_state(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return '?';
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* close = std::strrchr(buf, ')');  // the command name may contain spaces
+  return close != nullptr && close[1] == ' ' ? close[2] : '?';
+}
+
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.master_port == 0) o.master_port = free_port(o.master_addr);
@@ -243,7 +257,14 @@ int main(int argc, char** argv) {
           else
             std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, killed by signal %d (%s); stopping the other ranks\n",
                          r.rank, static_cast<int>(r.pid), WTERMSIG(st), strsignal(WTERMSIG(st)));
+          // A stopped rank (SIGSTOP, a debugger) cannot fail by itself: name it, it is usually
+          // the cause of the others' timeouts.
+          for (const auto& o2 : ranks)
+            if (o2.running && process_state(o2.pid) == 'T')
+              std::fprintf(stderr, "hprun: rank %d (pid %d) is stopped (SIGSTOP or a debugger)\n", o2.rank,
+                           static_cast<int>(o2.pid));
           signal_all(ranks, SIGTERM);
+          signal_all(ranks, SIGCONT);  // a stopped rank only acts on SIGTERM once continued
           stop_deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
         }

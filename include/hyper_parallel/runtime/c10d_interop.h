@@ -10,4 +10,9 @@ namespace hyper_parallel {
 /// The c10d process group behind `group`.
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group);
 
+/// Waits for `work`, a collective (`what`, e.g. "all_reduce") issued on `group`. When it fails
+/// (a timeout, a peer gone), the ranks of the group that did not reach it are found through the
+/// store and named in the c10::Error, on every rank that is still alive.
+void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work);
+
 }  // namespace hyper_parallel
