@@ -69,7 +69,7 @@ std::string OpInfo::describe() const {
     const auto& in = inputs_[k];
     os << (k ? ", " : "") << schema().arguments()[in.arg].name();
     if (in.elem >= 0) os << "[" << in.elem << "]";
-    os << ": " << to_string(in.spec->placements) << " " << c10::IntArrayRef(in.spec->shape);
+    os << ": " << to_string(in.spec->placements) << " " << c10::IntArrayRef(in.spec->shape) << " " << in.spec->dtype;
   }
   os << ")";
   return os.str();
@@ -244,10 +244,14 @@ std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
   }
   try {
     info.op().callBoxed(&s);
-  } catch (const c10::Error& e) {
+  } catch (const c10::NotImplementedError& e) {
     TORCH_CHECK(false, "hyper_parallel: cannot infer the output shapes of ", info.describe(),
                 ": the op has no meta kernel and its sharding rule gives no output shapes (",
                 e.what_without_backtrace(), ")");
+  } catch (const c10::Error& e) {
+    // The op itself refuses these inputs (a dtype or shape mismatch): the same error a plain
+    // tensor would get, with the placements.
+    TORCH_CHECK(false, "hyper_parallel: ", info.describe(), ": ", e.what_without_backtrace());
   }
   return s;
 }

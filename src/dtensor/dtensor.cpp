@@ -1,6 +1,7 @@
 // The DTensor API: accessors, the differentiable from_local / to_local / redistribute boundaries,
 // distribute_tensor.
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/errors.h>
@@ -240,6 +241,15 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   TORCH_CHECK(coord_opt.has_value(), "distribute_tensor: this rank is not part of ", mesh.to_string());
   const auto& coord = *coord_opt;
 
+  // Ranks that disagree on the shape, dtype or placements would scatter mismatched pieces or
+  // silently hold pieces of different tensors. One tiny check per mesh dim (the mesh is a grid,
+  // so agreement along every dim is agreement everywhere); meta tensors never communicate.
+  if (!tensor.is_meta()) {
+    const std::string d = c10::str("shape ", tensor.sizes(), " dtype ", tensor.scalar_type(), " placements ",
+                                   to_string(spec->placements), " src_data_rank ",
+                                   src_data_rank ? std::to_string(*src_data_rank) : "None", " on ", mesh.to_string());
+    for (int64_t i = 0; i < mesh.ndim(); ++i) check_agreement(mesh.get_group(i), "distribute_tensor", d);
+  }
   at::NoGradGuard no_grad;
   at::Tensor local;
   if (tensor.is_meta()) {

@@ -148,6 +148,10 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   TORCH_CHECK(is_initialized(),
               "init_device_mesh: the process group is not initialized; call "
               "hyper_parallel::init_process_group() first");
+  HP_CHECK_T(c10::ValueError, device_type == world_group().device_type(), "init_device_mesh: device_type '",
+             device_type, "' differs from the process group's '", world_group().device_type(),
+             "' (init_process_group chose the backend for it; this build's collectives run on '",
+             world_group().device_type(), "')");
   HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "init_device_mesh: mesh_shape is empty");
   int64_t total = 1;
   for (int64_t s : mesh_shape) {

@@ -91,8 +91,9 @@ std::chrono::milliseconds default_timeout() {
   if (!v) return std::chrono::seconds(300);
   char* end = nullptr;
   const double s = std::strtod(v->c_str(), &end);
-  HP_CHECK_T(c10::ValueError, end != v->c_str() && *end == '\0' && s > 0,
-             "environment variable HP_TIMEOUT_S='", *v, "' must be a positive number of seconds");
+  HP_CHECK_T(c10::ValueError, end != v->c_str() && *end == '\0' && s > 0 && s <= 1e7,
+             "environment variable HP_TIMEOUT_S='", *v, "' must be a number of seconds in (0, 1e7] ",
+             "(collectives need a finite timeout; use a large one to wait long)");
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
 }
 

@@ -12,6 +12,9 @@
 #endif
 
 #include <atomic>
+
+#include <netdb.h>
+#include <sys/socket.h>
 #include <cstdlib>
 #include <thread>
 #include <map>
@@ -208,16 +211,32 @@ void init_process_group(const InitOptions& options) {
   so.port = static_cast<std::uint16_t>(s.env.master_port);
   so.isServer = s.env.rank == 0;
   so.numWorkers = static_cast<size_t>(s.env.world_size);
-  so.waitWorkers = true;
+  // Ranks that never come are found (and named) by the world group's creation below, within
+  // one timeout; the store server does not wait for them first.
+  so.waitWorkers = false;
   so.timeout = s.timeout;
+  {
+    // An address that does not resolve would otherwise be retried for the whole timeout.
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(s.env.master_addr.c_str(), nullptr, &hints, &res);
+    if (res != nullptr) ::freeaddrinfo(res);
+    HP_CHECK_T(c10::ValueError, rc == 0, "hyper_parallel: MASTER_ADDR '", s.env.master_addr,
+               "' does not resolve (", ::gai_strerror(rc), "); set it to the host of rank 0");
+  }
   try {
     s.store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, so);
   } catch (const std::exception& e) {
+    const std::string cause = message_of(e);
+    TORCH_CHECK(cause.find("ddress already in use") == std::string::npos, "hyper_parallel: MASTER_PORT ",
+                s.env.master_port, " on ", s.env.master_addr, " is already in use (another job, or a process ",
+                "left from an earlier one, holds it): rank 0 cannot serve the rendezvous there; choose another ",
+                "MASTER_PORT (hprun picks a free one when --master-port is not given)");
     TORCH_CHECK(false, "hyper_parallel: rendezvous at ", s.env.master_addr, ":",
                 s.env.master_port, " failed on rank ", s.env.rank, " of ", s.env.world_size,
                 " after a timeout of ", s.timeout.count() / 1000.0,
-                " s (HP_TIMEOUT_S): not every rank joined, or rank 0 is unreachable. Cause: ",
-                message_of(e));
+                " s (HP_TIMEOUT_S): rank 0 is unreachable. Cause: ", cause);
   }
   s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
   std::vector<int64_t> all(static_cast<size_t>(s.env.world_size));

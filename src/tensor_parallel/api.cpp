@@ -1,4 +1,5 @@
 #include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 
@@ -134,6 +135,18 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
       }
       targets.insert(targets.end(), found.begin(), found.end());
     }
+  }
+  // Every rank must apply the same plan to the same model: otherwise some ranks fail validation
+  // while others wait in a collective, or they silently compute different things.
+  {
+    std::ostringstream d;
+    d << "mesh " << c10::IntArrayRef(mesh->shape()) << " src_data_rank "
+      << (src_data_rank ? std::to_string(*src_data_rank) : "None") << "; plan:";
+    for (const auto& t : targets) d << " " << (t.fqn.empty() ? "<root>" : t.fqn) << "=" << t.style->name();
+    d << "; parameters:";
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
+      d << " " << p.key() << p.value().sizes() << p.value().scalar_type();
+    check_agreement(mesh->get_group(0), "parallelize_module", d.str());
   }
   std::map<const torch::nn::Module*, std::string> distributed;
   for (const auto& t : targets) {

@@ -42,7 +42,13 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
     param.register_hook([target, mesh_of_param](const at::Tensor& grad) -> at::Tensor {
       // A plain gradient of the whole shape comes from libtorch's backward under implicit
       // replication: every rank holds it whole, so slicing it needs no communication.
-      if (grad.defined() && !is_dtensor(grad)) return distribute_tensor(grad, mesh_of_param, target, c10::nullopt);
+      if (grad.defined() && !is_dtensor(grad)) {
+        const auto [shape, offset] = compute_local_shape_and_offset(
+            grad.sizes().vec(), mesh_of_param.shape(), *mesh_of_param.get_coordinate(), target);
+        at::Tensor local = grad;
+        for (size_t d = 0; d < shape.size(); ++d) local = local.narrow(static_cast<int64_t>(d), offset[d], shape[d]);
+        return DTensor::from_local(local.contiguous(), mesh_of_param, target, false, grad.sizes());
+      }
       if (!is_dtensor(grad) || DTensor(grad).placements() == target) return grad;
       return DTensor(grad).redistribute(target);
     });

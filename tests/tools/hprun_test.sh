@@ -65,4 +65,21 @@ echo "stopped rank: named after ${elapsed}s: $(grep -m1 'did not arrive' "$OUT" 
 HP_TIMEOUT_S=2 "$HPRUN" --nproc-per-node 3 --grace-s 1 "$PROBE" exit-in-collective 2 >"$OUT" 2>&1
 [ $? -ne 0 ] || fail "a vanished rank went unnoticed"
 grep -q "rank 2 (pid [0-9]*) failed first\|rank(s) \[2\] did not arrive" "$OUT" || fail "the vanished rank is not named"
+# MASTER_PORT already held by another job: the cause first, at once.
+HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port 29731 "$PROBE" stop-in-collective 1 >/dev/null 2>&1 &
+holder=$!
+sleep 2
+start=$(date +%s)
+HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port 29731 "$PROBE" stop-in-collective 9 >"$OUT" 2>&1
+elapsed=$(( $(date +%s) - start ))
+kill -KILL $holder 2>/dev/null; wait $holder 2>/dev/null
+grep -q "MASTER_PORT 29731 on 127.0.0.1 is already in use" "$OUT" || fail "a port in use is not reported as such"
+[ $elapsed -lt 15 ] || fail "took ${elapsed}s to report a port in use"
+# An unresolvable MASTER_ADDR: at once, not after the timeout.
+start=$(date +%s)
+HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-addr no-such-host.invalid --master-port 29733 \
+  "$PROBE" stop-in-collective 9 >"$OUT" 2>&1
+elapsed=$(( $(date +%s) - start ))
+grep -q "MASTER_ADDR 'no-such-host.invalid' does not resolve" "$OUT" || fail "an unresolvable MASTER_ADDR is not reported"
+[ $elapsed -lt 15 ] || fail "took ${elapsed}s to report an unresolvable MASTER_ADDR"
 echo "hprun tests passed"

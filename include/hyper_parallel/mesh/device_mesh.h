@@ -38,7 +38,8 @@ class DeviceMesh {
   /// The process group of this rank's peers along `dim`.
   const Group& get_group(int64_t dim = 0) const;
   const Group& get_group(const std::string& dim_name) const;
-  /// Index of the named dimension; c10::KeyError (naming the known dims) when unknown.
+  /// Index of the named dimension; c10::IndexError (naming the known dims) when unknown
+  /// (libtorch 1.13 has no KeyError).
   int64_t dim_index(const std::string& dim_name) const;
   /// The 1-D sub-mesh of this rank's peers along the named dimension; shares its group.
   /// e.g. on a ("dp","tp") = 2x2 mesh rank 3 gets `mesh["tp"]` == ranks [2, 3].

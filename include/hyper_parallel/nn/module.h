@@ -67,7 +67,8 @@ class Module : public torch::nn::Module {
   bool run_forward_hooks(const std::vector<c10::IValue>& args, c10::IValue& output);
 
   /// The registered parameter `name` (the registry is the one source of truth: layers read their
-  /// parameters through it on every call). c10::KeyError when there is none.
+  /// parameters through it on every call). c10::IndexError when there is none
+  /// (libtorch 1.13 has no KeyError).
   const at::Tensor& parameter(const std::string& name) const;
   /// The registered parameter or an undefined tensor.
   at::Tensor parameter_or_undefined(const std::string& name) const;

@@ -40,10 +40,14 @@ OpSharding embedding_rule(const OpInfo& info) {
   if (vocab_sharded) {
     auto [local, offset] = compute_local_shape_and_offset(w.shape, info.mesh().shape(),
                                                           *info.mesh().get_coordinate(), pw);
-    const int64_t begin = offset[0], rows = local[0];
-    s.kernel = kernel_returning(info.num_args(), [begin, rows](const torch::jit::Stack& a) {
+    const int64_t begin = offset[0], rows = local[0], vocab = w.shape[0];
+    s.kernel = kernel_returning(info.num_args(), [begin, rows, vocab](const torch::jit::Stack& a) {
       const at::Tensor& weight = a[0].toTensor();
       const at::Tensor& ids = a[1].toTensor();
+      // The ids are replicated, so every rank reaches the same verdict; as plain libtorch, an id
+      // outside the vocabulary is an IndexError (not a row of zeros).
+      HP_CHECK_T(c10::IndexError, ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab),
+                 "index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)");
       // Rows this rank does not hold contribute exact zeros to the sum.
       at::Tensor outside = (ids < begin).logical_or_(ids >= begin + rows);
       std::vector<int64_t> shape = ids.sizes().vec();

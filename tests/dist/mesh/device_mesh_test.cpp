@@ -84,3 +84,9 @@ TEST(DeviceMeshDist, CurrentMeshScopeNests) {
   }
   EXPECT_FALSE(hp::current_mesh().has_value());
 }
+
+// A device type the process group was not made for is refused (a CPU build has no "cuda" mesh).
+TEST(DeviceMeshDist, DeviceTypeMustMatchTheProcessGroup) {
+  EXPECT_THROW(hp::init_device_mesh("cuda", {hp::get_world_size()}, {"tp"}), c10::ValueError);
+  EXPECT_NO_THROW(hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"}));
+}

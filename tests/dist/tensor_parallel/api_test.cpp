@@ -282,3 +282,31 @@ TEST(DistributeModuleApi, WorksOnModulesNotHeldByASharedPtr) {
   EXPECT_TRUE(hp::is_dtensor(l.weight()));
   EXPECT_TRUE(l.distribute_module_applied);
 }
+
+// Ranks that disagree (another plan, other shapes or placements) get the agreement error on every
+// rank, before anything changes, instead of a hang or a silent divergence.
+TEST(ParallelizeModuleApi, DisagreeingRanksAreNamed) {
+  auto tp = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
+  const bool odd = hp::get_rank() % 2 == 1;
+  auto expect_disagreement = [](const std::function<void()>& f) {
+    try {
+      f();
+      ADD_FAILURE() << "no agreement error";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("the ranks disagree: rank(s) [1"), std::string::npos) << e.what();
+    }
+  };
+  auto model = seeded<Mlp>(60, 8, 4 * tp_size());
+  expect_disagreement([&] {
+    if (odd) hp::parallelize_module(*model, tp, {{"linear1", hp::RowwiseParallel()}});
+    else hp::parallelize_module(*model, tp, {{"linear1", hp::ColwiseParallel()}});
+  });
+  EXPECT_FALSE(hp::is_dtensor(model->linear1->weight()));  // nothing changed
+  auto other = seeded<Mlp>(60, 8, odd ? 8 * tp_size() : 4 * tp_size());
+  expect_disagreement([&] { hp::parallelize_module(*other, tp, {{"linear1", hp::ColwiseParallel()}}); });
+  expect_disagreement([&] { hp::distribute_tensor(at::ones({4, 4}), tp, {odd ? hp::Shard(1) : hp::Shard(0)}); });
+  expect_disagreement([&] { hp::distribute_tensor(at::ones({4, odd ? 5 : 4}), tp, {hp::Shard(0)}); });
+  // Agreement still lets the job go on.
+  auto y = hp::distribute_tensor(at::ones({4, 4}), tp, {hp::Shard(0)});
+  EXPECT_TRUE(at::equal(hp::DTensor(y).full_tensor(), at::ones({4, 4})));
+}

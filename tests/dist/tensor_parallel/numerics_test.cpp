@@ -130,6 +130,27 @@ TEST(TensorParallelNumerics, C5_RowwiseEmbeddingIsExact) {
   hp::parallelize_module(*e, mesh(), hp::RowwiseParallel());
   at::Tensor ids_wide = at::arange(4 * n, at::kLong).reshape({1, 4 * n});
   EXPECT_TRUE(at::equal(e(piece(ids_wide, -1)), ref(ids_wide)));
+  // An id outside the vocabulary: IndexError as in plain libtorch (never a row of zeros).
+  auto oov = at::tensor(std::vector<int64_t>{1, 4 * n}, at::kLong).reshape({1, 2});
+  EXPECT_THROW(ref(oov), c10::IndexError);
+  auto er = seeded<hnn::Embedding>(15, 4 * n, 6);
+  hp::parallelize_module(*er, mesh(), hp::RowwiseParallel(hp::Replicate()));
+  EXPECT_THROW(er(oov), c10::IndexError);
+  EXPECT_THROW(er(oov - 4 * n), c10::IndexError);
+}
+
+// A dtype mismatch reads as one (not as a missing meta kernel), on every rank.
+TEST(TensorParallelNumerics, DtypeMismatchIsReportedAsSuch) {
+  auto lin = seeded<hnn::Linear>(16, 4, 4 * tp_size());
+  hp::parallelize_module(*lin, mesh(), hp::ColwiseParallel());
+  try {
+    lin(at::ones({2, 4}, at::kDouble));
+    ADD_FAILURE() << "a double input into a float Linear ran";
+  } catch (const c10::Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find("no meta kernel"), std::string::npos) << m;
+    EXPECT_TRUE(m.find("Double") != std::string::npos || m.find("double") != std::string::npos) << m;
+  }
 }
 
 TEST(TensorParallelNumerics, C6_SequenceParallelLayerNorm) {

@@ -86,6 +86,10 @@ TEST_F(LaunchEnvTest, TimeoutOverride) {
   EXPECT_EQ(hp::default_timeout(), std::chrono::milliseconds(2500));
   setenv("HP_TIMEOUT_S", "soon", 1);
   EXPECT_THROW(hp::default_timeout(), c10::ValueError);
+  for (const char* bad : {"inf", "nan", "-1", "0", "1e300"}) {
+    setenv("HP_TIMEOUT_S", bad, 1);
+    EXPECT_THROW(hp::default_timeout(), c10::ValueError) << bad;  // never a negative or overflowed timeout
+  }
 }
 
 TEST(Chunking, FollowsTorchChunk) {
