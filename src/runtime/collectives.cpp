@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include "shm_transport.h"
+
 namespace hyper_parallel {
 namespace {
 
@@ -146,6 +148,10 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
   shape.insert(shape.begin(), g);
   at::Tensor blocks = at::empty(shape, input.options());
   at::Tensor wire_blocks = as_wire(blocks);
+  if (ShmTransport* shm = shm_transport_of(group)) {
+    shm->all_gather(input.data_ptr(), blocks.data_ptr(), static_cast<size_t>(nbytes(input)));
+    return concat_blocks(blocks, dim, chunk_sizes(n, g));
+  }
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t j = 0; j < g; ++j) outputs[0].push_back(wire_blocks[j]);
   std::vector<at::Tensor> inputs{as_wire(input)};
@@ -167,10 +173,14 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   else if (tensor.scalar_type() == at::kBFloat16)
     buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
   else buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  std::vector<at::Tensor> ts{buf};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(is_bool ? bool_op(op) : op);
-  wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
+  if (ShmTransport* shm = shm_transport_of(group)) {
+    shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op);
+  } else {
+    std::vector<at::Tensor> ts{buf};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(is_bool ? bool_op(op) : op);
+    wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
+  }
   if (op == ReduceOp::AVG) buf.div_(group.size());
   if (is_bool) buf = buf.view(at::kBool);
   if (!buf.is_same(tensor)) tensor.copy_(buf);
@@ -195,7 +205,10 @@ at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, con
   at::Tensor recv = at::empty_like(send);
   at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
   std::vector<int64_t> splits;  // empty: equal splits along dim 0
-  wait_collective(group, "reduce_scatter", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  if (ShmTransport* shm = shm_transport_of(group))
+    shm->all_to_all(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(nbytes(send) / g));
+  else
+    wait_collective(group, "reduce_scatter", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
   at::Tensor reduced;
   const auto dtype = recv.scalar_type();
   const ReduceOp rop = dtype == at::kBool ? bool_op(op) : op;
@@ -243,7 +256,10 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
   at::Tensor recv = at::empty_like(send);
   at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
   std::vector<int64_t> splits;
-  wait_collective(group, "all_to_all", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  if (ShmTransport* shm = shm_transport_of(group))
+    shm->all_to_all(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(nbytes(send) / g));
+  else
+    wait_collective(group, "all_to_all", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
   const int64_t my_split = chunk_size(local.size(split_dim), g, group.rank());
   if (my_split != recv.size(split_dim + 1)) recv = recv.narrow(split_dim + 1, 0, my_split);
   return concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous();
@@ -259,7 +275,10 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   std::vector<at::Tensor> ts{as_wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  wait_collective(group, "broadcast", c10d_group(group)->broadcast(ts, opts));
+  if (ShmTransport* shm = shm_transport_of(group))
+    shm->broadcast(buf.data_ptr(), static_cast<size_t>(nbytes(buf)), src);
+  else
+    wait_collective(group, "broadcast", c10d_group(group)->broadcast(ts, opts));
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   return tensor;
 }
@@ -276,6 +295,11 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   if (g == 1) return full.clone();
   if (full.numel() == 0) return at::empty(with_size(full.sizes(), dim, mine), full.options());
   at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), full.options());
+  if (ShmTransport* shm = shm_transport_of(group)) {
+    at::Tensor stacked = group.rank() == src ? stack_pieces(full, dim, g) : at::Tensor();
+    shm->scatter(stacked.defined() ? stacked.data_ptr() : nullptr, out.data_ptr(), static_cast<size_t>(nbytes(out)), src);
+    return mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous();
+  }
   std::vector<at::Tensor> outputs{as_wire(out)};
   std::vector<std::vector<at::Tensor>> inputs;
   at::Tensor pieces;
@@ -293,7 +317,9 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
 void barrier(const Group& group) {
   check_group(group, "barrier");
   CommDebugMode::record("barrier", 0);
-  if (group.size() > 1) wait_collective(group, "barrier", c10d_group(group)->barrier());
+  if (group.size() == 1) return;
+  if (ShmTransport* shm = shm_transport_of(group)) shm->barrier();
+  else wait_collective(group, "barrier", c10d_group(group)->barrier());
 }
 
 }  // namespace hyper_parallel

@@ -14,6 +14,12 @@
 #include <atomic>
 
 #include <netdb.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+#include "shm_transport.h"
 #include <sys/socket.h>
 #include <cstdlib>
 #include <thread>
@@ -32,7 +38,10 @@ struct Group::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   std::chrono::milliseconds timeout{0};
   std::atomic<uint64_t> seq{0};  // collectives issued on this group by this rank
+  std::unique_ptr<ShmTransport> shm;  // set when every member runs on this host
 };
+
+ShmTransport* shm_transport_of(const Group& group) { return group.defined() ? group.impl()->shm.get() : nullptr; }
 
 int64_t Group::rank() const { return impl_->rank; }
 int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
@@ -109,6 +118,20 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// This host: its name and boot id (two containers or network namespaces with their own names are
+// different hosts; processes of one host share /dev/shm).
+std::string host_identity() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char b[64] = {0};
+    if (std::fgets(b, sizeof b, f) != nullptr) boot = b;
+    std::fclose(f);
+  }
+  return std::string(name) + "|" + boot;
+}
+
 std::string joined_key(int64_t rank) { return "hp/joined/" + std::to_string(rank); }
 
 // Members of `ranks` that never announced themselves in the store.
@@ -149,6 +172,33 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
                 "] failed on rank ", s.env.rank, " after a timeout of ", s.timeout.count() / 1000.0,
                 " s (HP_TIMEOUT_S); ranks that never joined the job: [", join(missing_ranks(s, ranks)),
                 "]. Cause: ", message_of(e));
+  }
+  // Shared memory when every member is on this host, decided from host identities exchanged
+  // through the store (not from environment variables: a sub-group of a multi-host job may well
+  // live on one host, and LOCAL_WORLD_SIZE says nothing about it).
+  if (s.device_type == "cpu" && ranks.size() > 1 && shm_transport_enabled()) {
+    try {
+      const std::string me = host_identity();
+      store->set("host/" + std::to_string(impl->rank), std::vector<uint8_t>(me.begin(), me.end()));
+      bool local = true;
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        const auto other = store->get("host/" + std::to_string(r));
+        local = local && std::string(other.begin(), other.end()) == me;
+      }
+      if (local) {
+        if (impl->rank == 0) {
+          std::random_device rd;
+          const std::string token = std::to_string(rd()) + std::to_string(rd());
+          store->set("shm_token", std::vector<uint8_t>(token.begin(), token.end()));
+        }
+        const auto token = store->get("shm_token");
+        const std::string name = "/hp_" + std::string(token.begin(), token.end());
+        impl->shm = ShmTransport::create(store, name, impl->rank, ranks, s.timeout);
+      }
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "hyper_parallel: setting up the shared-memory transport of ranks [", join(ranks),
+                  "] failed on rank ", s.env.rank, " (HP_TRANSPORT=gloo avoids it): ", message_of(e));
+    }
   }
   return Group(std::move(impl));
 }

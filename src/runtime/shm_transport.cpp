@@ -1,0 +1,319 @@
+#include "shm_transport.h"
+
+#include <hyper_parallel/runtime/errors.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HP_CPU_RELAX() _mm_pause()
+#else
+#define HP_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace hyper_parallel {
+
+struct ShmTransport::Control {
+  alignas(64) std::atomic<uint64_t> arrived;
+  int32_t pid;
+};
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
+              "the arrival counters must be lock-free to work across processes");
+
+namespace {
+
+constexpr size_t kControlBytes = 128;
+constexpr size_t kDefaultBufferBytes = size_t{1} << 20;  // per rank and buffer
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+template <class T, class Op>
+void reduce_direct(T* out, const T* const* in, int64_t g, size_t n, Op op) {
+  if (out != in[0]) std::memcpy(out, in[0], n * sizeof(T));
+  for (int64_t p = 1; p < g; ++p) {
+    const T* x = in[p];
+    for (size_t i = 0; i < n; ++i) out[i] = op(out[i], x[i]);
+  }
+}
+
+// 16-bit floats: accumulated in fp32, rounded once.
+template <class T, class Op>
+void reduce_widened(T* out, const T* const* in, int64_t g, size_t n, Op op) {
+  float acc[1024];
+  for (size_t b = 0; b < n; b += 1024) {
+    const size_t m = std::min<size_t>(1024, n - b);
+    for (size_t i = 0; i < m; ++i) acc[i] = static_cast<float>(in[0][b + i]);
+    for (int64_t p = 1; p < g; ++p)
+      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<float>(in[p][b + i]));
+    for (size_t i = 0; i < m; ++i) out[b + i] = static_cast<T>(acc[i]);
+  }
+}
+
+template <class T, class A>
+void reduce_typed(void* out, const void* const* in, int64_t g, size_t n, ReduceOp op) {
+  auto o = static_cast<T*>(out);
+  auto i = reinterpret_cast<const T* const*>(in);
+  auto run = [&](auto f) {
+    if constexpr (std::is_same_v<T, A>) reduce_direct<T>(o, i, g, n, f);
+    else reduce_widened<T>(o, i, g, n, f);
+  };
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:
+      run([](A a, A b) { return static_cast<A>(a + b); });
+      break;
+    case ReduceOp::MAX:  // a NaN wins, as in torch.maximum
+      run([](A a, A b) { return a != a ? a : b != b ? b : (b > a ? b : a); });
+      break;
+    case ReduceOp::MIN:
+      run([](A a, A b) { return a != a ? a : b != b ? b : (b < a ? b : a); });
+      break;
+  }
+}
+
+void reduce(void* out, const void* const* in, int64_t g, size_t n, c10::ScalarType t, ReduceOp op) {
+  switch (t) {
+    case c10::ScalarType::Float: return reduce_typed<float, float>(out, in, g, n, op);
+    case c10::ScalarType::Double: return reduce_typed<double, double>(out, in, g, n, op);
+    case c10::ScalarType::Half: return reduce_typed<c10::Half, float>(out, in, g, n, op);
+    case c10::ScalarType::BFloat16: return reduce_typed<c10::BFloat16, float>(out, in, g, n, op);
+    case c10::ScalarType::Int: return reduce_typed<int32_t, int32_t>(out, in, g, n, op);
+    case c10::ScalarType::Long: return reduce_typed<int64_t, int64_t>(out, in, g, n, op);
+    case c10::ScalarType::Short: return reduce_typed<int16_t, int16_t>(out, in, g, n, op);
+    case c10::ScalarType::Char: return reduce_typed<int8_t, int8_t>(out, in, g, n, op);
+    case c10::ScalarType::Byte: return reduce_typed<uint8_t, uint8_t>(out, in, g, n, op);
+    default:
+      HP_CHECK_T(c10::TypeError, false, "hyper_parallel: the shared-memory all_reduce has no reduction for ", t);
+  }
+}
+
+}  // namespace
+
+bool shm_transport_enabled() {
+  const char* t = std::getenv("HP_TRANSPORT");
+  if (t == nullptr || *t == '\0' || std::strcmp(t, "auto") == 0 || std::strcmp(t, "shm") == 0) return true;
+  HP_CHECK_T(c10::ValueError, std::strcmp(t, "gloo") == 0, "environment variable HP_TRANSPORT='", t,
+             "' must be 'auto' (shared memory on one host, Gloo across hosts), 'shm' or 'gloo'");
+  return false;
+}
+
+std::unique_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   const std::string& name, int64_t rank,
+                                                   const std::vector<int64_t>& ranks,
+                                                   std::chrono::milliseconds timeout) {
+  std::unique_ptr<ShmTransport> t(new ShmTransport());
+  t->name_ = name;
+  t->rank_ = rank;
+  t->ranks_ = ranks;
+  t->timeout_ = timeout;
+  t->buffer_bytes_ = kDefaultBufferBytes;
+  if (const char* b = std::getenv("HP_SHM_BUFFER_KIB")) t->buffer_bytes_ = std::max<size_t>(4, std::strtoull(b, nullptr, 10)) << 10;
+  t->stride_ = kControlBytes + 2 * t->buffer_bytes_;
+  t->mapped_ = t->stride_ * ranks.size();
+  const std::string ready = "shm/" + name + "/ready", mapped = "shm/" + name + "/mapped";
+  int fd = -1;
+  if (rank == 0) {
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) {  // a leftover of a killed job with the same name
+      ::shm_unlink(name.c_str());
+      fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    }
+    TORCH_CHECK(fd >= 0, "hyper_parallel: cannot create the shared-memory segment ", name, ": ", std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(t->mapped_)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      TORCH_CHECK(false, "hyper_parallel: cannot size the shared-memory segment ", name, " to ", t->mapped_,
+                  " bytes: ", std::strerror(err), " (is /dev/shm large enough? HP_TRANSPORT=gloo avoids it)");
+    }
+    store->set(ready, std::vector<uint8_t>{1});
+  } else {
+    store->wait({ready}, timeout);
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    TORCH_CHECK(fd >= 0, "hyper_parallel: cannot open the shared-memory segment ", name, ": ", std::strerror(errno));
+  }
+  void* p = ::mmap(nullptr, t->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  TORCH_CHECK(p != MAP_FAILED, "hyper_parallel: cannot map the shared-memory segment ", name, ": ", std::strerror(err));
+  t->base_ = static_cast<unsigned char*>(p);
+  Control* mine = t->control(rank);
+  mine->pid = static_cast<int32_t>(::getpid());
+  // Once every rank has mapped it, the name goes: the memory lives as long as a mapping does,
+  // and a crash of any rank leaves nothing behind in /dev/shm.
+  store->add(mapped, 1);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (store->add(mapped, 0) < static_cast<int64_t>(ranks.size())) {
+    TORCH_CHECK(std::chrono::steady_clock::now() < until, "hyper_parallel: not every rank of [", join(ranks),
+                "] mapped the shared-memory segment within the timeout");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::shm_unlink(name.c_str());  // every rank tries; the first one wins
+  for (size_t r = 0; r < ranks.size(); ++r) t->pids_.push_back(t->control(static_cast<int64_t>(r))->pid);
+  return t;
+}
+
+ShmTransport::~ShmTransport() {
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+}
+
+ShmTransport::Control* ShmTransport::control(int64_t r) const {
+  return reinterpret_cast<Control*>(base_ + static_cast<size_t>(r) * stride_);
+}
+
+unsigned char* ShmTransport::buffer(int64_t r, uint64_t step) const {
+  return base_ + static_cast<size_t>(r) * stride_ + kControlBytes + (step % 2) * buffer_bytes_;
+}
+
+void ShmTransport::sync(const char* what) {
+  ++phase_;
+  control(rank_)->arrived.store(phase_, std::memory_order_release);
+  const int64_t g = size();
+  for (int64_t p = 0; p < g; ++p) {
+    const Control* c = control(p);
+    if (c->arrived.load(std::memory_order_acquire) >= phase_) continue;
+    // Spin first (a peer is usually a few hundred nanoseconds away), then yield the core; look at
+    // the clock and the peers' liveness only now and then.
+    uint64_t spins = 0;
+    std::chrono::steady_clock::time_point start{};
+    while (c->arrived.load(std::memory_order_acquire) < phase_) {
+      ++spins;
+      if (spins < 4096) {
+        HP_CPU_RELAX();
+        continue;
+      }
+      std::this_thread::yield();
+      if (spins % 1024 != 0) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (start == std::chrono::steady_clock::time_point{}) start = now;
+      std::vector<int64_t> late, dead;
+      for (int64_t q = 0; q < g; ++q) {
+        if (control(q)->arrived.load(std::memory_order_acquire) >= phase_) continue;
+        late.push_back(ranks_[static_cast<size_t>(q)]);
+        if (::kill(pids_[static_cast<size_t>(q)], 0) != 0 && errno == ESRCH) dead.push_back(ranks_[static_cast<size_t>(q)]);
+      }
+      TORCH_CHECK(dead.empty(), "hyper_parallel: shared-memory ", what, " on the group of ranks [", join(ranks_),
+                  "] failed on rank ", ranks_[static_cast<size_t>(rank_)], ": rank(s) [", join(dead),
+                  "] exited without reaching it");
+      TORCH_CHECK(now - start < timeout_, "hyper_parallel: shared-memory ", what, " on the group of ranks [",
+                  join(ranks_), "] failed on rank ", ranks_[static_cast<size_t>(rank_)], " after ",
+                  timeout_.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join(late),
+                  "] did not arrive (stopped, deadlocked or busy elsewhere)");
+    }
+  }
+}
+
+void ShmTransport::all_reduce(void* data, int64_t numel, c10::ScalarType dtype, ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t es = c10::elementSize(dtype);
+  const size_t per_step = buffer_bytes_ / es;
+  const int64_t g = size();
+  auto* out = static_cast<unsigned char*>(data);
+  std::vector<const void*> in(static_cast<size_t>(g));
+  for (size_t done = 0; done < static_cast<size_t>(numel); done += per_step) {
+    const size_t n = std::min(per_step, static_cast<size_t>(numel) - done);
+    const uint64_t step = step_++;
+    std::memcpy(buffer(rank_, step), out + done * es, n * es);
+    sync("all_reduce");
+    if (n * es <= 16384 || n < static_cast<size_t>(g)) {
+      // Small: every rank reduces everything itself (one synchronisation).
+      for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = buffer(p, step);
+      reduce(out + done * es, in.data(), g, n, dtype, op);
+      continue;
+    }
+    // Large: each rank reduces its share into its own buffer, then everyone copies the shares.
+    auto share = [&](int64_t p) { return std::make_pair(n * static_cast<size_t>(p) / g, n * static_cast<size_t>(p + 1) / g); };
+    const auto [lo, hi] = share(rank_);
+    for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = buffer(p, step) + lo * es;
+    reduce(buffer(rank_, step) + lo * es, in.data(), g, hi - lo, dtype, op);
+    sync("all_reduce");
+    for (int64_t p = 0; p < g; ++p) {
+      const auto [a, b] = share(p);
+      std::memcpy(out + (done + a) * es, buffer(p, step) + a * es, (b - a) * es);
+    }
+  }
+}
+
+void ShmTransport::all_gather(const void* in, void* out, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t g = size();
+  for (size_t done = 0; done < bytes; done += buffer_bytes_) {
+    const size_t n = std::min(buffer_bytes_, bytes - done);
+    const uint64_t step = step_++;
+    std::memcpy(buffer(rank_, step), static_cast<const unsigned char*>(in) + done, n);
+    sync("all_gather");
+    for (int64_t p = 0; p < g; ++p)
+      std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(p) * bytes + done, buffer(p, step), n);
+  }
+}
+
+void ShmTransport::all_to_all(const void* in, void* out, size_t block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t g = size();
+  const size_t per = std::max<size_t>(1, buffer_bytes_ / static_cast<size_t>(g));
+  for (size_t done = 0; done < block; done += per) {
+    const size_t n = std::min(per, block - done);
+    const uint64_t step = step_++;
+    for (int64_t j = 0; j < g; ++j)
+      std::memcpy(buffer(rank_, step) + static_cast<size_t>(j) * n,
+                  static_cast<const unsigned char*>(in) + static_cast<size_t>(j) * block + done, n);
+    sync("all_to_all");
+    for (int64_t p = 0; p < g; ++p)
+      std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(p) * block + done,
+                  buffer(p, step) + static_cast<size_t>(rank_) * n, n);
+  }
+}
+
+void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t done = 0; done < bytes; done += buffer_bytes_) {
+    const size_t n = std::min(buffer_bytes_, bytes - done);
+    const uint64_t step = step_++;
+    if (rank_ == src) std::memcpy(buffer(rank_, step), static_cast<unsigned char*>(data) + done, n);
+    sync("broadcast");
+    if (rank_ != src) std::memcpy(static_cast<unsigned char*>(data) + done, buffer(src, step), n);
+  }
+}
+
+void ShmTransport::scatter(const void* in, void* out, size_t block, int64_t src) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t g = size();
+  const size_t per = std::max<size_t>(1, buffer_bytes_ / static_cast<size_t>(g));
+  for (size_t done = 0; done < block; done += per) {
+    const size_t n = std::min(per, block - done);
+    const uint64_t step = step_++;
+    if (rank_ == src)
+      for (int64_t j = 0; j < g; ++j)
+        std::memcpy(buffer(rank_, step) + static_cast<size_t>(j) * n,
+                    static_cast<const unsigned char*>(in) + static_cast<size_t>(j) * block + done, n);
+    sync("scatter");
+    std::memcpy(static_cast<unsigned char*>(out) + done, buffer(src, step) + static_cast<size_t>(rank_) * n, n);
+  }
+}
+
+void ShmTransport::barrier() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++step_;  // keeps the buffer alternation in step with the peers
+  sync("barrier");
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,83 @@
+#pragma once
+// The shared-memory transport for a group whose ranks all run on one host (internal to runtime/).
+// One segment per group: per rank a control line (an arrival counter) and two data buffers used
+// alternately, so one synchronisation per exchange is enough (a rank writes buffer k % 2 only
+// after every rank has finished reading it two exchanges ago). Waiting spins, then yields; never
+// sleeps on the hot path, never forever: HP_TIMEOUT_S applies and a dead peer is noticed; the
+// error names the ranks that did not arrive. The segment is unlinked as soon as every rank has
+// mapped it, so nothing is left in /dev/shm, whatever happens to the ranks afterwards.
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <hyper_parallel/runtime/collectives.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+namespace c10d {
+class Store;
+}
+
+namespace hyper_parallel {
+
+class ShmTransport {
+ public:
+  /// Collective over the group's members (global `ranks`, this process at `rank` in it): every
+  /// member creates it with the same `name` (unique per job and group) through `store`.
+  static std::unique_ptr<ShmTransport> create(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                                              int64_t rank, const std::vector<int64_t>& ranks,
+                                              std::chrono::milliseconds timeout);
+  ~ShmTransport();
+
+  /// In place over `numel` contiguous elements of `dtype` (floating, integer or byte types; bf16
+  /// and fp16 are accumulated in fp32). Every rank gets the same bits: each element is reduced in
+  /// rank order 0, 1, ...
+  void all_reduce(void* data, int64_t numel, c10::ScalarType dtype, ReduceOp op);
+  /// `out` receives every rank's `bytes` bytes of `in`, in rank order.
+  void all_gather(const void* in, void* out, size_t bytes);
+  /// `in` holds size() blocks of `block` bytes, block j for rank j; `out` receives block `rank`
+  /// of every rank, in rank order.
+  void all_to_all(const void* in, void* out, size_t block);
+  void broadcast(void* data, size_t bytes, int64_t src);
+  /// `src`'s `in` holds size() blocks of `block` bytes; every rank receives its block in `out`.
+  void scatter(const void* in, void* out, size_t block, int64_t src);
+  void barrier();
+
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+
+ private:
+  ShmTransport() = default;
+  struct Control;
+  Control* control(int64_t r) const;
+  unsigned char* buffer(int64_t r, uint64_t step) const;
+  /// Publishes this rank's arrival at the next phase and waits for every rank's.
+  void sync(const char* what);
+
+  std::string name_;
+  int64_t rank_ = 0;
+  std::vector<int64_t> ranks_;
+  std::vector<int> pids_;
+  std::chrono::milliseconds timeout_{0};
+  size_t buffer_bytes_ = 0;
+  size_t stride_ = 0;  // bytes per rank: control line + 2 buffers
+  unsigned char* base_ = nullptr;
+  size_t mapped_ = 0;
+  uint64_t phase_ = 0;
+  uint64_t step_ = 0;
+  std::mutex mutex_;  // collectives on one group from several threads run one at a time
+};
+
+/// Whether shared memory may be used at all (HP_TRANSPORT is not "gloo").
+bool shm_transport_enabled();
+
+class Group;
+/// The group's shared-memory transport, or nullptr when it runs on Gloo.
+ShmTransport* shm_transport_of(const Group& group);
+
+}  // namespace hyper_parallel
