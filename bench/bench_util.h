@@ -55,5 +55,7 @@ inline void emit(const std::string& name, const std::string& params, double valu
 
 /// The tensor-parallel benchmarks, run on every rank of a job started by hprun; rank 0 prints.
 void run_tp_benchmarks(const std::string& filter);
+/// Collective latencies per size on the world group (rank 0 prints).
+void run_collective_benchmarks(const std::string& filter);
 
 }  // namespace hp_bench

@@ -135,7 +135,48 @@ void tp_benchmarks(const char* self) {
   }
 }
 
+// Collective latencies: a 2-rank job per transport (shared memory, then Gloo), rank 0's lines
+// relayed; the ratio lines compare the two at each size.
+void collective_benchmarks(const char* self) {
+  if (!wanted("all_reduce_latency") && !wanted("all_gather_latency")) return;
+  std::vector<std::string> lines[2];
+  const char* transports[] = {"auto", "gloo"};
+  for (int t = 0; t < 2; ++t) {
+    const std::string cmd = std::string("HP_TRANSPORT=") + transports[t] + " " + HP_HPRUN_PATH +
+                            " --nproc-per-node 2 " + self + " --collectives '" + g_filter + "' 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return;
+    char line[4096];
+    while (std::fgets(line, sizeof line, pipe) != nullptr) {
+      std::string l(line);
+      const std::string prefix = "[rank0]: ";
+      if (l.rfind(prefix, 0) != 0 || l.find("latency") == std::string::npos) continue;
+      l = l.substr(prefix.size());
+      std::fputs(l.c_str(), stdout);
+      lines[t].push_back(l);
+    }
+    pclose(pipe);
+  }
+  auto field = [](const std::string& l, const std::string& key) {
+    const size_t at = l.find("\"" + key + "\": ");
+    return at == std::string::npos ? -1.0 : std::stod(l.substr(at + key.size() + 4));
+  };
+  for (size_t i = 0; i < std::min(lines[0].size(), lines[1].size()); ++i) {
+    const std::string name = lines[0][i].find("all_reduce") != std::string::npos ? "all_reduce_shm_vs_gloo" : "all_gather_shm_vs_gloo";
+    const double bytes = std::max(field(lines[0][i], "bytes"), field(lines[0][i], "output_bytes"));
+    const double shm = field(lines[0][i], "median_us"), gloo = field(lines[1][i], "median_us");
+    emit(name, "\"bytes\": " + std::to_string(static_cast<long long>(bytes)) + ", ", shm, "us", gloo, shm / gloo);
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "--collectives") {  // a rank of the collective benchmarks
+    at::set_num_threads(1);
+    hp::init_process_group();
+    hp_bench::run_collective_benchmarks(argv[2]);
+    hp::destroy_process_group();
+    return 0;
+  }
   if (argc > 2 && std::string(argv[1]) == "--worker") {  // a rank of the tp benchmarks
     at::set_num_threads(1);
     hp::init_process_group();
@@ -161,5 +202,6 @@ int main(int argc, char** argv) {
   module_call_overhead();
   hp::destroy_process_group();
   tp_benchmarks(argv[0]);
+  collective_benchmarks(argv[0]);
   return 0;
 }

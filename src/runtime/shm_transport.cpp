@@ -46,25 +46,23 @@ std::string join(const std::vector<int64_t>& v) {
   return s;
 }
 
-template <class T, class Op>
-void reduce_direct(T* out, const T* const* in, int64_t g, size_t n, Op op) {
-  if (out != in[0]) std::memcpy(out, in[0], n * sizeof(T));
-  for (int64_t p = 1; p < g; ++p) {
-    const T* x = in[p];
-    for (size_t i = 0; i < n; ++i) out[i] = op(out[i], x[i]);
-  }
-}
-
-// 16-bit floats: accumulated in fp32, rounded once.
-template <class T, class Op>
-void reduce_widened(T* out, const T* const* in, int64_t g, size_t n, Op op) {
-  float acc[1024];
-  for (size_t b = 0; b < n; b += 1024) {
-    const size_t m = std::min<size_t>(1024, n - b);
-    for (size_t i = 0; i < m; ++i) acc[i] = static_cast<float>(in[0][b + i]);
-    for (int64_t p = 1; p < g; ++p)
-      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<float>(in[p][b + i]));
-    for (size_t i = 0; i < m; ++i) out[b + i] = static_cast<T>(acc[i]);
+// Reduced in blocks through a local accumulator, in rank order: `out` may be one of the inputs
+// (a rank reduces its share into its own buffer), and the local array lets the compiler
+// vectorise. 16-bit floats accumulate in fp32 and are rounded once.
+template <class T, class A, class Op>
+void reduce_blocked(T* out, const T* const* in, int64_t g, size_t n, Op op) {
+  constexpr size_t kBlock = 512;
+  A acc[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    const T* __restrict x0 = in[0] + b;
+    for (size_t i = 0; i < m; ++i) acc[i] = static_cast<A>(x0[i]);
+    for (int64_t p = 1; p < g; ++p) {
+      const T* __restrict x = in[p] + b;
+      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<A>(x[i]));
+    }
+    T* __restrict o = out + b;
+    for (size_t i = 0; i < m; ++i) o[i] = static_cast<T>(acc[i]);
   }
 }
 
@@ -72,10 +70,7 @@ template <class T, class A>
 void reduce_typed(void* out, const void* const* in, int64_t g, size_t n, ReduceOp op) {
   auto o = static_cast<T*>(out);
   auto i = reinterpret_cast<const T* const*>(in);
-  auto run = [&](auto f) {
-    if constexpr (std::is_same_v<T, A>) reduce_direct<T>(o, i, g, n, f);
-    else reduce_widened<T>(o, i, g, n, f);
-  };
+  auto run = [&](auto f) { reduce_blocked<T, A>(o, i, g, n, f); };
   switch (op) {
     case ReduceOp::SUM:
     case ReduceOp::AVG:
@@ -194,6 +189,7 @@ void ShmTransport::sync(const char* what) {
     // Spin first (a peer is usually a few hundred nanoseconds away), then yield the core; look at
     // the clock and the peers' liveness only now and then.
     uint64_t spins = 0;
+    bool long_wait = false;
     std::chrono::steady_clock::time_point start{};
     while (c->arrived.load(std::memory_order_acquire) < phase_) {
       ++spins;
@@ -201,10 +197,14 @@ void ShmTransport::sync(const char* what) {
         HP_CPU_RELAX();
         continue;
       }
-      std::this_thread::yield();
-      if (spins % 1024 != 0) continue;
+      // A peer that is milliseconds away is not on the hot path (it computes, or waits for
+      // something else): sleep briefly then, so a waiting rank gives its core back.
+      if (long_wait) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else std::this_thread::yield();
+      if (!long_wait && spins % 1024 != 0) continue;
       const auto now = std::chrono::steady_clock::now();
       if (start == std::chrono::steady_clock::time_point{}) start = now;
+      long_wait = now - start > std::chrono::milliseconds(2);
       std::vector<int64_t> late, dead;
       for (int64_t q = 0; q < g; ++q) {
         if (control(q)->arrived.load(std::memory_order_acquire) >= phase_) continue;

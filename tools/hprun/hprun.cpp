@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -29,6 +30,9 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free one (single node only)
   double grace_s = 5.0;
+  // Pin each local rank to its own share of the cores this launcher may use (DeepSpeed's
+  // --bind_cores_to_rank): "auto" pins when there are at least as many cores as local ranks.
+  std::string bind_cores = "auto";
   std::vector<std::string> cmd;
 };
 
@@ -52,7 +56,8 @@ void on_signal(int sig) { g_signal = sig; }
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "hprun: %s\nusage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
-               "             [--master-addr A] [--master-port P] [--grace-s S] program [args...]\n",
+               "             [--master-addr A] [--master-port P] [--grace-s S] [--bind-cores auto|1|0]\n"
+               "             program [args...]\n",
                msg);
   std::exit(2);
 }
@@ -84,6 +89,10 @@ Options parse(int argc, char** argv) {
     else if (flag == "--master-addr") o.master_addr = value;
     else if (flag == "--master-port") o.master_port = parse_int(flag, value.c_str(), 1);
     else if (flag == "--grace-s") o.grace_s = std::atof(value.c_str());
+    else if (flag == "--bind-cores") {
+      if (value != "auto" && value != "1" && value != "0") usage("--bind-cores takes auto, 1 or 0");
+      o.bind_cores = value;
+    }
     else usage(("unknown option " + flag).c_str());
   }
   for (; i < argc; ++i) o.cmd.emplace_back(argv[i]);
@@ -171,6 +180,19 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 
+  // The cores to share out, when binding: those this process may run on.
+  std::vector<int> cores;
+  if (o.bind_cores != "0") {
+    cpu_set_t allowed;
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+    if (cores.size() < static_cast<size_t>(o.nproc)) {
+      if (o.bind_cores == "1")
+        std::fprintf(stderr, "hprun: --bind-cores 1: %zu cores for %d ranks; not binding\n", cores.size(), o.nproc);
+      cores.clear();
+    }
+  }
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
   for (int i = 0; i < o.nproc; ++i) {
     Rank& r = ranks[static_cast<size_t>(i)];
@@ -199,6 +221,15 @@ int main(int argc, char** argv) {
       setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
+      if (!cores.empty()) {
+        // Local rank i gets the i-th contiguous share of the allowed cores.
+        const size_t share = cores.size() / static_cast<size_t>(o.nproc);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (size_t k = 0; k < share; ++k) CPU_SET(cores[static_cast<size_t>(i) * share + k], &set);
+        if (::sched_setaffinity(0, sizeof set, &set) != 0) std::perror("hprun: sched_setaffinity");
+        setenv("HP_BOUND_CORES", std::to_string(share).c_str(), 1);
+      }
       std::vector<char*> args;
       for (auto& a : o.cmd) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
