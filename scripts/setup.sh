@@ -12,6 +12,7 @@ PACKAGES=(
   libbenchmark-dev
   libopenblas0-openmp   # takes over libblas.so.3: ~10x faster matmuls than the reference BLAS
   gnuplot-nox           # the demo plots its loss curves to PNG when gnuplot is there
+  iproute2              # the two-host test joins two network namespaces with a veth pair
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -48,6 +48,7 @@ int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); 
 const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
 const std::string& Group::device_type() const { return impl_->device_type; }
 std::string Group::backend_name() const { return impl_->pg->getBackendName(); }
+std::string Group::transport() const { return impl_->shm ? "shm" : backend_name(); }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
   TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/runtime/process_group.h>
 
 int main(int argc, char** argv) {
@@ -41,6 +42,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
     }
+    return 0;
+  }
+  if (mode == "transports") {  // a 2-D mesh (dp, tp) over the whole job: who carries what
+    namespace hp = hyper_parallel;
+    hp::init_process_group();
+    const int64_t ws = hp::get_world_size();
+    auto mesh = hp::init_device_mesh("cpu", {2, ws / 2}, {"dp", "tp"});
+    std::printf("rank %d world=%s dp=%s tp=%s\n", rank, hp::world_group().transport().c_str(),
+                mesh.get_group(0).transport().c_str(), mesh.get_group(1).transport().c_str());
+    at::Tensor t = at::full({4}, static_cast<double>(rank));
+    hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
+    std::printf("rank %d sum=%g\n", rank, t[0].item<double>());
     return 0;
   }
   if ((mode == "stop-in-collective" || mode == "exit-in-collective") && argc > 2) {

@@ -26,6 +26,9 @@ class Group {
   const std::string& device_type() const;
   /// Backend name, e.g. "gloo".
   std::string backend_name() const;
+  /// What carries the group's collectives: "shm" when every member runs on this host (shared
+  /// memory; HP_TRANSPORT=gloo turns it off), otherwise the backend name ("gloo").
+  std::string transport() const;
   Impl* impl() const { return impl_.get(); }
 
   bool operator==(const Group& o) const { return impl_ == o.impl_; }
