@@ -193,7 +193,10 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
           store->set("shm_token", std::vector<uint8_t>(token.begin(), token.end()));
         }
         const auto token = store->get("shm_token");
-        const std::string name = "/hp_" + std::string(token.begin(), token.end());
+        // hprun names its job (HP_JOB_ID) and removes /dev/shm/hp_<job>_* when the job ends, in case
+        // a rank died between creating a segment and the unlink that follows the mapping.
+        const char* job = std::getenv("HP_JOB_ID");
+        const std::string name = "/hp_" + std::string(job != nullptr ? job : "0") + "_" + std::string(token.begin(), token.end());
         impl->shm = ShmTransport::create(store, name, impl->rank, ranks, s.timeout);
       }
     } catch (const std::exception& e) {

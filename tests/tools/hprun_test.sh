@@ -65,6 +65,9 @@ echo "stopped rank: named after ${elapsed}s: $(grep -m1 'did not arrive' "$OUT" 
 HP_TIMEOUT_S=2 "$HPRUN" --nproc-per-node 3 --grace-s 1 "$PROBE" exit-in-collective 2 >"$OUT" 2>&1
 [ $? -ne 0 ] || fail "a vanished rank went unnoticed"
 grep -q "rank(s) \[2\] did not arrive\|rank(s) \[2\] exited without reaching it" "$OUT" || fail "the vanished rank is not named"
+# No shared-memory segment outlives the killed jobs above.
+left=$(ls /dev/shm 2>/dev/null | grep -c '^hp_')
+[ "$left" -eq 0 ] || fail "shared-memory segments left in /dev/shm: $(ls /dev/shm | grep '^hp_')"
 # MASTER_PORT already held by another job: the cause first, at once.
 HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port 29731 "$PROBE" stop-in-collective 1 >/dev/null 2>&1 &
 holder=$!

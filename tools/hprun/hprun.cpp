@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <dirent.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -169,6 +171,16 @@ char process_state(pid_t pid) {
   return close != nullptr && close[1] == ' ' ? close[2] : '?';
 }
 
+// Shared-memory segments of this job that a rank killed at the wrong moment left named.
+void remove_job_segments(const std::string& job_id) {
+  const std::string prefix = "hp_" + job_id + "_";
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ::shm_unlink((std::string("/") + e->d_name).c_str());
+    ::closedir(d);
+  }
+}
+
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.master_port == 0) o.master_port = free_port(o.master_addr);
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
       cores.clear();
     }
   }
+  const std::string job_id = std::to_string(::getpid());
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
   for (int i = 0; i < o.nproc; ++i) {
     Rank& r = ranks[static_cast<size_t>(i)];
@@ -221,6 +234,7 @@ int main(int argc, char** argv) {
       setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
+      setenv("HP_JOB_ID", job_id.c_str(), 1);
       if (!cores.empty()) {
         // Local rank i gets the i-th contiguous share of the allowed cores.
         const size_t share = cores.size() / static_cast<size_t>(o.nproc);
@@ -316,6 +330,7 @@ int main(int argc, char** argv) {
       if (std::chrono::steady_clock::now() > drain_deadline) break;
     }
   }
+  remove_job_segments(job_id);
   if (first_failed >= 0) {
     std::fprintf(stderr, "hprun: exiting with rank %d's status %d\n", first_failed, first_status);
     return first_status;
