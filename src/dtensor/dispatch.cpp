@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
@@ -413,6 +415,19 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", info.name());
   info.set_mesh(mesh);
 
+  // A composite op (linear, matmul, dropout, ...) reaches DTensors undecomposed only when autograd
+  // is off for the call (c10::InferenceMode skips the Autograd keys, where its decomposition
+  // normally runs). Decompose it here, as autograd would have: its pieces come back to us one by
+  // one. Explicit rules win.
+  if (find_rule(op) == nullptr && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    const at::Tensor* first = nullptr;
+    for (size_t i = 0; i < nargs && first == nullptr; ++i)
+      if (args[i].isTensor() && dtensor_impl(args[i].toTensor()) != nullptr) first = &args[i].toTensor();
+    const c10::Device device = first != nullptr ? dtensor_impl(*first)->local().device() : c10::Device(c10::kCPU);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::computeDispatchKey(c10::nullopt, c10::kStrided, device)), stack);
+    return;
+  }
+
   std::vector<int64_t> key;
   key.reserve(64);
   key.push_back(reinterpret_cast<int64_t>(&schema));
@@ -533,6 +548,15 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const int64_t k = info.input_index(a);
       base_moved = k >= 0 && d->redistribute[static_cast<size_t>(k)];
     }
+    // Under c10::InferenceMode a view of a normal tensor must be a normal tensor (autograd's view
+    // tracking gives it the base's version counter), as libtorch's own views are.
+    const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
+    auto wrap_output = [&](const at::Tensor& local, std::shared_ptr<const DTensorSpec>& spec,
+                           const std::vector<int64_t>& shape) {
+      if (!normal_view) return wrap(local, spec, shape, info);
+      c10::InferenceMode normal(false);
+      return wrap(local, spec, shape, info);
+    };
     auto mark = [&](const at::Tensor& local, at::Tensor& wrapped) {
       if (base == nullptr || !wrapped.defined()) return;
       if (base_moved || base->is_copy_view() || !local.is_alias_of(base->local()))
@@ -544,7 +568,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (v.isTensor()) {
       if (!d->outputs[r].empty() && d->outputs[r][0]) {
         at::Tensor local = v.toTensor();
-        at::Tensor w = wrap(local, d->outputs[r][0], d->local_shapes[r][0], info);
+        at::Tensor w = wrap_output(local, d->outputs[r][0], d->local_shapes[r][0]);
         mark(local, w);
         v = w;
       }
@@ -554,7 +578,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   l.size(), " local tensors where the global op returns ", d->outputs[r].size());
       for (size_t j = 0; j < l.size(); ++j) {
         at::Tensor local = l.get(j);
-        at::Tensor w = wrap(local, d->outputs[r][j], d->local_shapes[r][j], info);
+        at::Tensor w = wrap_output(local, d->outputs[r][j], d->local_shapes[r][j]);
         mark(local, w);
         l.set(j, w);
       }

@@ -227,3 +227,47 @@ TEST(OffPathDist, MeshDimOfSizeOneNeverCommunicates) {
   EXPECT_TRUE(close(z, full));
   EXPECT_TRUE(close(q, full));
 }
+
+// c10::InferenceMode: composite ops (linear, ...) reach DTensors undecomposed there; they run and
+// match plain tensors.
+TEST(OffPathDist, InferenceModeRunsCompositeOps) {
+  auto mesh = world_mesh();
+  const int64_t n = ws();
+  at::Tensor w1 = random({4 * n, 6}, 1), b1 = random({4 * n}, 2), w2 = random({5, 4 * n}, 3), x = random({3, 6}, 4);
+  auto dw1 = hp::distribute_tensor(w1, mesh, S0), db1 = hp::distribute_tensor(b1, mesh, S0);
+  auto dw2 = hp::distribute_tensor(w2, mesh, {hp::Shard(1)});
+  auto dx = hp::distribute_tensor(x, mesh, R);
+  c10::InferenceMode guard;
+  at::Tensor y = at::linear(at::gelu(at::linear(dx, dw1, db1)), dw2);
+  EXPECT_TRUE(close(y, at::linear(at::gelu(at::linear(x, w1, b1)), w2)));
+  EXPECT_TRUE(close(at::matmul(dx, dw1.t()).softmax(-1), at::matmul(x, w1.t()).softmax(-1)));
+}
+
+// Scaled dot-product attention on heads-sharded q/k/v: local per rank, no collective, forward and
+// backward equal to plain tensors (causal and with an explicit mask).
+TEST(OffPathDist, ScaledDotProductAttentionOnShardedHeads) {
+  auto mesh = world_mesh();
+  const int64_t h = 2 * ws();
+  at::Tensor q = random({2, h, 5, 8}, 3), k = random({2, h, 5, 8}, 4), v = random({2, h, 5, 8}, 5);
+  at::Tensor mask = at::ones({5, 5}, at::kBool).tril();
+  for (bool causal : {true, false}) {
+    std::vector<at::Tensor> plain{q.clone().requires_grad_(true), k.clone().requires_grad_(true), v.clone().requires_grad_(true)};
+    std::vector<at::Tensor> dist;
+    for (const auto& t : {q, k, v}) {
+      auto d = hp::distribute_tensor(t, mesh, {hp::Shard(1)});
+      d.set_requires_grad(true);
+      dist.push_back(d);
+    }
+    const c10::optional<at::Tensor> m = causal ? c10::nullopt : c10::optional<at::Tensor>(mask);
+    at::Tensor ref = std::get<0>(at::_scaled_dot_product_attention(plain[0], plain[1], plain[2], m, 0.0, false, causal));
+    hp::CommDebugMode comm;
+    at::Tensor out = std::get<0>(at::_scaled_dot_product_attention(dist[0], dist[1], dist[2], m, 0.0, false, causal));
+    EXPECT_EQ(comm.get_total_counts(), 0) << comm.summary();
+    EXPECT_EQ(hp::DTensor(out).placements(), (P{hp::Shard(1)}));
+    EXPECT_TRUE(close(out, ref));
+    at::Tensor w = values(ref.sizes(), 2);
+    (ref * w).sum().backward();
+    (out * hp::distribute_tensor(w, mesh, {hp::Shard(1)})).sum().backward();
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(dist[static_cast<size_t>(i)].grad(), plain[static_cast<size_t>(i)].grad())) << i;
+  }
+}

@@ -1,0 +1,75 @@
+// Scaled dot-product attention on DTensors. libtorch 1.13 decomposes
+// aten::_scaled_dot_product_attention above autograd into math that builds plain tensors of its
+// own (the causal mask), which cannot meet DTensors. Attention is independent per batch entry and
+// per head, so with q/k/v sharded on those dims (as Colwise q/k/v projections leave them) each rank
+// runs it on its local heads: no collective, forward or backward. This kernel takes the op's place
+// at the Autograd keys; plain tensors get libtorch's own math, unchanged.
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace hyper_parallel {
+namespace ops {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const c10::optional<at::Tensor>& attn_mask, double dropout_p,
+                                        bool need_attn_weights, bool is_causal) {
+  const bool dist = is_dtensor(query) || is_dtensor(key) || is_dtensor(value);
+  if (!dist) return at::_scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, need_attn_weights, is_causal);
+  HP_CHECK_T(c10::ValueError, is_dtensor(query) && is_dtensor(key) && is_dtensor(value),
+             "hyper_parallel: scaled_dot_product_attention needs query, key and value all DTensors or all plain");
+  const DTensor q(query), k(key), v(value);
+  const DeviceMesh& mesh = q.device_mesh();
+  const int64_t nd = query.dim();
+  // Batch and head dims (all but the last two) may stay sharded, alike on q, k and v; the sequence
+  // and head-size dims must be whole; Partial values are reduced.
+  Placements want = q.placements();
+  for (auto& p : want)
+    if (p.is_partial() || (p.is_shard() && p.dim() >= nd - 2)) p = Replicate();
+  HP_CHECK_T(c10::ValueError, k.device_mesh() == mesh && v.device_mesh() == mesh && key.dim() == nd && value.dim() == nd,
+             "hyper_parallel: scaled_dot_product_attention needs query, key and value on one mesh with the same rank");
+  const DTensor lq = q.redistribute(want), lk = k.redistribute(want), lv = v.redistribute(want);
+  c10::optional<at::Tensor> mask = attn_mask;
+  if (mask && mask->defined()) {
+    at::Tensor m = is_dtensor(*mask) ? DTensor(*mask).full_tensor() : *mask;
+    // The mask broadcasts from the right: a sharded batch/head dim must be of size 1 (or absent) in it.
+    bool sharded = false;
+    for (const auto& p : want) {
+      if (!p.is_shard()) continue;
+      const int64_t md = p.dim() - (nd - m.dim());
+      sharded = sharded || (md >= 0 && m.size(md) > 1);
+    }
+    HP_CHECK_T(c10::NotImplementedError, !sharded, "hyper_parallel: scaled_dot_product_attention with a mask of shape ",
+               m.sizes(), " over dims that ", to_string(want), " shards is not supported; give a [L, S] mask");
+    mask = m;
+  }
+  auto [out, weights] = at::_scaled_dot_product_attention_math(lq.to_local(), lk.to_local(), lv.to_local(), mask,
+                                                               dropout_p, need_attn_weights, is_causal);
+  std::vector<int64_t> out_shape = query.sizes().vec();
+  out_shape.back() = value.size(-1);
+  at::Tensor dout = DTensor::from_local(out, mesh, want, false, out_shape);
+  at::Tensor dweights;
+  if (weights.defined() && weights.numel() > 0) {
+    std::vector<int64_t> w_shape = query.sizes().vec();
+    w_shape.back() = key.size(-2);
+    dweights = DTensor::from_local(weights, mesh, want, false, w_shape);
+  } else {
+    dweights = weights;
+  }
+  return {dout, dweights};
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace hyper_parallel
+
+// At the Autograd keys, where libtorch's decomposition would run (CPU; CUDA alike for a CUDA build).
+TORCH_LIBRARY_IMPL(aten, AutogradCPU, m) {
+  m.impl("_scaled_dot_product_attention", TORCH_FN(hyper_parallel::ops::sdpa));
+}
+TORCH_LIBRARY_IMPL(aten, AutogradCUDA, m) {
+  m.impl("_scaled_dot_product_attention", TORCH_FN(hyper_parallel::ops::sdpa));
+}
