@@ -5,6 +5,7 @@
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include "shm_transport.h"
 
@@ -94,6 +95,12 @@ void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
 // Booleans reduce as logical or (sum, max) / logical and (min), on bytes.
 ReduceOp bool_op(ReduceOp op) { return op == ReduceOp::MIN ? ReduceOp::MIN : ReduceOp::MAX; }
 
+// Tensors handed to the backend are written on its own threads, outside the caller's
+// c10::InferenceMode: they must be normal tensors, not inference tensors.
+struct NormalTensors {
+  c10::InferenceMode guard{false};
+};
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
@@ -122,6 +129,7 @@ const char* reduce_op_name(ReduceOp op) {
 at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
                       c10::optional<int64_t> full_size) {
   check_group(group, "all_gather");
+  const NormalTensors normal;
   dim = wrap_dim(dim, local.dim(), "all_gather");
   const int64_t g = group.size();
   CommDebugMode::record("all_gather", nbytes(local));
@@ -169,10 +177,14 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   // rounded once at the end otherwise). Every buffer is in logical (row-major) order, whatever
   // the caller's layout: ranks with different strides must still add matching elements.
   at::Tensor buf;
-  if (is_bool) buf = tensor.contiguous().view(at::kByte);
-  else if (tensor.scalar_type() == at::kBFloat16)
-    buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
-  else buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  {
+    const NormalTensors normal;
+    if (is_bool) buf = tensor.contiguous().view(at::kByte);
+    else if (tensor.scalar_type() == at::kBFloat16)
+      buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
+    else buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : tensor.contiguous();
+    if (buf.is_inference()) buf = at::empty_like(buf).copy_(buf);
+  }
   if (ShmTransport* shm = shm_transport_of(group)) {
     shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op);
   } else {
@@ -194,6 +206,7 @@ at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group)
 
 at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
   check_group(group, "reduce_scatter");
+  const NormalTensors normal;
   check_reduce_dtype(op, input.scalar_type(), "reduce_scatter");
   dim = wrap_dim(dim, input.dim(), "reduce_scatter");
   const int64_t g = group.size();
@@ -226,6 +239,7 @@ at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, con
 at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat_dim,
                       const Group& group, c10::optional<int64_t> concat_full_size) {
   check_group(group, "all_to_all");
+  const NormalTensors normal;
   split_dim = wrap_dim(split_dim, local.dim(), "all_to_all");
   concat_dim = wrap_dim(concat_dim, local.dim(), "all_to_all");
   HP_CHECK_T(c10::ValueError, split_dim != concat_dim,
@@ -271,7 +285,11 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
              src, " is not a rank of a group of size ", group.size());
   CommDebugMode::record("broadcast", nbytes(tensor));
   if (group.size() == 1 || tensor.numel() == 0) return tensor;
-  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  at::Tensor buf;
+  {
+    const NormalTensors normal;
+    buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : at::empty(tensor.sizes(), tensor.options()).copy_(tensor);
+  }
   std::vector<at::Tensor> ts{as_wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
@@ -285,6 +303,7 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
 
 at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group& group) {
   check_group(group, "scatter");
+  const NormalTensors normal;
   dim = wrap_dim(dim, full.dim(), "scatter");
   HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::scatter: src ",
              src, " is not a rank of a group of size ", group.size());
