@@ -415,18 +415,6 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", info.name());
   info.set_mesh(mesh);
 
-  // A composite op (linear, matmul, dropout, ...) reaches DTensors undecomposed only when autograd
-  // is off for the call (c10::InferenceMode skips the Autograd keys, where its decomposition
-  // normally runs). Decompose it here, as autograd would have: its pieces come back to us one by
-  // one. Explicit rules win.
-  if (find_rule(op) == nullptr && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-    const at::Tensor* first = nullptr;
-    for (size_t i = 0; i < nargs && first == nullptr; ++i)
-      if (args[i].isTensor() && dtensor_impl(args[i].toTensor()) != nullptr) first = &args[i].toTensor();
-    const c10::Device device = first != nullptr ? dtensor_impl(*first)->local().device() : c10::Device(c10::kCPU);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::computeDispatchKey(c10::nullopt, c10::kStrided, device)), stack);
-    return;
-  }
 
   std::vector<int64_t> key;
   key.reserve(64);
@@ -475,6 +463,18 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (it != t_cache.map.end()) {
     d = it->second;
   } else {
+    // A composite op (linear, matmul, dropout, ...) reaches DTensors undecomposed only when autograd
+    // is off for the call (c10::InferenceMode skips the Autograd keys, where its decomposition
+    // normally runs). Decompose it here, as autograd would have: its pieces come back to us one by
+    // one. Explicit rules win.
+    if (find_rule(op) == nullptr && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+      const at::Tensor* first = nullptr;
+      for (size_t i = 0; i < nargs && first == nullptr; ++i)
+        if (args[i].isTensor() && dtensor_impl(args[i].toTensor()) != nullptr) first = &args[i].toTensor();
+      const c10::Device device = first != nullptr ? dtensor_impl(*first)->local().device() : c10::Device(c10::kCPU);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::computeDispatchKey(c10::nullopt, c10::kStrided, device)), stack);
+      return;
+    }
     d = decide(info);
     // Shapes that keep changing (variable sequence lengths) would grow the cache without bound.
     if (t_cache.map.size() >= 65536) t_cache.map.clear();
