@@ -106,7 +106,7 @@ double single_block_step_ms(int threads);
 // JSON lines; the worker's step time feeds the efficiency figure.
 void tp_benchmarks(const char* self) {
   const std::string names[] = {"tp_mlp_vs_manual", "tp_block_vs_manual", "tp2_vs_single_2threads", "collectives_per_layer",
-                               "param_bytes_per_rank"};
+                               "param_bytes_per_rank", "save_sharded"};
   bool any = false;
   for (const auto& n : names) any = any || wanted(n);
   if (!any) return;
