@@ -4,6 +4,8 @@
 
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 
+#include <random>
+
 using namespace hp_test;
 
 namespace {
@@ -190,4 +192,52 @@ TEST(DistributeTensorDist, FromLocalRunCheckAndErrors) {
   std::ostringstream os;
   os << x;
   EXPECT_NE(os.str().find("Shard(dim=0)"), std::string::npos);
+}
+
+namespace {
+// Random chains of three redistributions over random shapes (dims smaller than the mesh, empty
+// ones included) and random placements of every mesh dim; values and gradients must pass through.
+void random_chains(const hp::DeviceMesh& mesh, uint64_t seed, int trials) {
+  std::mt19937_64 rng(seed);  // the same stream on every rank
+  auto random_placements = [&](int64_t ndim, bool partial_ok) {
+    hp::Placements p;
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      const uint64_t k = rng() % (ndim + (partial_ok ? 2 : 1));
+      if (k < static_cast<uint64_t>(ndim)) p.push_back(hp::Shard(static_cast<int64_t>(k)));
+      else if (k == static_cast<uint64_t>(ndim)) p.push_back(hp::Replicate());
+      else p.push_back(hp::Partial());
+    }
+    return p;
+  };
+  for (int t = 0; t < trials; ++t) {
+    const int64_t ndim = 1 + static_cast<int64_t>(rng() % 3);
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < ndim; ++d) shape.push_back(static_cast<int64_t>(rng() % 8));
+    const at::Tensor full = values(shape, t);
+    const hp::Placements src = random_placements(ndim, false);
+    hp::Placements chain[3];
+    for (auto& c : chain) c = random_placements(ndim, false);
+    std::string what = "trial " + std::to_string(t) + " shape " + c10::str(c10::IntArrayRef(shape)) + ": " + hp::to_string(src);
+    for (auto& c : chain) what += " -> " + hp::to_string(c);
+    auto x = hp::distribute_tensor(full, mesh, src, c10::nullopt);
+    x.set_requires_grad(true);
+    hp::DTensor y = x;
+    for (auto& c : chain) y = y.redistribute(c);
+    ASSERT_EQ(y.placements(), hp::normalize_placements(chain[2], ndim)) << what;
+    ASSERT_TRUE(at::equal(y.full_tensor(), full)) << what;
+    ASSERT_TRUE(at::equal(y.to_local(), hp::distribute_tensor(full, mesh, chain[2], c10::nullopt).to_local())) << what;
+    const at::Tensor w = values(shape, t + 7) + 1;
+    (y.full_tensor() * w).sum().backward();
+    ASSERT_TRUE(x.grad().defined()) << what;
+    ASSERT_EQ(hp::DTensor(x.grad()).placements(), hp::normalize_placements(src, ndim)) << what;
+    ASSERT_TRUE(at::equal(hp::DTensor(x.grad()).full_tensor(), w)) << what;
+  }
+}
+}  // namespace
+
+TEST(RedistributeDist, RandomChainsOfThree) { random_chains(world_mesh(), 11, 150); }
+
+TEST(Redistribute2DDist, RandomChainsOfThree) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  random_chains(hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}), 12, 150);
 }
