@@ -266,22 +266,27 @@ void ShmTransport::all_gather(const void* in, void* out, size_t bytes) {
   }
 }
 
-void ShmTransport::all_to_all(const void* in, void* out, size_t block) {
+// all_to_all (src < 0: every rank sends size() blocks and receives one from each) and scatter
+// (only `src` sends; each rank receives its block): rounds of at most buffer/size() bytes a block.
+void ShmTransport::exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t g = size();
   const size_t per = std::max<size_t>(1, buffer_bytes_ / static_cast<size_t>(g));
   for (size_t done = 0; done < block; done += per) {
     const size_t n = std::min(per, block - done);
     const uint64_t step = step_++;
-    for (int64_t j = 0; j < g; ++j)
-      std::memcpy(buffer(rank_, step) + static_cast<size_t>(j) * n,
-                  static_cast<const unsigned char*>(in) + static_cast<size_t>(j) * block + done, n);
-    sync("all_to_all");
-    for (int64_t p = 0; p < g; ++p)
-      std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(p) * block + done,
+    if (src < 0 || rank_ == src)
+      for (int64_t j = 0; j < g; ++j)
+        std::memcpy(buffer(rank_, step) + static_cast<size_t>(j) * n,
+                    static_cast<const unsigned char*>(in) + static_cast<size_t>(j) * block + done, n);
+    sync(what);
+    for (int64_t p = src < 0 ? 0 : src; p < (src < 0 ? g : src + 1); ++p)
+      std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(src < 0 ? p : 0) * block + done,
                   buffer(p, step) + static_cast<size_t>(rank_) * n, n);
   }
 }
+
+void ShmTransport::all_to_all(const void* in, void* out, size_t block) { exchange_blocks(in, out, block, -1, "all_to_all"); }
 
 void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -295,19 +300,7 @@ void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
 }
 
 void ShmTransport::scatter(const void* in, void* out, size_t block, int64_t src) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t g = size();
-  const size_t per = std::max<size_t>(1, buffer_bytes_ / static_cast<size_t>(g));
-  for (size_t done = 0; done < block; done += per) {
-    const size_t n = std::min(per, block - done);
-    const uint64_t step = step_++;
-    if (rank_ == src)
-      for (int64_t j = 0; j < g; ++j)
-        std::memcpy(buffer(rank_, step) + static_cast<size_t>(j) * n,
-                    static_cast<const unsigned char*>(in) + static_cast<size_t>(j) * block + done, n);
-    sync("scatter");
-    std::memcpy(static_cast<unsigned char*>(out) + done, buffer(src, step) + static_cast<size_t>(rank_) * n, n);
-  }
+  exchange_blocks(in, out, block, src, "scatter");
 }
 
 void ShmTransport::barrier() {

@@ -56,6 +56,7 @@ class ShmTransport {
   struct Control;
   Control* control(int64_t r) const;
   unsigned char* buffer(int64_t r, uint64_t step) const;
+  void exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what);
   /// Publishes this rank's arrival at the next phase and waits for every rank's.
   void sync(const char* what);
 
