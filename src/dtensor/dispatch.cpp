@@ -101,6 +101,7 @@ struct Decision {
   std::vector<std::vector<std::vector<int64_t>>> local_shapes;
   std::vector<int64_t> written_return_arg;  // per return slot: the argument it aliases, or -1
   std::vector<int64_t> view_return_arg;     // per return slot: the argument it is a view of, or -1
+  std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
   std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
   std::function<void(torch::jit::Stack&)> adjust_args;
   std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
@@ -293,6 +294,12 @@ std::shared_ptr<const Decision> decide(OpInfo& info) {
       else if (!ra->isWrite()) d->view_return_arg[r] = static_cast<int64_t>(a);
       break;
     }
+  }
+  d->view_base_moved.assign(rets.size(), false);
+  for (size_t r = 0; r < rets.size(); ++r) {
+    if (d->view_return_arg[r] < 0) continue;
+    const int64_t k = info.input_index(static_cast<size_t>(d->view_return_arg[r]));
+    d->view_base_moved[r] = k >= 0 && d->redistribute[static_cast<size_t>(k)];
   }
   // Written arguments keep their layout: an in-place op cannot change placements.
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -541,12 +548,10 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     c10::IValue& v = (*stack)[rbase + r];
     // A view's local result must be a view of its base's local data; otherwise it is a copy.
     DTensorImpl* base = nullptr;
-    bool base_moved = false;
+    const bool base_moved = d->view_base_moved[r];
     if (d->view_return_arg[r] >= 0) {
       const auto a = static_cast<size_t>(d->view_return_arg[r]);
       if (original[a].isTensor()) base = dtensor_impl(original[a].toTensor());
-      const int64_t k = info.input_index(a);
-      base_moved = k >= 0 && d->redistribute[static_cast<size_t>(k)];
     }
     // Under c10::InferenceMode a view of a normal tensor must be a normal tensor (autograd's view
     // tracking gives it the base's version counter), as libtorch's own views are.

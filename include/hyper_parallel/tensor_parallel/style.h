@@ -42,6 +42,10 @@ class ParallelStyle {
   virtual bool distributes_module() const { return false; }
   /// e.g. "ColwiseParallel".
   virtual std::string name() const = 0;
+  /// The name with the parameters that change what apply() does, e.g.
+  /// "ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(dim=-1), use_local_output=1)";
+  /// parallelize_module compares it across ranks.
+  virtual std::string describe() const { return name(); }
 };
 
 /// Shards Linear on out_features (weight, bias Shard(0)) or Embedding on embedding_dim (weight
@@ -66,6 +70,10 @@ class ColwiseParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "ColwiseParallel"; }
+  std::string describe() const override {
+    return name() + "(input_layouts=" + input_layouts_.to_string() + ", output_layouts=" + output_layouts_.to_string() +
+           ", use_local_output=" + std::to_string(use_local_output_) + ")";
+  }
 
  private:
   Placement input_layouts_, output_layouts_;
@@ -98,6 +106,10 @@ class RowwiseParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "RowwiseParallel"; }
+  std::string describe() const override {
+    return name() + "(input_layouts=" + input_layouts_.to_string() + ", output_layouts=" + output_layouts_.to_string() +
+           ", use_local_output=" + std::to_string(use_local_output_) + ")";
+  }
 
  private:
   Placement input_layouts_, output_layouts_;
@@ -122,6 +134,9 @@ class SequenceParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "SequenceParallel"; }
+  std::string describe() const override {
+    return name() + "(sequence_dim=" + std::to_string(sequence_dim_) + ", use_local_output=" + std::to_string(use_local_output_) + ")";
+  }
 
  private:
   int64_t sequence_dim_;
@@ -149,6 +164,11 @@ class NoParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "NoParallel"; }
+  std::string describe() const override {
+    return name() + "(input_layout=" + input_layout_.to_string() + ", desired_input_layout=" +
+           desired_input_layout_.to_string() + ", output_layout=" + output_layout_.to_string() +
+           ", use_local_output=" + std::to_string(use_local_output_) + ")";
+  }
 
  private:
   Placement input_layout_, desired_input_layout_, output_layout_;

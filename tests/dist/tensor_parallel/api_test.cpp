@@ -302,6 +302,11 @@ TEST(ParallelizeModuleApi, DisagreeingRanksAreNamed) {
     else hp::parallelize_module(*model, tp, {{"linear1", hp::ColwiseParallel()}});
   });
   EXPECT_FALSE(hp::is_dtensor(model->linear1->weight()));  // nothing changed
+  // The same style with other layouts is another plan.
+  expect_disagreement([&] {
+    hp::parallelize_module(*model, tp, {{"linear1", hp::ColwiseParallel(odd ? hp::Placement(hp::Shard(0)) : hp::Replicate())}});
+  });
+  EXPECT_FALSE(hp::is_dtensor(model->linear1->weight()));
   auto other = seeded<Mlp>(60, 8, odd ? 8 * tp_size() : 4 * tp_size());
   expect_disagreement([&] { hp::parallelize_module(*other, tp, {{"linear1", hp::ColwiseParallel()}}); });
   expect_disagreement([&] { hp::distribute_tensor(at::ones({4, 4}), tp, {odd ? hp::Shard(1) : hp::Shard(0)}); });
