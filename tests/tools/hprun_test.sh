@@ -7,6 +7,9 @@ PROBE=$2
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$OUT"; exit 1; }
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
+# Shared-memory segments of other jobs (not ours to judge) present before this test.
+BEFORE=$(ls /dev/shm 2>/dev/null | grep '^hp_' | sort)
+new_segments() { comm -13 <(echo "$BEFORE") <(ls /dev/shm 2>/dev/null | grep '^hp_' | sort) | grep -c .; }
 
 "$HPRUN" --nproc-per-node 3 "$PROBE" env >"$OUT" 2>&1 || fail "env run exited $?"
 for r in 0 1 2; do
@@ -73,8 +76,7 @@ for transport in auto gloo; do
   done
 done
 # No shared-memory segment outlives the killed jobs above.
-left=$(ls /dev/shm 2>/dev/null | grep -c '^hp_')
-[ "$left" -eq 0 ] || fail "shared-memory segments left in /dev/shm: $(ls /dev/shm | grep '^hp_')"
+[ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm: $(ls /dev/shm | grep '^hp_')"
 # MASTER_PORT already held by another job: the cause first, at once.
 PORT=$(( 30000 + $$ % 20000 ))
 HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port $PORT "$PROBE" stop-in-collective 1 >/dev/null 2>&1 &
@@ -87,7 +89,7 @@ done
 start=$(date +%s)
 HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port $PORT "$PROBE" stop-in-collective 9 >"$OUT" 2>&1
 elapsed=$(( $(date +%s) - start ))
-kill -KILL $holder 2>/dev/null; wait $holder 2>/dev/null
+kill -TERM $holder 2>/dev/null; wait $holder 2>/dev/null  # (TERM: hprun cleans up its job)
 grep -q "MASTER_PORT $PORT on 127.0.0.1 is already in use" "$OUT" || fail "a port in use is not reported as such"
 [ $elapsed -lt 15 ] || fail "took ${elapsed}s to report a port in use"
 # An unresolvable MASTER_ADDR: at once, not after the timeout.
@@ -97,4 +99,5 @@ HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-addr no-such-ho
 elapsed=$(( $(date +%s) - start ))
 grep -q "MASTER_ADDR 'no-such-host.invalid' does not resolve" "$OUT" || fail "an unresolvable MASTER_ADDR is not reported"
 [ $elapsed -lt 15 ] || fail "took ${elapsed}s to report an unresolvable MASTER_ADDR"
+[ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm after the port test: $(ls /dev/shm | grep '^hp_')"
 echo "hprun tests passed"
