@@ -31,6 +31,11 @@ namespace hyper_parallel {
 struct ShmTransport::Control {
   alignas(64) std::atomic<uint64_t> arrived;
   int32_t pid;
+  // What each rank is doing, per parity of the exchange that starts a collective: ranks that call
+  // different collectives or sizes are told so at its first synchronisation (all of them alike),
+  // instead of reading each other's buffers wrongly.
+  uint32_t kind[2];
+  uint64_t bytes[2];
 };
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
               "the arrival counters must be lock-free to work across processes");
@@ -179,6 +184,32 @@ unsigned char* ShmTransport::buffer(int64_t r, uint64_t step) const {
   return base_ + static_cast<size_t>(r) * stride_ + kControlBytes + (step % 2) * buffer_bytes_;
 }
 
+void ShmTransport::begin(uint32_t kind, uint64_t bytes) {
+  Control* me = control(rank_);
+  me->kind[step_ % 2] = kind;
+  me->bytes[step_ % 2] = bytes;
+  check_step_ = step_;
+  check_pending_ = true;
+}
+
+void ShmTransport::check_agreement(const char* what) {
+  check_pending_ = false;
+  const size_t k = check_step_ % 2;
+  const Control* r0 = control(0);
+  bool same = true;
+  for (int64_t p = 1; p < size(); ++p)
+    same = same && control(p)->kind[k] == r0->kind[k] && control(p)->bytes[k] == r0->bytes[k];
+  if (same) return;
+  static const char* kinds[] = {"?", "all_reduce", "all_gather", "all_to_all", "broadcast", "scatter", "barrier"};
+  std::string who;
+  for (int64_t p = 0; p < size(); ++p)
+    who += (p ? ", rank " : "rank ") + std::to_string(ranks_[static_cast<size_t>(p)]) + ": " +
+           kinds[std::min<uint32_t>(control(p)->kind[k] & 0xFF, 6)] + " of " + std::to_string(control(p)->bytes[k]) +
+           " bytes" + (control(p)->kind[k] >> 8 ? " (dtype/op code " + std::to_string(control(p)->kind[k] >> 8) + ")" : "");
+  TORCH_CHECK(false, "hyper_parallel: shared-memory ", what, " on the group of ranks [", join(ranks_),
+              "]: the ranks called different collectives or sizes (", who, ")");
+}
+
 void ShmTransport::sync(const char* what) {
   ++phase_;
   control(rank_)->arrived.store(phase_, std::memory_order_release);
@@ -220,6 +251,7 @@ void ShmTransport::sync(const char* what) {
                   "] did not arrive (stopped, deadlocked or busy elsewhere)");
     }
   }
+  if (check_pending_) check_agreement(what);
 }
 
 void ShmTransport::all_reduce(void* data, int64_t numel, c10::ScalarType dtype, ReduceOp op) {
@@ -229,6 +261,7 @@ void ShmTransport::all_reduce(void* data, int64_t numel, c10::ScalarType dtype, 
   const int64_t g = size();
   auto* out = static_cast<unsigned char*>(data);
   std::vector<const void*> in(static_cast<size_t>(g));
+  begin(1 | static_cast<uint32_t>(dtype) << 8 | static_cast<uint32_t>(op) << 16, static_cast<uint64_t>(numel) * es);
   for (size_t done = 0; done < static_cast<size_t>(numel); done += per_step) {
     const size_t n = std::min(per_step, static_cast<size_t>(numel) - done);
     const uint64_t step = step_++;
@@ -255,6 +288,7 @@ void ShmTransport::all_reduce(void* data, int64_t numel, c10::ScalarType dtype, 
 
 void ShmTransport::all_gather(const void* in, void* out, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
+  begin(2, bytes);
   const int64_t g = size();
   for (size_t done = 0; done < bytes; done += buffer_bytes_) {
     const size_t n = std::min(buffer_bytes_, bytes - done);
@@ -270,6 +304,7 @@ void ShmTransport::all_gather(const void* in, void* out, size_t bytes) {
 // (only `src` sends; each rank receives its block): rounds of at most buffer/size() bytes a block.
 void ShmTransport::exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what) {
   std::lock_guard<std::mutex> lock(mutex_);
+  begin(src < 0 ? 3 : 5 | static_cast<uint32_t>(src) << 8, block);
   const int64_t g = size();
   const size_t per = std::max<size_t>(1, buffer_bytes_ / static_cast<size_t>(g));
   for (size_t done = 0; done < block; done += per) {
@@ -290,6 +325,7 @@ void ShmTransport::all_to_all(const void* in, void* out, size_t block) { exchang
 
 void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
   std::lock_guard<std::mutex> lock(mutex_);
+  begin(4 | static_cast<uint32_t>(src) << 8, bytes);
   for (size_t done = 0; done < bytes; done += buffer_bytes_) {
     const size_t n = std::min(buffer_bytes_, bytes - done);
     const uint64_t step = step_++;
@@ -305,6 +341,7 @@ void ShmTransport::scatter(const void* in, void* out, size_t block, int64_t src)
 
 void ShmTransport::barrier() {
   std::lock_guard<std::mutex> lock(mutex_);
+  begin(6, 0);
   ++step_;  // keeps the buffer alternation in step with the peers
   sync("barrier");
 }

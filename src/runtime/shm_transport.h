@@ -57,6 +57,9 @@ class ShmTransport {
   Control* control(int64_t r) const;
   unsigned char* buffer(int64_t r, uint64_t step) const;
   void exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what);
+  /// Records what this rank is about to do (checked against every rank at the next sync).
+  void begin(uint32_t kind, uint64_t bytes);
+  void check_agreement(const char* what);
   /// Publishes this rank's arrival at the next phase and waits for every rank's.
   void sync(const char* what);
 
@@ -71,6 +74,8 @@ class ShmTransport {
   size_t mapped_ = 0;
   uint64_t phase_ = 0;
   uint64_t step_ = 0;
+  uint64_t check_step_ = 0;
+  bool check_pending_ = false;
   std::mutex mutex_;  // collectives on one group from several threads run one at a time
 };
 

@@ -44,6 +44,19 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (mode == "mismatched-all-reduce") {  // rank 0 reduces 4 elements, the others 8
+    namespace hp = hyper_parallel;
+    hp::init_process_group();
+    at::Tensor t = at::ones({rank == 0 ? 4 : 8});
+    try {
+      hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d raised: %.300s\n", rank, e.what());  // unbuffered: hprun may stop us soon
+      return 3;
+    }
+    std::printf("rank %d returned\n", rank);
+    return 0;
+  }
   if (mode == "transports") {  // a 2-D mesh (dp, tp) over the whole job: who carries what
     namespace hp = hyper_parallel;
     hp::init_process_group();

@@ -75,6 +75,13 @@ for transport in auto gloo; do
       fail "the vanished rank is not named ($transport, $n ranks)"
   done
 done
+# Ranks that call one collective with different sizes: every rank raises (shared memory checks it
+# always; over Gloo with HP_DEBUG_COLLECTIVES=1), instead of an abort inside Gloo.
+for mode in "HP_TRANSPORT=auto" "HP_TRANSPORT=gloo HP_DEBUG_COLLECTIVES=1"; do
+  env $mode HP_TIMEOUT_S=5 "$HPRUN" --nproc-per-node 2 --grace-s 1 "$PROBE" mismatched-all-reduce >"$OUT" 2>&1
+  [ "$(grep -c 'raised: .*\(called different collectives or sizes\|ranks disagree\)' "$OUT")" -eq 2 ] ||
+    fail "mismatched sizes are not an error on every rank ($mode)"
+done
 # No shared-memory segment outlives the killed jobs above.
 [ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm: $(ls /dev/shm | grep '^hp_')"
 # MASTER_PORT already held by another job: the cause first, at once.
