@@ -305,12 +305,12 @@ std::shared_ptr<const Decision> decide(OpInfo& info) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     const auto& in = inputs[k];
     const auto* alias = args[in.arg].alias_info();
-    if (alias != nullptr && alias->isWrite()) d->written_inputs.push_back(k);
-    if (alias != nullptr && alias->isWrite())
-      HP_CHECK_T(c10::ValueError, !d->redistribute[k], "hyper_parallel: ", info.describe(),
-                 " would have to change the placements of its in-place/out argument '",
-                 args[in.arg].name(), "' from ", to_string(in.spec->placements), " to ",
-                 to_string(d->input_placements[k]), "; use the out-of-place op");
+    if (alias == nullptr || !alias->isWrite()) continue;
+    d->written_inputs.push_back(k);
+    HP_CHECK_T(c10::ValueError, !d->redistribute[k], "hyper_parallel: ", info.describe(),
+               " would have to change the placements of its in-place/out argument '",
+               args[in.arg].name(), "' from ", to_string(in.spec->placements), " to ",
+               to_string(d->input_placements[k]), "; use the out-of-place op");
   }
 
   d->outputs.resize(rets.size());
@@ -421,7 +421,6 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", info.name());
   info.set_mesh(mesh);
-
 
   std::vector<int64_t> key;
   key.reserve(64);
@@ -558,35 +557,27 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
     auto wrap_output = [&](const at::Tensor& local, std::shared_ptr<const DTensorSpec>& spec,
                            const std::vector<int64_t>& shape) {
-      if (!normal_view) return wrap(local, spec, shape, info);
-      c10::InferenceMode normal(false);
-      return wrap(local, spec, shape, info);
-    };
-    auto mark = [&](const at::Tensor& local, at::Tensor& wrapped) {
-      if (base == nullptr || !wrapped.defined()) return;
-      if (base_moved || base->is_copy_view() || !local.is_alias_of(base->local()))
-        static_cast<DTensorImpl*>(wrapped.unsafeGetTensorImpl())->set_copy_view(true);
+      at::Tensor w;
+      if (normal_view) {
+        c10::InferenceMode normal(false);
+        w = wrap(local, spec, shape, info);
+      } else {
+        w = wrap(local, spec, shape, info);
+      }
+      if (base != nullptr && w.defined() && (base_moved || base->is_copy_view() || !local.is_alias_of(base->local())))
+        static_cast<DTensorImpl*>(w.unsafeGetTensorImpl())->set_copy_view(true);
+      return w;
     };
     if (d->written_return_arg[r] >= 0) {
       // The very same tensor (autograd's in-place wrappers return their own self anyway).
       v = original[static_cast<size_t>(d->written_return_arg[r])];
     } else if (v.isTensor()) {
-      if (!d->outputs[r].empty() && d->outputs[r][0]) {
-        at::Tensor local = v.toTensor();
-        at::Tensor w = wrap_output(local, d->outputs[r][0], d->local_shapes[r][0]);
-        mark(local, w);
-        v = w;
-      }
+      if (!d->outputs[r].empty() && d->outputs[r][0]) v = wrap_output(v.toTensor(), d->outputs[r][0], d->local_shapes[r][0]);
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       TORCH_CHECK(l.size() == d->outputs[r].size(), "hyper_parallel: ", info.describe(), " returned ",
                   l.size(), " local tensors where the global op returns ", d->outputs[r].size());
-      for (size_t j = 0; j < l.size(); ++j) {
-        at::Tensor local = l.get(j);
-        at::Tensor w = wrap_output(local, d->outputs[r][j], d->local_shapes[r][j]);
-        mark(local, w);
-        l.set(j, w);
-      }
+      for (size_t j = 0; j < l.size(); ++j) l.set(j, wrap_output(l.get(j), d->outputs[r][j], d->local_shapes[r][j]));
       v = l;
     }
   }
