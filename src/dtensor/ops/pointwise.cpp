@@ -169,28 +169,22 @@ ShardingRule rule(Linearity l) {
   return [l](const OpInfo& info) { return pointwise_sharding(info, l); };
 }
 
-bool is_float_like(at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); }
-
 // A cast commutes with the sum of a Partial value between floating types: widening is exact, and
 // narrowing rounds each addend once, an error of the order of reducing in the narrow type itself
 // (what a reduction of the cast value would do). To integer or bool types each rank's addend
 // would be truncated on its own: the value is reduced first.
 OpSharding to_copy_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.spec(0);
-  at::ScalarType target = in.dtype;
-  const auto& args = info.schema().arguments();
-  for (size_t a = 1; a < args.size(); ++a)
-    if (args[a].name() == "dtype" && !info.arg(a).isNone()) target = static_cast<at::ScalarType>(info.arg(a).toInt());
+  const c10::IValue* dtype = arg_named(info, "dtype");
+  const at::ScalarType target = dtype != nullptr && !dtype->isNone() ? static_cast<at::ScalarType>(dtype->toInt()) : in.dtype;
   const bool linear = is_float_like(in.dtype) && is_float_like(target);
   return pointwise_sharding(info, linear ? Linearity::Unary : Linearity::None);
 }
 
 // div with a rounding mode (floor/trunc) is not linear in its numerator.
 OpSharding div_rule(const OpInfo& info) {
-  const auto& args = info.schema().arguments();
-  for (size_t a = 0; a < args.size(); ++a)
-    if (args[a].name() == "rounding_mode" && !info.arg(a).isNone()) return pointwise_sharding(info, Linearity::None);
-  return pointwise_sharding(info, Linearity::Numerator);
+  const c10::IValue* mode = arg_named(info, "rounding_mode");
+  return pointwise_sharding(info, mode != nullptr && !mode->isNone() ? Linearity::None : Linearity::Numerator);
 }
 
 // Ops with no linearity to exploit: a Partial input is reduced first.

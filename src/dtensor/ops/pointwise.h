@@ -16,6 +16,9 @@ enum class Linearity {
                    ///< coordinate 0 it becomes 0)
 };
 
+/// Floating or complex: the dtypes whose casts commute (up to rounding) with a Partial's sum.
+inline bool is_float_like(at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); }
+
 /// Output sharding follows the first input that shards a dimension it holds (broadcast dims are
 /// replicated); in-place/out= ops follow the written tensor; Partial survives per `linearity`.
 /// The output shape is the broadcast of the inputs'.

@@ -76,6 +76,14 @@ inline std::vector<int64_t> int_list(const OpInfo& info, size_t i) {
   return v.toIntVector();
 }
 
+/// The op's argument named `name`, or nullptr when its schema has none.
+inline const c10::IValue* arg_named(const OpInfo& info, const char* name) {
+  const auto& args = info.schema().arguments();
+  for (size_t a = 0; a < args.size(); ++a)
+    if (args[a].name() == name) return &info.arg(a);
+  return nullptr;
+}
+
 /// The broadcast shape of the given shapes.
 std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t>*>& shapes);
 

@@ -56,8 +56,7 @@ OpSharding copy_rule(const OpInfo& info) {
   const DTensorSpec* self = info.spec(0);
   const DTensorSpec* src = info.spec(1);
   if (self != nullptr && src != nullptr && src->has_partial()) {
-    auto float_like = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
-    HP_CHECK_T(c10::ValueError, !self->has_partial() || (float_like(self->dtype) && float_like(src->dtype)),
+    HP_CHECK_T(c10::ValueError, !self->has_partial() || (is_float_like(self->dtype) && is_float_like(src->dtype)),
                "hyper_parallel: ", info.describe(), ": copying a Partial value from ", src->dtype,
                " into a Partial ", self->dtype, " tensor would round each rank's addend on its own; "
                "redistribute the source to Replicate first");
@@ -145,7 +144,6 @@ struct Registrar {
     register_sharding_rule("aten::new_empty_strided", [](const OpInfo& i) { return new_rule(i, true); });
     register_sharding_rule("aten::zero_", keep_self_rule);
     register_sharding_rule("aten::fill_", fill_rule);
-    // copy_ overwrites self: the source takes self's layout (a Partial self gets a Partial source).
     register_sharding_rule("aten::copy_", copy_rule);
     register_sharding_rule("aten::_local_scalar_dense", replicated_inputs);
     register_sharding_rule("aten::equal", replicated_inputs);
