@@ -15,7 +15,6 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "hyper_parallel::", what, ": dim ", dim,
              " is out of range for a tensor with ", ndim, " dimensions");
@@ -207,12 +206,14 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
     else buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : tensor.contiguous();
     if (buf.is_inference()) buf = at::empty_like(buf).copy_(buf);
   }
+  // Neither transport averages: sum, then divide below.
+  const ReduceOp wire_op = is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op;
   if (ShmTransport* shm = shm_transport_of(group)) {
-    shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op);
+    shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), wire_op);
   } else {
     std::vector<at::Tensor> ts{buf};
     c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d(is_bool ? bool_op(op) : op);
+    opts.reduceOp = to_c10d(wire_op);
     wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
   }
   if (op == ReduceOp::AVG) buf.div_(group.size());
@@ -316,13 +317,14 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
     const NormalTensors normal;
     buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : at::empty(tensor.sizes(), tensor.options()).copy_(tensor);
   }
-  std::vector<at::Tensor> ts{as_wire(buf)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = src;
-  if (ShmTransport* shm = shm_transport_of(group))
+  if (ShmTransport* shm = shm_transport_of(group)) {
     shm->broadcast(buf.data_ptr(), static_cast<size_t>(nbytes(buf)), src);
-  else
+  } else {
+    std::vector<at::Tensor> ts{as_wire(buf)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
     wait_collective(group, "broadcast", c10d_group(group)->broadcast(ts, opts));
+  }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   return tensor;
 }

@@ -11,20 +11,19 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include <atomic>
-
 #include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
-#include <random>
-
-#include "shm_transport.h"
-#include <sys/socket.h>
 #include <cstdlib>
-#include <thread>
 #include <map>
 #include <mutex>
+#include <random>
+#include <thread>
+
+#include "shm_transport.h"
 
 namespace hyper_parallel {
 
@@ -33,10 +32,8 @@ struct Group::Impl {
   std::vector<int64_t> ranks;
   std::string device_type;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  // For naming the ranks that did not arrive when a collective times out.
+  // For naming the ranks that did not arrive when a collective fails (through the job's store).
   std::string prefix;
-  c10::intrusive_ptr<c10d::Store> store;
-  std::chrono::milliseconds timeout{0};
   std::atomic<uint64_t> seq{0};  // collectives issued on this group by this rank
   std::unique_ptr<ShmTransport> shm;  // set when every member runs on this host
 };
@@ -163,8 +160,6 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
     if (ranks[i] == s.env.rank) impl->rank = static_cast<int64_t>(i);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
   impl->prefix = prefix;
-  impl->store = s.store;
-  impl->timeout = s.timeout;
   try {
     impl->pg = make_backend(s, store, static_cast<int>(impl->rank),
                             static_cast<int>(ranks.size()));
@@ -187,17 +182,19 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
         local = local && std::string(other.begin(), other.end()) == me;
       }
       if (local) {
+        // The group's rank 0 names the segment, the others take its name: ranks of one host may
+        // come from different launchers. hprun names its job (HP_JOB_ID) and removes
+        // /dev/shm/hp_<job>_* when the job ends, in case a rank died between creating a segment
+        // and the unlink that follows the mapping.
         if (impl->rank == 0) {
           std::random_device rd;
-          const std::string token = std::to_string(rd()) + std::to_string(rd());
-          store->set("shm_token", std::vector<uint8_t>(token.begin(), token.end()));
+          const char* job = std::getenv("HP_JOB_ID");
+          const std::string name = "/hp_" + std::string(job != nullptr ? job : "0") + "_" + std::to_string(rd()) +
+                                   std::to_string(rd());
+          store->set("shm_name", std::vector<uint8_t>(name.begin(), name.end()));
         }
-        const auto token = store->get("shm_token");
-        // hprun names its job (HP_JOB_ID) and removes /dev/shm/hp_<job>_* when the job ends, in case
-        // a rank died between creating a segment and the unlink that follows the mapping.
-        const char* job = std::getenv("HP_JOB_ID");
-        const std::string name = "/hp_" + std::string(job != nullptr ? job : "0") + "_" + std::string(token.begin(), token.end());
-        impl->shm = ShmTransport::create(store, name, impl->rank, ranks, s.timeout);
+        const auto name = store->get("shm_name");
+        impl->shm = ShmTransport::create(store, std::string(name.begin(), name.end()), impl->rank, ranks, s.timeout);
       }
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "hyper_parallel: setting up the shared-memory transport of ranks [", join(ranks),
@@ -211,6 +208,7 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
 
 void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
   Group::Impl& g = *group.impl();
+  const State& s = state();
   const uint64_t seq = ++g.seq;
   try {
     work->wait();
@@ -225,15 +223,14 @@ void wait_collective(const Group& group, const char* what, const c10::intrusive_
     std::vector<int64_t> missing;
     std::string store_note;
     try {
-      g.store->setTimeout(std::chrono::milliseconds(2000));
-      g.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
-      g.store->add(key + "seq" + std::to_string(g.rank), static_cast<int64_t>(seq));
-      const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::milliseconds(5000));
+      s.store->setTimeout(std::chrono::milliseconds(2000));
+      s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
+      const auto grace = std::min<std::chrono::milliseconds>(s.timeout, std::chrono::milliseconds(5000));
       const auto until = std::chrono::steady_clock::now() + grace;
       do {
         missing.clear();
         for (size_t r = 0; r < g.ranks.size(); ++r)
-          if (!g.store->check({key + std::to_string(r)})) missing.push_back(g.ranks[r]);
+          if (!s.store->check({key + std::to_string(r)})) missing.push_back(g.ranks[r]);
         if (missing.empty()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       } while (std::chrono::steady_clock::now() < until);
@@ -244,7 +241,7 @@ void wait_collective(const Group& group, const char* what, const c10::intrusive_
     if (!missing.empty())
       TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
                   "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " after up to ",
-                  g.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join(missing),
+                  s.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join(missing),
                   "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note,
                   ". Cause: ", cause);
     TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
