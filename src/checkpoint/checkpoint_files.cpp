@@ -140,10 +140,12 @@ Lines::Lines(std::string path, const std::string& text, const std::string& magic
   if (first != magic) fail("its header is '" + first + "', expected '" + magic + "'");
 }
 
-void Lines::fail(const std::string& why) const {
+void corrupt_file(const std::string& path, const std::string& why) {
   throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                        c10::str("load_sharded: checkpoint file ", path_, " is truncated or corrupt: ", why));
+                        c10::str("load_sharded: checkpoint file ", path, " is truncated or corrupt: ", why));
 }
+
+void Lines::fail(const std::string& why) const { corrupt_file(path_, why); }
 
 const std::string& Lines::token(size_t i, size_t k, const char* key) const {
   if (i >= lines_.size() || k >= lines_[i].size())

@@ -156,10 +156,8 @@ struct Metadata {
 
 void check_id(const cf::Lines& l, uint64_t id, const std::string& path) {
   const uint64_t got = parse_id(l);
-  if (got != id)
-    throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                          c10::str("load_sharded: ", path, " belongs to checkpoint ", hex(got), ", not to ", hex(id),
-                                   " (the committed one): files of different saves are mixed"));
+  HP_CHECK_T(c10::ValueError, got == id, "load_sharded: ", path, " belongs to checkpoint ", hex(got), ", not to ",
+             hex(id), " (the committed one): files of different saves are mixed");
 }
 
 Metadata read_metadata(const std::string& gdir, const Latest& latest) {
@@ -465,10 +463,7 @@ void load_sharded(torch::nn::Module& model, const std::string& dir) {
     for (const auto& n : needs) {
       const int64_t r = n.piece->rank;
       const std::string path = rank_file(gdir, r, ".pt");
-      auto corrupt = [&](const std::string& why) {
-        throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                              c10::str("load_sharded: checkpoint file ", path, " is truncated or corrupt: ", why));
-      };
+      auto corrupt = [&](const std::string& why) { cf::corrupt_file(path, why); };
       if (!archives.count(r)) {
         const RankMeta& rm = ranks[static_cast<size_t>(r)];
         const int64_t size = cf::file_size(path);
@@ -508,8 +503,7 @@ void load_sharded(torch::nn::Module& model, const std::string& dir) {
   try {
     agree(distributed, err, "load_sharded", "; no rank loaded anything");
   } catch (const c10::Error& e) {
-    throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                          e.what_without_backtrace());
+    HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < entries.size(); ++k) {
