@@ -102,6 +102,24 @@ namespace hp_bench {
 double single_block_step_ms(int threads);
 }
 
+// Runs this binary as a 2-rank job under hprun in `mode` (with `env` before it) and returns rank
+// 0's output lines, prefix removed; a failed job is reported on stderr.
+std::vector<std::string> rank0_lines(const char* self, const std::string& env, const char* mode) {
+  const std::string cmd = env + " " + HP_HPRUN_PATH + " --nproc-per-node 2 " + self + " " + mode + " '" + g_filter + "' 2>&1";
+  std::vector<std::string> out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char line[8192];
+  const std::string prefix = "[rank0]: ";
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    const std::string l(line);
+    if (l.rfind(prefix, 0) == 0) out.push_back(l.substr(prefix.size()));
+  }
+  const int rc = pclose(pipe);
+  if (rc != 0) std::fprintf(stderr, "hp_bench: the benchmark job failed (status %d): %s\n", rc, cmd.c_str());
+  return out;
+}
+
 // Runs the multi-rank benchmarks under hprun (this binary with --worker) and relays rank 0's
 // JSON lines; the worker's step time feeds the efficiency figure.
 void tp_benchmarks(const char* self) {
@@ -110,24 +128,11 @@ void tp_benchmarks(const char* self) {
   bool any = false;
   for (const auto& n : names) any = any || wanted(n);
   if (!any) return;
-  const std::string cmd = std::string(HP_HPRUN_PATH) + " --nproc-per-node 2 " + self + " --worker '" + g_filter + "' 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return;
-  char line[8192];
   double tp_step_ms = -1;
-  while (std::fgets(line, sizeof line, pipe) != nullptr) {
-    std::string l(line);
-    const std::string prefix = "[rank0]: ";
-    if (l.rfind(prefix, 0) != 0) continue;
-    l = l.substr(prefix.size());
-    if (l.find("\"tp_step_ms\"") != std::string::npos) {
-      tp_step_ms = std::stod(l.substr(l.find("\"value\": ") + 9));
-      continue;
-    }
-    if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
+  for (const auto& l : rank0_lines(self, "", "--worker")) {
+    if (l.find("\"tp_step_ms\"") != std::string::npos) tp_step_ms = std::stod(l.substr(l.find("\"value\": ") + 9));
+    else if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
   }
-  const int rc = pclose(pipe);
-  if (rc != 0) std::fprintf(stderr, "hp_bench: the tp benchmark job failed (status %d): %s\n", rc, cmd.c_str());
   if (tp_step_ms > 0 && wanted("tp2_vs_single_2threads")) {
     const double single = hp_bench::single_block_step_ms(2);
     emit("tp2_vs_single_2threads", "\"tp\": 2, \"single_threads\": 2, \"what\": \"decoder layer fwd+bwd\", ", tp_step_ms, "ms",
@@ -141,22 +146,12 @@ void collective_benchmarks(const char* self) {
   if (!wanted("all_reduce_latency") && !wanted("all_gather_latency")) return;
   std::vector<std::string> lines[2];
   const char* transports[] = {"auto", "gloo"};
-  for (int t = 0; t < 2; ++t) {
-    const std::string cmd = std::string("HP_TRANSPORT=") + transports[t] + " " + HP_HPRUN_PATH +
-                            " --nproc-per-node 2 " + self + " --collectives '" + g_filter + "' 2>&1";
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return;
-    char line[4096];
-    while (std::fgets(line, sizeof line, pipe) != nullptr) {
-      std::string l(line);
-      const std::string prefix = "[rank0]: ";
-      if (l.rfind(prefix, 0) != 0 || l.find("latency") == std::string::npos) continue;
-      l = l.substr(prefix.size());
-      std::fputs(l.c_str(), stdout);
-      lines[t].push_back(l);
-    }
-    pclose(pipe);
-  }
+  for (int t = 0; t < 2; ++t)
+    for (const auto& l : rank0_lines(self, std::string("HP_TRANSPORT=") + transports[t], "--collectives"))
+      if (l.find("latency") != std::string::npos) {
+        std::fputs(l.c_str(), stdout);
+        lines[t].push_back(l);
+      }
   auto field = [](const std::string& l, const std::string& key) {
     const size_t at = l.find("\"" + key + "\": ");
     return at == std::string::npos ? -1.0 : std::stod(l.substr(at + key.size() + 4));
@@ -170,17 +165,12 @@ void collective_benchmarks(const char* self) {
 }
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::string(argv[1]) == "--collectives") {  // a rank of the collective benchmarks
+  // A rank of the tp benchmarks (--worker) or of the collective benchmarks (--collectives).
+  if (argc > 2 && (std::string(argv[1]) == "--worker" || std::string(argv[1]) == "--collectives")) {
     at::set_num_threads(1);
     hp::init_process_group();
-    hp_bench::run_collective_benchmarks(argv[2]);
-    hp::destroy_process_group();
-    return 0;
-  }
-  if (argc > 2 && std::string(argv[1]) == "--worker") {  // a rank of the tp benchmarks
-    at::set_num_threads(1);
-    hp::init_process_group();
-    hp_bench::run_tp_benchmarks(argv[2]);
+    if (std::string(argv[1]) == "--worker") hp_bench::run_tp_benchmarks(argv[2]);
+    else hp_bench::run_collective_benchmarks(argv[2]);
     hp::destroy_process_group();
     return 0;
   }

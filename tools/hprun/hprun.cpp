@@ -242,7 +242,6 @@ int main(int argc, char** argv) {
         CPU_ZERO(&set);
         for (size_t k = 0; k < share; ++k) CPU_SET(cores[static_cast<size_t>(i) * share + k], &set);
         if (::sched_setaffinity(0, sizeof set, &set) != 0) std::perror("hprun: sched_setaffinity");
-        setenv("HP_BOUND_CORES", std::to_string(share).c_str(), 1);
       }
       std::vector<char*> args;
       for (auto& a : o.cmd) args.push_back(const_cast<char*>(a.c_str()));
@@ -304,10 +303,10 @@ int main(int argc, char** argv) {
                          r.rank, static_cast<int>(r.pid), WTERMSIG(st), strsignal(WTERMSIG(st)));
           // A stopped rank (SIGSTOP, a debugger) cannot fail by itself: name it, it is usually
           // the cause of the others' timeouts.
-          for (const auto& o2 : ranks)
-            if (o2.running && process_state(o2.pid) == 'T')
-              std::fprintf(stderr, "hprun: rank %d (pid %d) is stopped (SIGSTOP or a debugger)\n", o2.rank,
-                           static_cast<int>(o2.pid));
+          for (const auto& other : ranks)
+            if (other.running && process_state(other.pid) == 'T')
+              std::fprintf(stderr, "hprun: rank %d (pid %d) is stopped (SIGSTOP or a debugger)\n", other.rank,
+                           static_cast<int>(other.pid));
           signal_all(ranks, SIGTERM);
           signal_all(ranks, SIGCONT);  // a stopped rank only acts on SIGTERM once continued
           stop_deadline = std::chrono::steady_clock::now() +
