@@ -177,6 +177,14 @@ const std::vector<OpCase>& op_table() {
     unary("stack", [](const at::Tensor& x) { return at::stack({x, x + 1}, 1); });
     unary("index_select(1)", [](const at::Tensor& x) { return x.index_select(1, at::tensor({2, 0}, at::kLong)); });
     unary("gather(1)", [](const at::Tensor& x) { return x.gather(1, at::zeros({x.size(0), 2}, at::kLong)); });
+    unary("scatter_add(1)", [](const at::Tensor& x) {
+      return x.scatter_add(1, at::zeros({x.size(0), 2}, at::kLong), x.narrow(1, 0, 2));
+    });
+    unary("index_fill(1)", [](const at::Tensor& x) { return x.index_fill(1, at::tensor({0, 2}, at::kLong), 0.5); });
+    unary("index_put", [](const at::Tensor& x) {
+      return x.index_put({at::arange(x.size(0), at::kLong)}, at::ones({3}) * 0.5, /*accumulate=*/true);
+    });
+    unary("index_add(1)", [](const at::Tensor& x) { return x.index_add(1, at::tensor({2, 0}, at::kLong), x.narrow(1, 0, 2)); });
     unary("topk(1)", [](const at::Tensor& x) { return std::get<0>(x.topk(2, 1)); });
     unary("sort(1)", [](const at::Tensor& x) { return std::get<0>(x.sort(1)); });
     unary("sort(0)", [](const at::Tensor& x) { return std::get<0>(x.sort(0)); });
