@@ -1,12 +1,18 @@
 // Collective latency per size on the job's world group: median and p99 of single calls, bus
-// bandwidth, and a memcpy of the same bytes as the physical bound. Run on every rank of a job
+// bandwidth, a memcpy of the same bytes, and (2 ranks on one host) the floor of any shared-memory
+// all-reduce on this machine: each rank copies its bytes into shared memory, one
+// synchronisation, each adds the peer's freshly written bytes to its own. The cross-core read in
+// the last step is what a real transport cannot avoid; it depends on the machine (VM placement). Run on every rank of a job
 // started by hprun (hp_bench runs it twice: shared memory, then HP_TRANSPORT=gloo).
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +20,17 @@
 #include <hyper_parallel/runtime/process_group.h>
 
 #include "bench_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HP_BENCH_RELAX() _mm_pause()
+#else
+#define HP_BENCH_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
 
 namespace hp = hyper_parallel;
 
@@ -37,6 +54,64 @@ Stats time_calls(const std::function<void()>& fn, int calls) {
   return {t[t.size() / 2], t[std::min(t.size() - 1, t.size() * 99 / 100)]};
 }
 
+// The two ranks' shared page of flags and their data areas (one segment, removed once mapped).
+class ShmFloor {
+ public:
+  ShmFloor(const hp::Group& g, size_t max_bytes) : rank_(g.rank()), max_(max_bytes) {
+    const char* job = std::getenv("HP_JOB_ID");
+    const std::string name = std::string("/hp_") + (job ? job : "nojob") + "_bench_floor";
+    mapped_ = 4096 + 2 * max_;
+    if (rank_ == 0) {
+      const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+      if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(mapped_)) == 0) map(fd);
+      if (fd >= 0) ::close(fd);
+    }
+    hp::barrier(g);
+    if (rank_ == 1) {
+      const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+      if (fd >= 0) {
+        map(fd);
+        ::close(fd);
+      }
+    }
+    hp::barrier(g);
+    if (rank_ == 0) ::shm_unlink(name.c_str());
+  }
+  ~ShmFloor() {
+    if (base_ != nullptr) ::munmap(base_, mapped_);
+  }
+  bool ok() const { return base_ != nullptr; }
+  // One floor all-reduce of `bytes` (fp32) from `in` into `out`.
+  void all_reduce(const float* in, float* out, size_t bytes) {
+    float* mine = data(rank_);
+    const float* theirs = data(1 - rank_);
+    std::memcpy(mine, in, bytes);
+    sync();
+    const size_t n = bytes / sizeof(float);
+    add(out, mine, theirs, n);
+    sync();  // the peer may overwrite its area only after this rank has read it
+  }
+
+ private:
+  static void add(float* __restrict out, const float* __restrict a, const float* __restrict b, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+  void map(int fd) {
+    void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) base_ = static_cast<unsigned char*>(p);
+  }
+  std::atomic<uint64_t>* flag(int64_t r) { return reinterpret_cast<std::atomic<uint64_t>*>(base_ + 64 * r); }
+  float* data(int64_t r) { return reinterpret_cast<float*>(base_ + 4096 + static_cast<size_t>(r) * max_); }
+  void sync() {
+    flag(rank_)->store(++phase_, std::memory_order_release);
+    while (flag(1 - rank_)->load(std::memory_order_acquire) < phase_) HP_BENCH_RELAX();
+  }
+  int64_t rank_;
+  size_t max_, mapped_ = 0;
+  unsigned char* base_ = nullptr;
+  uint64_t phase_ = 0;
+};
+
 }  // namespace
 
 void run_collective_benchmarks(const std::string& filter) {
@@ -44,6 +119,9 @@ void run_collective_benchmarks(const std::string& filter) {
   const bool want_ar = filter.empty() || std::string("all_reduce_latency").find(filter) != std::string::npos;
   const bool want_ag = filter.empty() || std::string("all_gather_latency").find(filter) != std::string::npos;
   const std::string transport = std::getenv("HP_TRANSPORT") ? std::getenv("HP_TRANSPORT") : "auto";
+  // The floor is measured in the shared-memory run only (it needs no transport of ours).
+  std::unique_ptr<ShmFloor> floor;
+  if (want_ar && transport == "auto" && g.size() == 2) floor = std::make_unique<ShmFloor>(g, size_t{16} << 20);
   for (int64_t bytes : {int64_t{4}, int64_t{4} << 10, int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20, int64_t{16} << 20}) {
     const int calls = bytes <= (256 << 10) ? 2000 : bytes <= (1 << 20) ? 400 : 40;
     const int64_t n = bytes / 4;
@@ -56,11 +134,16 @@ void run_collective_benchmarks(const std::string& filter) {
       const Stats s = time_calls([&] { hp::all_reduce_(x, hp::ReduceOp::SUM, g); }, calls);
       // Bus bandwidth as nccl-tests define it: 2 (g - 1) / g bytes move per byte reduced.
       const double busbw = 2.0 * (g.size() - 1) / g.size() * static_cast<double>(bytes) / (s.median_us * 1e3);
+      double floor_us = -1;
+      if (floor && floor->ok()) {
+        hp::barrier(g);
+        floor_us = time_calls([&] { floor->all_reduce(src.data_ptr<float>(), dst.data_ptr<float>(), static_cast<size_t>(bytes)); }, calls).median_us;
+      }
       if (g.rank() == 0)
         std::printf("{\"name\": \"all_reduce_latency\", \"transport\": \"%s\", \"ranks\": %lld, \"bytes\": %lld, "
-                    "\"median_us\": %.3g, \"p99_us\": %.3g, \"busbw_GBps\": %.3g, \"memcpy_us\": %.3g}\n",
+                    "\"median_us\": %.3g, \"p99_us\": %.3g, \"busbw_GBps\": %.3g, \"memcpy_us\": %.3g, \"shm_floor_us\": %.3g}\n",
                     transport.c_str(), static_cast<long long>(g.size()), static_cast<long long>(bytes), s.median_us,
-                    s.p99_us, busbw, copy.median_us);
+                    s.p99_us, busbw, copy.median_us, floor_us);
     }
     if (want_ag) {
       at::Tensor piece = at::ones({n / g.size() > 0 ? n / g.size() : 1});  // the output is `bytes`
