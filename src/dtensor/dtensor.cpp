@@ -42,12 +42,8 @@ DTensorImpl& impl_of(const at::Tensor& t, const char* what) {
 // whole value on every rank, i.e. it is the Replicate DTensor it stands for.
 at::Tensor whole_grad_as_replicate(const at::Tensor& grad, const DTensorSpec& spec) {
   if (!grad.defined() || dtensor_impl(grad) != nullptr || grad.sizes() != c10::IntArrayRef(spec.shape)) return grad;
-  auto s = std::make_shared<DTensorSpec>(spec);
-  s->placements = Placements(spec.placements.size(), Replicate());
-  s->stride = contiguous_strides(s->shape);
-  s->storage_offset = 0;
-  s->dtype = grad.scalar_type();
-  return make_dtensor(grad.contiguous(), std::move(s));
+  return make_dtensor(grad.contiguous(), std::make_shared<DTensorSpec>(spec.mesh, Placements(spec.placements.size(), Replicate()),
+                                                                        spec.shape, grad.scalar_type()));
 }
 
 // Redistributes a gradient to `target` placements; plain gradients pass through.
@@ -110,20 +106,14 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 
 thread_local bool t_implicit_replication = false;
 
-// The spec of a new DTensor made from plain tensor `t` (mesh, checked placements, dtype); the
-// caller fills in the global shape and stride.
-std::shared_ptr<DTensorSpec> new_spec(const char* what, const at::Tensor& t, const DeviceMesh& mesh,
-                                      const Placements& placements) {
+// The placements of a new DTensor made from plain tensor `t`, checked and normalised.
+Placements checked_placements(const char* what, const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements) {
   HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, " needs a defined plain tensor",
              (t.defined() ? ", got a DTensor" : ""));
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), what, ": ",
              to_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
              " dimensions");
-  auto spec = std::make_shared<DTensorSpec>();
-  spec->mesh = mesh;
-  spec->placements = normalize_placements(placements, t.dim());
-  spec->dtype = t.scalar_type();
-  return spec;
+  return normalize_placements(placements, t.dim());
 }
 
 }  // namespace
@@ -183,19 +173,21 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             const Placements& placements, bool run_check,
                             c10::optional<at::IntArrayRef> shape,
                             c10::optional<at::IntArrayRef> stride) {
-  auto spec = new_spec("DTensor::from_local", local, mesh, placements);
+  const Placements pl = checked_placements("DTensor::from_local", local, mesh, placements);
   at::Tensor data = local;
+  std::vector<int64_t> global;
   if (shape) {
-    spec->shape = shape->vec();
-    HP_CHECK_T(c10::ValueError, spec->shape.size() == static_cast<size_t>(local.dim()),
+    global = shape->vec();
+    HP_CHECK_T(c10::ValueError, global.size() == static_cast<size_t>(local.dim()),
                "DTensor::from_local: shape ", *shape, " has another rank than the local tensor ",
                local.sizes());
   } else {
-    spec->shape = local.sizes().vec();
-    for (size_t i = 0; i < spec->placements.size(); ++i)
-      if (spec->placements[i].is_shard())
-        spec->shape[static_cast<size_t>(spec->placements[i].dim())] *= mesh.size(static_cast<int64_t>(i));
+    global = local.sizes().vec();
+    for (size_t i = 0; i < pl.size(); ++i)
+      if (pl[i].is_shard()) global[static_cast<size_t>(pl[i].dim())] *= mesh.size(static_cast<int64_t>(i));
   }
+  auto spec = std::make_shared<DTensorSpec>(mesh, pl, std::move(global), local.scalar_type(),
+                                            stride ? stride->vec() : std::vector<int64_t>{});
   if (run_check) {
     // Every rank's local shape along each sharded dim must be its torch.chunk piece; the other
     // dims must agree. One all_gather of the shapes per mesh dimension.
@@ -227,16 +219,15 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
       broadcast_(copy, 0, mesh.get_group(i));
       data.detach().copy_(copy);
     }
+    if (!stride) spec->stride = contiguous_strides(spec->shape);  // the shape may have grown (uneven shards)
   }
-  spec->stride = stride ? stride->vec() : contiguous_strides(spec->shape);
   return DTensor(FromLocalFn::apply(data, std::move(spec)));
 }
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, c10::optional<int64_t> src_data_rank) {
-  auto spec = new_spec("distribute_tensor", tensor, mesh, placements);
-  spec->shape = tensor.sizes().vec();
-  spec->stride = contiguous_strides(spec->shape);
+  auto spec = std::make_shared<DTensorSpec>(mesh, checked_placements("distribute_tensor", tensor, mesh, placements),
+                                            tensor.sizes().vec(), tensor.scalar_type());
   const auto coord_opt = mesh.get_coordinate();
   TORCH_CHECK(coord_opt.has_value(), "distribute_tensor: this rank is not part of ", mesh.to_string());
   const auto& coord = *coord_opt;

@@ -14,6 +14,15 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return st;
 }
 
+DTensorSpec::DTensorSpec(DeviceMesh mesh_, const Placements& placements_, std::vector<int64_t> shape_,
+                         c10::ScalarType dtype_, std::vector<int64_t> stride_, int64_t storage_offset_)
+    : mesh(std::move(mesh_)),
+      placements(normalize_placements(placements_, static_cast<int64_t>(shape_.size()))),
+      shape(std::move(shape_)),
+      stride(stride_.empty() ? contiguous_strides(shape) : std::move(stride_)),
+      dtype(dtype_),
+      storage_offset(storage_offset_) {}
+
 std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_offset(
     const std::vector<int64_t>& global_shape, const std::vector<int64_t>& mesh_shape,
     const std::vector<int64_t>& coordinate, const Placements& placements) {

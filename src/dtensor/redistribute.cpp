@@ -30,10 +30,14 @@ std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec,
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
   if (src.placements == dst) return local;
+  return redistribute_local(local, src, plan_redistribute(src.mesh.shape(), src.placements, dst, src.ndim()));
+}
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const std::vector<RedistributeStep>& steps) {
+  if (steps.empty()) return local;
   const auto coord_opt = src.mesh.get_coordinate();
   TORCH_CHECK(coord_opt.has_value(), "redistribute: this rank is not part of ", src.mesh.to_string());
   const auto& coord = *coord_opt;
-  const auto steps = plan_redistribute(src.mesh.shape(), src.placements, dst, src.ndim());
   at::Tensor t = local;
   Placements cur = src.placements;
   using Kind = RedistributeStep::Kind;

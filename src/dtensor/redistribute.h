@@ -5,11 +5,14 @@
 #include <memory>
 
 #include <hyper_parallel/dtensor/dtensor_spec.h>
+#include <hyper_parallel/dtensor/redistribute_plan.h>
 
 namespace hyper_parallel {
 
 /// The local shard of `local` (laid out by `src`) once laid out by `dst`.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst);
+/// The same along `steps`, planned by plan_redistribute(src's mesh shape, src.placements, dst).
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const std::vector<RedistributeStep>& steps);
 
 /// `spec` with other placements (and contiguous strides when they change).
 std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements);

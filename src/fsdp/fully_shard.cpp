@@ -99,7 +99,7 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
         const std::string fqn = prefix.empty() ? p.key() : prefix + "." + p.key();
         auto layout = c10::make_intrusive<ParamLayout>();
         layout->dp_mesh = dp_mesh;
-        auto sharded = std::make_shared<DTensorSpec>();
+        auto sharded = std::make_shared<DTensorSpec>(dp_mesh, Placements{Shard(0)}, param.sizes().vec(), param.scalar_type());
         if (is_dtensor(param)) {
           const DTensor d(param);
           const DeviceMesh& tp = d.device_mesh();
@@ -116,20 +116,15 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
             if (!d.placements()[0].is_shard(k)) { layout->dp_dim = k; break; }
           const auto local = d.spec().local_shape();
           layout->compute_size = layout->dp_dim >= 0 ? local[static_cast<size_t>(layout->dp_dim)] : 0;
-          sharded->mesh = root;
-          sharded->placements = Placements(static_cast<size_t>(root.ndim()), Replicate());
-          sharded->placements[static_cast<size_t>(*tp.dim_in_root())] = d.placements()[0];
-          sharded->placements[static_cast<size_t>(dp_root_dim)] = layout->dp_dim >= 0 ? Shard(layout->dp_dim) : Replicate();
+          Placements pl(static_cast<size_t>(root.ndim()), Replicate());
+          pl[static_cast<size_t>(*tp.dim_in_root())] = d.placements()[0];
+          pl[static_cast<size_t>(dp_root_dim)] = layout->dp_dim >= 0 ? Shard(layout->dp_dim) : Replicate();
+          sharded = std::make_shared<DTensorSpec>(root, pl, param.sizes().vec(), param.scalar_type());
         } else {
           HP_CHECK_T(c10::ValueError, param.dim() > 0, "fully_shard: parameter '", fqn, "' is a scalar");
           layout->dp_dim = 0;
           layout->compute_size = param.size(0);
-          sharded->mesh = dp_mesh;
-          sharded->placements = {Shard(0)};
         }
-        sharded->shape = param.sizes().vec();
-        sharded->stride = contiguous_strides(sharded->shape);
-        sharded->dtype = param.scalar_type();
         layout->sharded_spec = sharded;
         plan.push_back({&owner, p.key(), param, layout});
       }

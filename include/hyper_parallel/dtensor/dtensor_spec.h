@@ -14,11 +14,17 @@ namespace hyper_parallel {
 
 /// Mesh, one (normalised) placement per mesh dimension, and the global shape/stride and dtype.
 struct DTensorSpec {
+  /// Every field given: `placements` are normalised for `shape` (Shard(-1) -> Shard(ndim - 1)),
+  /// an empty `stride` means contiguous.
+  /// e.g. `DTensorSpec(mesh, {Shard(0)}, {8, 4}, at::kFloat)`.
+  DTensorSpec(DeviceMesh mesh, const Placements& placements, std::vector<int64_t> shape, c10::ScalarType dtype,
+              std::vector<int64_t> stride = {}, int64_t storage_offset = 0);
+
   DeviceMesh mesh;
   Placements placements;
   std::vector<int64_t> shape;   ///< global sizes
   std::vector<int64_t> stride;  ///< global strides (contiguous unless a view made them otherwise)
-  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::ScalarType dtype;
   /// Offset of a view into its base's (global) storage, as a plain tensor's would be: autograd
   /// replays an in-place op on a view with as_strided(sizes, strides, offset), so it must be real.
   int64_t storage_offset = 0;

@@ -27,13 +27,16 @@ class OpInfo {
     const DTensorSpec* spec;
   };
 
-  OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs);
+  /// The call of `op` on `nargs` arguments at `args`, on `mesh`; its inputs are filled in by the
+  /// dispatcher.
+  OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh);
 
   const c10::OperatorHandle& op() const { return op_; }
   const c10::FunctionSchema& schema() const { return op_.schema(); }
   /// "aten::add.Tensor".
   std::string name() const;
   const c10::IValue& arg(size_t i) const { return args_[i]; }
+  const c10::IValue* args() const { return args_; }
   size_t num_args() const { return nargs_; }
   const std::vector<TensorInput>& inputs() const { return inputs_; }
   const DeviceMesh& mesh() const { return *mesh_; }
@@ -46,17 +49,14 @@ class OpInfo {
   /// The op and its inputs' placements, for error messages.
   std::string describe() const;
 
-  // Implementation details of the dispatcher.
-  void add_input(size_t arg, int64_t elem, const DTensorSpec* spec);
-  void set_mesh(const DeviceMesh* mesh) { mesh_ = mesh; }
-  std::vector<std::unique_ptr<DTensorSpec>>& owned_specs() { return owned_; }
 
  private:
+  friend struct OpInfoAccess;  // the dispatcher fills the inputs (src/dtensor/sharding_propagation.cpp)
   const c10::OperatorHandle& op_;
   const c10::IValue* args_;
   size_t nargs_;
   std::vector<TensorInput> inputs_;
-  const DeviceMesh* mesh_ = nullptr;
+  const DeviceMesh* mesh_;
   mutable int64_t written_arg_ = -2;  // -2: not looked up yet (only rules need it, on a cache miss)
   std::vector<std::unique_ptr<DTensorSpec>> owned_;
 };
@@ -83,7 +83,10 @@ struct OpSharding {
 using ShardingRule = std::function<OpSharding(const OpInfo&)>;
 
 /// Registers `rule` for `op_name`: "aten::add.Tensor" for one overload, "aten::add" for every
-/// overload that has no rule of its own. A later registration replaces an earlier one.
+/// overload that has no rule of its own. A later registration replaces an earlier one. A name
+/// the dispatcher does not know (a typo, an op of another libtorch version, a custom op not yet
+/// registered with TORCH_LIBRARY) is refused with c10::ValueError: a rule nothing can reach
+/// would fail silently.
 void register_sharding_rule(const std::string& op_name, ShardingRule rule);
 
 /// Static registration, e.g. `static RegisterShardingRule r("aten::relu", pointwise_rule);`.

@@ -1,0 +1,123 @@
+#include "op_execution.h"
+
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "dtensor_impl.h"
+#include "op_args.h"
+#include "redistribute.h"
+
+namespace hyper_parallel {
+namespace {
+
+// A write into a view whose local data is a copy would be lost: refuse it (on every rank: the
+// flag comes from placements, which all ranks share).
+void check_written_views(const OpInfo& info, const Decision& d) {
+  for (size_t k : d.written_inputs) {
+    const auto& in = info.inputs()[k];
+    const c10::IValue& v = info.arg(in.arg);
+    const at::Tensor& t = in.elem < 0 ? v.toTensor() : v.toTensorList().get(static_cast<size_t>(in.elem));
+    DTensorImpl* impl = dtensor_impl(t);
+    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel: ",
+               info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
+               "(making the view needed communication, e.g. a narrow/select/split along a sharded dim): "
+               "the write would not reach the viewed DTensor. In-place operations that require "
+               "placement changes are not supported; write into the base with an out-of-place op and "
+               "copy_, or redistribute the base first");
+  }
+}
+
+at::Tensor local_of(const at::Tensor& t, const Decision& d, const OpInfo& info, size_t arg, int64_t elem) {
+  const int64_t k = info.input_index(arg, elem);
+  if (k < 0) return t;  // a 0-dim plain tensor, or undefined
+  DTensorImpl* impl = dtensor_impl(t);
+  const at::Tensor& local = impl ? impl->local() : t;
+  return redistribute_local(local, *info.inputs()[static_cast<size_t>(k)].spec, d.plans[static_cast<size_t>(k)]);
+}
+
+// Wraps local result `t` with `spec`, whose dtype is corrected from `t` (once per decision).
+at::Tensor wrap(const at::Tensor& t, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& local_shape,
+                const OpInfo& info) {
+  if (!t.defined()) return t;
+  TORCH_CHECK(t.sizes() == c10::IntArrayRef(local_shape), "hyper_parallel: ", info.describe(),
+              " produced a local result of shape ", t.sizes(), " where ", to_string(spec->placements),
+              " of the global shape ", c10::IntArrayRef(spec->shape), " needs ", c10::IntArrayRef(local_shape),
+              " (a sharding rule is wrong)");
+  if (spec->dtype != t.scalar_type()) {
+    auto s = std::make_shared<DTensorSpec>(*spec);
+    s->dtype = t.scalar_type();
+    spec = std::move(s);
+  }
+  return make_dtensor(t, spec);
+}
+
+// Wraps the returns at the top of `stack`; `original` are the call's (global) arguments.
+void wrap_returns(const OpInfo& info, const Decision& d, const std::vector<c10::IValue>& original, torch::jit::Stack* stack) {
+  const size_t nret = info.schema().returns().size();
+  TORCH_INTERNAL_ASSERT(stack->size() >= nret);
+  const size_t rbase = stack->size() - nret;
+  for (size_t r = 0; r < nret; ++r) {
+    c10::IValue& v = (*stack)[rbase + r];
+    if (d.written_return_arg[r] >= 0) {
+      // The very same tensor (autograd's in-place wrappers return their own self anyway).
+      v = original[static_cast<size_t>(d.written_return_arg[r])];
+      continue;
+    }
+    // A view's local result must be a view of its base's local data; otherwise it is a copy.
+    DTensorImpl* base = nullptr;
+    if (d.view_return_arg[r] >= 0) {
+      const auto& a = original[static_cast<size_t>(d.view_return_arg[r])];
+      if (a.isTensor()) base = dtensor_impl(a.toTensor());
+    }
+    // Under c10::InferenceMode a view of a normal tensor must be a normal tensor (autograd's view
+    // tracking gives it the base's version counter), as libtorch's own views are.
+    const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
+    auto wrap_output = [&](const at::Tensor& local, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& shape) {
+      c10::optional<c10::InferenceMode> normal;
+      if (normal_view) normal.emplace(false);
+      at::Tensor w = wrap(local, spec, shape, info);
+      if (base != nullptr && w.defined() && (d.view_base_moved[r] || base->is_copy_view() || !local.is_alias_of(base->local())))
+        static_cast<DTensorImpl*>(w.unsafeGetTensorImpl())->set_copy_view(true);
+      return w;
+    };
+    if (v.isTensor()) {
+      if (!d.outputs[r].empty() && d.outputs[r][0]) v = wrap_output(v.toTensor(), d.outputs[r][0], d.local_shapes[r][0]);
+    } else if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      TORCH_CHECK(l.size() == d.outputs[r].size(), "hyper_parallel: ", info.describe(), " returned ", l.size(),
+                  " local tensors where the global op returns ", d.outputs[r].size());
+      for (size_t j = 0; j < l.size(); ++j) l.set(j, wrap_output(l.get(j), d.outputs[r][j], d.local_shapes[r][j]));
+      v = l;
+    }
+  }
+}
+
+}  // namespace
+
+void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
+  check_written_views(info, d);
+  const size_t nargs = info.num_args();
+  const size_t base = stack->size() - nargs;
+  // The global arguments move off the stack and stay alive until the returns are wrapped (the
+  // input specs in `info` point into them); from here on `info.arg()` is not read.
+  std::vector<c10::IValue> original(std::make_move_iterator(stack->begin() + static_cast<std::ptrdiff_t>(base)),
+                                    std::make_move_iterator(stack->end()));
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
+    torch::jit::Stack local_args = map_tensor_args(original.data(), nargs, [&](size_t arg, int64_t elem, const at::Tensor& t) {
+      return local_of(t, d, info, arg, elem);
+    });
+    if (d.adjust_args) d.adjust_args(local_args);
+    for (auto& v : local_args) stack->push_back(std::move(v));
+    if (d.kernel) d.kernel(info.op(), stack);
+    else info.op().callBoxed(stack);
+  }
+  wrap_returns(info, d, original, stack);
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,56 @@
+// OpInfo: what a sharding rule sees of one call.
+#include <hyper_parallel/dtensor/sharding_rule.h>
+
+#include <sstream>
+
+namespace hyper_parallel {
+
+OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh)
+    : op_(op), args_(args), nargs_(nargs), mesh_(&mesh) {}
+
+int64_t OpInfo::written_arg() const {
+  if (written_arg_ == -2) {
+    written_arg_ = -1;
+    const auto& a = op_.schema().arguments();
+    for (size_t i = 0; i < a.size(); ++i) {
+      const auto* alias = a[i].alias_info();
+      if (alias != nullptr && alias->isWrite()) {
+        written_arg_ = static_cast<int64_t>(i);
+        break;
+      }
+    }
+  }
+  return written_arg_;
+}
+
+std::string OpInfo::name() const {
+  const auto& n = op_.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+const DTensorSpec* OpInfo::spec(size_t arg, int64_t elem) const {
+  for (const auto& in : inputs_)
+    if (in.arg == arg && in.elem == elem) return in.spec;
+  return nullptr;
+}
+
+int64_t OpInfo::input_index(size_t arg, int64_t elem) const {
+  for (size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].arg == arg && inputs_[k].elem == elem) return static_cast<int64_t>(k);
+  return -1;
+}
+
+std::string OpInfo::describe() const {
+  std::ostringstream os;
+  os << name() << " with inputs (";
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    const auto& in = inputs_[k];
+    os << (k ? ", " : "") << schema().arguments()[in.arg].name();
+    if (in.elem >= 0) os << "[" << in.elem << "]";
+    os << ": " << to_string(in.spec->placements) << " " << c10::IntArrayRef(in.spec->shape) << " " << in.spec->dtype;
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,381 @@
+// Sharding propagation: registry, decision key, cache, and building a decision from a rule.
+#include "sharding_propagation.h"
+
+#include <hyper_parallel/dtensor/dtensor.h>
+
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dtensor_impl.h"
+#include "op_args.h"
+
+namespace hyper_parallel {
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<std::string, ShardingRule> rules;
+  std::unordered_set<std::string> known_names;  // "ns::op" and "ns::op.overload" the dispatcher has
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+std::atomic<uint64_t> g_registry_version{0};
+
+// Whether the dispatcher knows `name` ("aten::add" or "aten::add.Tensor"). The set is rebuilt on a
+// miss: custom ops are registered (TORCH_LIBRARY) before their rules, possibly after ours.
+bool dispatcher_knows(Registry& r, const std::string& name) {
+  if (r.known_names.count(name) != 0) return true;
+  r.known_names.clear();
+  for (const c10::OperatorName& n : c10::Dispatcher::singleton().getAllOpNames()) {
+    r.known_names.insert(n.name);
+    if (!n.overload_name.empty()) r.known_names.insert(n.name + "." + n.overload_name);
+  }
+  return r.known_names.count(name) != 0;
+}
+
+}  // namespace
+
+void register_sharding_rule(const std::string& op_name, ShardingRule rule) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  HP_CHECK_T(c10::ValueError, dispatcher_knows(r, op_name), "hyper_parallel::register_sharding_rule: no operator '",
+             op_name, "' is registered with the dispatcher (write \"aten::add.Tensor\" for one overload or "
+             "\"aten::add\" for all; register a custom op with TORCH_LIBRARY before its rule)");
+  r.rules[op_name] = std::move(rule);
+  g_registry_version.fetch_add(1);
+}
+
+void clear_sharding_cache() { g_registry_version.fetch_add(1); }
+
+const ShardingRule* find_rule(const c10::OperatorHandle& op) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto& n = op.operator_name();
+  if (!n.overload_name.empty()) {
+    auto it = r.rules.find(n.name + "." + n.overload_name);
+    if (it != r.rules.end()) return &it->second;
+  }
+  auto it = r.rules.find(n.name);
+  return it == r.rules.end() ? nullptr : &it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision key: spec contents, shapes and integer arguments; not floating-point values.
+
+namespace {
+
+enum Tag : int64_t { kNone = 1, kDT, kPlain, kList, kInt, kBool, kDouble, kScalar, kString, kOther, kIntList };
+
+void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
+  k.push_back(kDT);
+  k.push_back(reinterpret_cast<int64_t>(s.mesh.impl()));
+  k.push_back(static_cast<int64_t>(s.dtype));
+  k.push_back(s.ndim());
+  for (auto x : s.shape) k.push_back(x);
+  for (auto x : s.stride) k.push_back(x);
+  k.push_back(s.storage_offset);
+  for (const auto& p : s.placements) k.push_back(static_cast<int64_t>(p.hash()));
+}
+
+void key_plain(std::vector<int64_t>& k, const at::Tensor& t) {
+  k.push_back(kPlain);
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back(t.dim());
+  for (auto x : t.sizes()) k.push_back(x);
+}
+
+void key_value(std::vector<int64_t>& k, const c10::IValue& v) {
+  if (v.isNone()) k.push_back(kNone);
+  else if (v.isInt()) { k.push_back(kInt); k.push_back(v.toInt()); }
+  else if (v.isBool()) { k.push_back(kBool); k.push_back(v.toBool()); }
+  else if (v.isDouble()) k.push_back(kDouble);
+  else if (v.isScalar()) { k.push_back(kScalar); k.push_back(static_cast<int64_t>(v.toScalar().type())); }
+  else if (v.isIntList()) {
+    k.push_back(kIntList);
+    auto l = v.toIntList();
+    k.push_back(static_cast<int64_t>(l.size()));
+    for (int64_t x : l) k.push_back(x);
+  } else if (v.isString()) { k.push_back(kString); k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef()))); }
+  else if (v.isDevice()) { k.push_back(kOther); k.push_back(static_cast<int64_t>(v.toDevice().type())); }
+  else k.push_back(kOther);
+}
+
+[[noreturn]] void mixed_error(const OpInfo& info, size_t arg, const at::Tensor& t) {
+  TORCH_CHECK(false, "hyper_parallel: ", info.name(), " got a plain tensor (argument '",
+              info.schema().arguments()[arg].name(), "', shape ", t.sizes(),
+              ") mixed with DTensors; convert it with DTensor::from_local or distribute_tensor, "
+              "or run the op inside an ImplicitReplicationGuard to treat it as replicated");
+}
+
+}  // namespace
+
+const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs) {
+  struct {
+    const DeviceMesh* mesh = nullptr;
+    bool tensor(size_t, int64_t, const at::Tensor& t) {
+      if (DTensorImpl* d = dtensor_impl(t)) mesh = &d->spec().mesh;
+      return mesh == nullptr;
+    }
+    void list(size_t, size_t) {}
+    void value(const c10::IValue&) {}
+  } v;
+  visit_args(args, nargs, v);
+  return v.mesh;
+}
+
+// Builds the inputs of an OpInfo (its only writer besides the constructor).
+struct OpInfoAccess {
+  OpInfo& info;
+  std::vector<int64_t> key;
+
+  bool tensor(size_t arg, int64_t elem, const at::Tensor& t) {
+    if (!t.defined()) {
+      key.push_back(kNone);
+    } else if (DTensorImpl* d = dtensor_impl(t)) {
+      HP_CHECK_T(c10::ValueError, d->spec().mesh == info.mesh(), "hyper_parallel: ", info.name(),
+                 " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", info.mesh().to_string());
+      key_spec(key, d->spec());
+      info.inputs_.push_back({arg, elem, &d->spec()});
+    } else {
+      plain(arg, elem, t);
+    }
+    return true;
+  }
+  void list(size_t, size_t size) {
+    key.push_back(kList);
+    key.push_back(static_cast<int64_t>(size));
+  }
+  void value(const c10::IValue& v) { key_value(key, v); }
+
+  // A plain tensor among DTensors: a 0-dim tensor is a scalar; otherwise an error unless implicit
+  // replication is on, when it becomes a Replicate input.
+  //
+  // During autograd's backward the plain tensors are libtorch's own (zeros for unused outputs of a
+  // split, targets and indices saved from the forward, masks of decompositions): they are the same
+  // on every rank, so they are replicated there as inside an ImplicitReplicationGuard (PyTorch's
+  // implicit replication); a plain tensor could only have met a DTensor in the forward under that
+  // guard anyway.
+  void plain(size_t arg, int64_t elem, const at::Tensor& t) {
+    const bool implicit = ImplicitReplicationGuard::enabled() ||
+                          torch::autograd::get_current_graph_task_exec_info() != nullptr;
+    if (t.dim() == 0 && !implicit) return key_plain(key, t);
+    if (!implicit) mixed_error(info, arg, t);
+    auto s = std::make_unique<DTensorSpec>(info.mesh(), Placements(static_cast<size_t>(info.mesh().ndim()), Replicate()),
+                                           t.sizes().vec(), t.scalar_type());
+    key_spec(key, *s);
+    info.inputs_.push_back({arg, elem, s.get()});
+    info.owned_.push_back(std::move(s));
+  }
+};
+
+std::vector<int64_t> collect_inputs(OpInfo& info) {
+  OpInfoAccess v{info, {}};
+  v.key.reserve(64);
+  v.key.push_back(reinterpret_cast<int64_t>(&info.schema()));
+  visit_args(info.args(), info.num_args(), v);
+  return std::move(v.key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building a decision
+
+namespace {
+
+at::Tensor meta_of(const at::Tensor& t) {
+  const auto meta = [](at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(at::kMeta); };
+  if (!t.defined()) return t;
+  DTensorImpl* d = dtensor_impl(t);
+  if (d == nullptr) return at::empty_strided(t.sizes(), t.strides(), meta(t.scalar_type()));
+  const DTensorSpec& s = d->spec();
+  if (s.storage_offset == 0) return at::empty_strided(s.shape, s.stride, meta(s.dtype));
+  // A view keeps its offset, so the meta run reports the offsets of the views it makes.
+  int64_t extent = 1;
+  for (size_t k = 0; k < s.shape.size(); ++k) {
+    if (s.shape[k] == 0) { extent = 0; break; }
+    extent += (s.shape[k] - 1) * s.stride[k];
+  }
+  return at::empty({s.storage_offset + extent}, meta(s.dtype)).as_strided(s.shape, s.stride, s.storage_offset);
+}
+
+// Runs the op on meta tensors of the global shapes: the global shapes and strides of its returns.
+std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
+  torch::jit::Stack s = map_tensor_args(info.args(), info.num_args(), [](size_t, int64_t, const at::Tensor& t) { return meta_of(t); });
+  try {
+    info.op().callBoxed(&s);
+  } catch (const c10::NotImplementedError& e) {
+    TORCH_CHECK(false, "hyper_parallel: cannot infer the output shapes of ", info.describe(),
+                ": the op has no meta kernel and its sharding rule gives no output shapes (",
+                e.what_without_backtrace(), ")");
+  } catch (const c10::Error& e) {
+    // The op itself refuses these inputs (a dtype or shape mismatch): the same error a plain
+    // tensor would get, with the placements.
+    TORCH_CHECK(false, "hyper_parallel: ", info.describe(), ": ", e.what_without_backtrace());
+  }
+  return s;
+}
+
+// What each input must become, and its plan. Written arguments keep their layout: an in-place
+// op cannot change placements.
+void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
+  const auto& inputs = info.inputs();
+  TORCH_INTERNAL_ASSERT(s.input_placements.empty() || s.input_placements.size() == inputs.size(),
+                        "sharding rule of ", info.name(), " gave ", s.input_placements.size(),
+                        " input placements for ", inputs.size(), " inputs");
+  const auto& args = info.schema().arguments();
+  d.input_placements.resize(inputs.size());
+  d.redistribute.resize(inputs.size());
+  d.plans.resize(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const DTensorSpec& in = *inputs[k].spec;
+    d.input_placements[k] = s.input_placements.empty() ? in.placements : normalize_placements(s.input_placements[k], in.ndim());
+    d.redistribute[k] = d.input_placements[k] != in.placements;
+    if (d.redistribute[k]) d.plans[k] = plan_redistribute(in.mesh.shape(), in.placements, d.input_placements[k], in.ndim());
+    const auto* alias = args[inputs[k].arg].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    d.written_inputs.push_back(k);
+    HP_CHECK_T(c10::ValueError, !d.redistribute[k], "hyper_parallel: ", info.describe(),
+               " would have to change the placements of its in-place/out argument '", args[inputs[k].arg].name(),
+               "' from ", to_string(in.placements), " to ", to_string(d.input_placements[k]), "; use the out-of-place op");
+  }
+}
+
+// Which argument each return writes (in-place/out) or views, from the schema's alias sets.
+void alias_returns(const OpInfo& info, Decision& d) {
+  const auto& rets = info.schema().returns();
+  const auto& args = info.schema().arguments();
+  d.written_return_arg.assign(rets.size(), -1);
+  d.view_return_arg.assign(rets.size(), -1);
+  d.view_base_moved.assign(rets.size(), false);
+  for (size_t r = 0; r < rets.size(); ++r) {
+    const auto* ra = rets[r].alias_info();
+    // A list of views (split, unbind, chunk) carries its alias set on the element type.
+    if (ra != nullptr && ra->beforeSets().empty() && !ra->containedTypes().empty()) ra = &ra->containedTypes()[0];
+    if (ra == nullptr) continue;
+    for (size_t a = 0; a < args.size(); ++a) {
+      const auto* aa = args[a].alias_info();
+      if (aa == nullptr || aa->beforeSets() != ra->beforeSets()) continue;
+      if (ra->isWrite() && aa->isWrite()) d.written_return_arg[r] = static_cast<int64_t>(a);
+      else if (!ra->isWrite()) d.view_return_arg[r] = static_cast<int64_t>(a);
+      break;
+    }
+    if (d.view_return_arg[r] < 0) continue;
+    const int64_t k = info.input_index(static_cast<size_t>(d.view_return_arg[r]));
+    d.view_base_moved[r] = k >= 0 && d.redistribute[static_cast<size_t>(k)];
+  }
+}
+
+bool is_tensor_return(const c10::Argument& ret) {
+  const auto& type = ret.type();
+  return type->kind() == c10::TypeKind::TensorType || type->isSubtypeOf(*c10::ListType::ofTensors());
+}
+
+// The specs and local shapes of the returns a decision makes (not the written ones): from the
+// meta run, or from the rule's shapes for ops without a meta kernel (their dtype is learnt from
+// the first local result).
+void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
+  const auto& rets = info.schema().returns();
+  d.outputs.resize(rets.size());
+  d.local_shapes.resize(rets.size());
+  bool need_meta = false;
+  for (size_t r = 0; r < rets.size(); ++r)
+    need_meta = need_meta || (d.written_return_arg[r] < 0 && is_tensor_return(rets[r]) && s.output_shapes.empty());
+  const std::vector<c10::IValue> meta = need_meta ? run_on_meta(info) : std::vector<c10::IValue>{};
+  const auto coord = info.mesh().get_coordinate();
+  auto add = [&](size_t r, const Placements& pl, std::vector<int64_t> shape, at::ScalarType dtype,
+                 std::vector<int64_t> stride = {}, int64_t offset = 0) {
+    auto spec = std::make_shared<const DTensorSpec>(info.mesh(), pl, std::move(shape), dtype, std::move(stride), offset);
+    d.local_shapes[r].push_back(coord ? spec->local_shape_and_offset(*coord).first : spec->shape);
+    d.outputs[r].push_back(std::move(spec));
+  };
+  auto add_meta = [&](size_t r, const Placements& pl, const at::Tensor& t) {
+    add(r, pl, t.sizes().vec(), t.scalar_type(), t.strides().vec(), t.storage_offset());
+  };
+  size_t shape_index = 0;
+  for (size_t r = 0; r < rets.size(); ++r) {
+    if (d.written_return_arg[r] >= 0) { ++shape_index; continue; }
+    if (!is_tensor_return(rets[r])) continue;
+    TORCH_INTERNAL_ASSERT(r < s.output_placements.size(), "sharding rule of ", info.name(), " gave no placements for return ", r);
+    const Placements& pl = s.output_placements[r];
+    const bool is_list = rets[r].type()->kind() != c10::TypeKind::TensorType;
+    if (need_meta) {
+      const c10::IValue& m = meta[r];
+      if (is_list) {
+        for (const at::Tensor& t : m.toTensorList()) add_meta(r, pl, t);
+      } else if (m.isTensor() && m.toTensor().defined()) {
+        add_meta(r, pl, m.toTensor());
+      } else {
+        d.outputs[r].push_back(nullptr);
+        d.local_shapes[r].emplace_back();
+      }
+    } else {
+      TORCH_INTERNAL_ASSERT(!is_list && shape_index < s.output_shapes.size(), "sharding rule of ", info.name(),
+                            " gave no output shape for return ", r);
+      add(r, pl, s.output_shapes[shape_index], at::ScalarType::Undefined);
+    }
+    ++shape_index;
+  }
+}
+
+std::shared_ptr<const Decision> decide(const OpInfo& info) {
+  const ShardingRule* rule = find_rule(info.op());
+  TORCH_CHECK(rule != nullptr, "hyper_parallel: no sharding rule for ", info.describe(),
+              "; register one with hyper_parallel::register_sharding_rule, or leave DTensor land "
+              "first (full_tensor() / to_local())");
+  OpSharding s = (*rule)(info);
+  auto d = std::make_shared<Decision>();
+  resolve_inputs(info, s, *d);
+  alias_returns(info, *d);
+  output_specs(info, s, *d);
+  d->adjust_args = std::move(s.adjust_args);
+  d->kernel = std::move(s.kernel);
+  return d;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Cache {
+  uint64_t version = 0;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Decision>, KeyHash> map;
+};
+// Per thread: no lock on the hot path (autograd may run backward on other threads).
+thread_local Cache t_cache;
+
+}  // namespace
+
+std::shared_ptr<const Decision> propagate(OpInfo& info, std::vector<int64_t> key) {
+  const uint64_t version = g_registry_version.load(std::memory_order_relaxed);
+  if (t_cache.version != version) {
+    t_cache.map.clear();
+    t_cache.version = version;
+  }
+  auto it = t_cache.map.find(key);
+  if (it != t_cache.map.end()) return it->second;
+  if (find_rule(info.op()) == nullptr && info.op().hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+    return nullptr;
+  auto d = decide(info);
+  // Shapes that keep changing (variable sequence lengths) would grow the cache without bound.
+  if (t_cache.map.size() >= 65536) t_cache.map.clear();
+  t_cache.map.emplace(std::move(key), d);
+  return d;
+}
+
+}  // namespace hyper_parallel

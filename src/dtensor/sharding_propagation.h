@@ -1,0 +1,52 @@
+#pragma once
+// Sharding propagation (internal): the rule registry, the decision key of a call, and the
+// per-thread cache of decisions. A decision is plain data about one (op, input specs, shapes,
+// integer arguments) combination: what each input must become (with its redistribution plan),
+// the output specs and local shapes, and which returns alias which arguments.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <hyper_parallel/dtensor/redistribute_plan.h>
+#include <hyper_parallel/dtensor/sharding_rule.h>
+
+namespace hyper_parallel {
+
+struct Decision {
+  std::vector<Placements> input_placements;  // one per input, resolved
+  std::vector<bool> redistribute;            // per input: placements differ
+  // Per input: the redistribution steps (empty when unchanged); planned once per decision.
+  std::vector<std::vector<RedistributeStep>> plans;
+  // Per return slot: one spec (Tensor) or one per element (Tensor[]); null for non-tensors.
+  // Mutable: a return's dtype is learnt from the first local result when no meta run gave it.
+  mutable std::vector<std::vector<std::shared_ptr<const DTensorSpec>>> outputs;
+  std::vector<std::vector<std::vector<int64_t>>> local_shapes;
+  std::vector<int64_t> written_return_arg;  // per return slot: the argument it aliases, or -1
+  std::vector<int64_t> view_return_arg;     // per return slot: the argument it is a view of, or -1
+  std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
+  std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
+  std::function<void(torch::jit::Stack&)> adjust_args;
+  std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
+};
+
+/// The mesh of the first DTensor among `nargs` arguments, or nullptr.
+const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs);
+
+/// The rule registered for `op` (its overload, else its name), or nullptr.
+const ShardingRule* find_rule(const c10::OperatorHandle& op);
+
+/// Fills `info`'s inputs (DTensors, and plain tensors taken as Replicate under implicit
+/// replication) and returns the key of its decision. Throws for a plain tensor mixed with
+/// DTensors outside implicit replication, and for DTensors on different meshes.
+std::vector<int64_t> collect_inputs(OpInfo& info);
+
+/// The decision for `info`, whose key collect_inputs returned: from this thread's cache, else
+/// from the op's rule (checked against the schema and the meta run). nullptr for a composite op
+/// with no rule of its own: the caller decomposes it (it reaches DTensors undecomposed only when
+/// autograd is off for the call, as under c10::InferenceMode).
+std::shared_ptr<const Decision> propagate(OpInfo& info, std::vector<int64_t> key);
+
+}  // namespace hyper_parallel
