@@ -6,7 +6,24 @@
 namespace hyper_parallel {
 
 OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh)
-    : op_(op), args_(args), nargs_(nargs), mesh_(&mesh) {}
+    : op_(op), args_(args), nargs_(nargs), mesh_(&mesh), mesh_shape_(mesh.shape()) {
+  const auto coord = mesh.get_coordinate();
+  TORCH_CHECK(coord.has_value(), "hyper_parallel: this rank is not part of ", mesh.to_string());
+  coordinate_ = *coord;
+}
+
+OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, std::vector<TensorInput> inputs,
+               std::vector<int64_t> mesh_shape, std::vector<int64_t> coordinate)
+    : op_(op),
+      args_(args),
+      nargs_(nargs),
+      inputs_(std::move(inputs)),
+      mesh_(nullptr),
+      mesh_shape_(std::move(mesh_shape)),
+      coordinate_(std::move(coordinate)) {
+  TORCH_CHECK(mesh_shape_.size() == coordinate_.size(), "OpInfo: a coordinate of ", coordinate_.size(),
+              " entries on a mesh of ", mesh_shape_.size(), " dimensions");
+}
 
 int64_t OpInfo::written_arg() const {
   if (written_arg_ == -2) {

@@ -72,6 +72,14 @@ const ShardingRule* find_rule(const c10::OperatorHandle& op) {
   return it == r.rules.end() ? nullptr : &it->second;
 }
 
+OpSharding apply_sharding_rule(const OpInfo& info) {
+  const ShardingRule* rule = find_rule(info.op());
+  HP_CHECK_T(c10::NotImplementedError, rule != nullptr, "hyper_parallel: no sharding rule for ", info.describe(),
+             "; register one with hyper_parallel::register_sharding_rule, or leave DTensor land "
+             "first (full_tensor() / to_local())");
+  return (*rule)(info);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The decision key: spec contents, shapes and integer arguments; not floating-point values.
 
@@ -136,19 +144,36 @@ const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs) {
   return v.mesh;
 }
 
-// Builds the inputs of an OpInfo (its only writer besides the constructor).
-struct OpInfoAccess {
+const DeviceMesh& OpInfoAccess::mesh(const OpInfo& info) {
+  TORCH_INTERNAL_ASSERT(info.mesh_ != nullptr, "an OpInfo described by data has no mesh");
+  return *info.mesh_;
+}
+
+void OpInfoAccess::add_input(OpInfo& info, size_t arg, int64_t elem, const DTensorSpec* spec) {
+  info.inputs_.push_back({arg, elem, spec});
+}
+
+void OpInfoAccess::add_input(OpInfo& info, size_t arg, int64_t elem, std::unique_ptr<DTensorSpec> spec) {
+  info.inputs_.push_back({arg, elem, spec.get()});
+  info.owned_.push_back(std::move(spec));
+}
+
+namespace {
+
+// Walks the arguments once: the inputs of `info` and the decision key.
+struct InputCollector {
   OpInfo& info;
+  const DeviceMesh& mesh;
   std::vector<int64_t> key;
 
   bool tensor(size_t arg, int64_t elem, const at::Tensor& t) {
     if (!t.defined()) {
       key.push_back(kNone);
     } else if (DTensorImpl* d = dtensor_impl(t)) {
-      HP_CHECK_T(c10::ValueError, d->spec().mesh == info.mesh(), "hyper_parallel: ", info.name(),
-                 " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", info.mesh().to_string());
+      HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel: ", info.name(),
+                 " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
       key_spec(key, d->spec());
-      info.inputs_.push_back({arg, elem, &d->spec()});
+      OpInfoAccess::add_input(info, arg, elem, &d->spec());
     } else {
       plain(arg, elem, t);
     }
@@ -173,16 +198,17 @@ struct OpInfoAccess {
                           torch::autograd::get_current_graph_task_exec_info() != nullptr;
     if (t.dim() == 0 && !implicit) return key_plain(key, t);
     if (!implicit) mixed_error(info, arg, t);
-    auto s = std::make_unique<DTensorSpec>(info.mesh(), Placements(static_cast<size_t>(info.mesh().ndim()), Replicate()),
+    auto s = std::make_unique<DTensorSpec>(mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()),
                                            t.sizes().vec(), t.scalar_type());
     key_spec(key, *s);
-    info.inputs_.push_back({arg, elem, s.get()});
-    info.owned_.push_back(std::move(s));
+    OpInfoAccess::add_input(info, arg, elem, std::move(s));
   }
 };
 
+}  // namespace
+
 std::vector<int64_t> collect_inputs(OpInfo& info) {
-  OpInfoAccess v{info, {}};
+  InputCollector v{info, OpInfoAccess::mesh(info), {}};
   v.key.reserve(64);
   v.key.push_back(reinterpret_cast<int64_t>(&info.schema()));
   visit_args(info.args(), info.num_args(), v);
@@ -293,11 +319,11 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   for (size_t r = 0; r < rets.size(); ++r)
     need_meta = need_meta || (d.written_return_arg[r] < 0 && is_tensor_return(rets[r]) && s.output_shapes.empty());
   const std::vector<c10::IValue> meta = need_meta ? run_on_meta(info) : std::vector<c10::IValue>{};
-  const auto coord = info.mesh().get_coordinate();
+  const DeviceMesh& mesh = OpInfoAccess::mesh(info);
   auto add = [&](size_t r, const Placements& pl, std::vector<int64_t> shape, at::ScalarType dtype,
                  std::vector<int64_t> stride = {}, int64_t offset = 0) {
-    auto spec = std::make_shared<const DTensorSpec>(info.mesh(), pl, std::move(shape), dtype, std::move(stride), offset);
-    d.local_shapes[r].push_back(coord ? spec->local_shape_and_offset(*coord).first : spec->shape);
+    auto spec = std::make_shared<const DTensorSpec>(mesh, pl, std::move(shape), dtype, std::move(stride), offset);
+    d.local_shapes[r].push_back(spec->local_shape_and_offset(info.coordinate()).first);
     d.outputs[r].push_back(std::move(spec));
   };
   auto add_meta = [&](size_t r, const Placements& pl, const at::Tensor& t) {
@@ -330,11 +356,7 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
 }
 
 std::shared_ptr<const Decision> decide(const OpInfo& info) {
-  const ShardingRule* rule = find_rule(info.op());
-  TORCH_CHECK(rule != nullptr, "hyper_parallel: no sharding rule for ", info.describe(),
-              "; register one with hyper_parallel::register_sharding_rule, or leave DTensor land "
-              "first (full_tensor() / to_local())");
-  OpSharding s = (*rule)(info);
+  OpSharding s = apply_sharding_rule(info);
   auto d = std::make_shared<Decision>();
   resolve_inputs(info, s, *d);
   alias_returns(info, *d);

@@ -29,7 +29,15 @@ struct Decision {
   std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
   std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
   std::function<void(torch::jit::Stack&)> adjust_args;
-  std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
+  std::function<void(const c10::OperatorHandle&, torch::jit::Stack*, const DeviceMesh&)> kernel;
+};
+
+/// The dispatcher's side of OpInfo: its mesh and its inputs.
+struct OpInfoAccess {
+  static const DeviceMesh& mesh(const OpInfo& info);
+  static void add_input(OpInfo& info, size_t arg, int64_t elem, const DTensorSpec* spec);
+  /// An input whose spec the OpInfo keeps (a plain tensor taken as Replicate).
+  static void add_input(OpInfo& info, size_t arg, int64_t elem, std::unique_ptr<DTensorSpec> spec);
 };
 
 /// The mesh of the first DTensor among `nargs` arguments, or nullptr.

@@ -16,7 +16,9 @@
 
 namespace hyper_parallel {
 
-/// What a rule sees of one call.
+/// What a rule sees of one call: the op, its arguments, the specs of its tensor inputs, and the
+/// mesh's shape and this rank's coordinate in it. A rule is a pure function of these (it has no
+/// process group, so it cannot communicate; a kernel that must, receives the mesh when it runs).
 class OpInfo {
  public:
   /// A tensor input: a DTensor, or a plain tensor taken as Replicate inside an
@@ -27,9 +29,13 @@ class OpInfo {
     const DTensorSpec* spec;
   };
 
-  /// The call of `op` on `nargs` arguments at `args`, on `mesh`; its inputs are filled in by the
-  /// dispatcher.
+  /// The call of `op` on `nargs` arguments at `args`, on `mesh`; the dispatcher fills its inputs.
   OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh);
+  /// A call described by data alone, to test a rule in one process: `inputs` name the arguments
+  /// that are DTensors (their specs' mesh is not read), on a mesh of `mesh_shape` at `coordinate`.
+  /// e.g. `OpInfo info(op, args.data(), args.size(), {{0, -1, &x}}, {2}, {1});`
+  OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, std::vector<TensorInput> inputs,
+         std::vector<int64_t> mesh_shape, std::vector<int64_t> coordinate);
 
   const c10::OperatorHandle& op() const { return op_; }
   const c10::FunctionSchema& schema() const { return op_.schema(); }
@@ -39,7 +45,11 @@ class OpInfo {
   const c10::IValue* args() const { return args_; }
   size_t num_args() const { return nargs_; }
   const std::vector<TensorInput>& inputs() const { return inputs_; }
-  const DeviceMesh& mesh() const { return *mesh_; }
+  /// Number of ranks along each mesh dimension.
+  const std::vector<int64_t>& mesh_shape() const { return mesh_shape_; }
+  int64_t mesh_ndim() const { return static_cast<int64_t>(mesh_shape_.size()); }
+  /// This rank's index along each mesh dimension.
+  const std::vector<int64_t>& coordinate() const { return coordinate_; }
   /// The spec of argument `arg` (element `elem` of a list), or nullptr when it is not an input.
   const DTensorSpec* spec(size_t arg, int64_t elem = -1) const;
   /// Index into inputs() of argument `arg`, or -1.
@@ -49,14 +59,14 @@ class OpInfo {
   /// The op and its inputs' placements, for error messages.
   std::string describe() const;
 
-
  private:
-  friend struct OpInfoAccess;  // the dispatcher fills the inputs (src/dtensor/sharding_propagation.cpp)
+  friend struct OpInfoAccess;  // the dispatcher's side (src/dtensor/sharding_propagation.cpp)
   const c10::OperatorHandle& op_;
   const c10::IValue* args_;
   size_t nargs_;
   std::vector<TensorInput> inputs_;
-  const DeviceMesh* mesh_;
+  const DeviceMesh* mesh_;  // null for a call described by data alone
+  std::vector<int64_t> mesh_shape_, coordinate_;
   mutable int64_t written_arg_ = -2;  // -2: not looked up yet (only rules need it, on a cache miss)
   std::vector<std::unique_ptr<DTensorSpec>> owned_;
 };
@@ -76,11 +86,18 @@ struct OpSharding {
   std::vector<std::vector<int64_t>> output_shapes;
   /// Rewrites the local arguments (e.g. global sizes into local sizes) before the local op.
   std::function<void(torch::jit::Stack& local_args)> adjust_args;
-  /// Replaces the local op: receives the stack with the local arguments, leaves the returns.
-  std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)> kernel;
+  /// Replaces the local op: receives the stack with the local arguments, leaves the returns. The
+  /// only place that may communicate (over `mesh`, e.g. the all-reduces of a softmax over a
+  /// sharded dim); it captures plain data from the rule, never the mesh.
+  std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh)> kernel;
 };
 
 using ShardingRule = std::function<OpSharding(const OpInfo&)>;
+
+/// The answer of the rule registered for `info.op()` (the one the dispatcher would use), e.g. to
+/// test a rule in one process with an OpInfo described by data. c10::NotImplementedError when
+/// the op has no rule.
+OpSharding apply_sharding_rule(const OpInfo& info);
 
 /// Registers `rule` for `op_name`: "aten::add.Tensor" for one overload, "aten::add" for every
 /// overload that has no rule of its own. A later registration replaces an earlier one. A name

@@ -38,8 +38,7 @@ OpSharding embedding_rule(const OpInfo& info) {
   shape.push_back(w.shape[1]);
   s.output_shapes = {shape};
   if (vocab_sharded) {
-    auto [local, offset] = compute_local_shape_and_offset(w.shape, info.mesh().shape(),
-                                                          *info.mesh().get_coordinate(), pw);
+    auto [local, offset] = compute_local_shape_and_offset(w.shape, info.mesh_shape(), info.coordinate(), pw);
     const int64_t begin = offset[0], rows = local[0], vocab = w.shape[0];
     s.kernel = kernel_returning(info.num_args(), [begin, rows, vocab](const torch::jit::Stack& a) {
       const at::Tensor& weight = a[0].toTensor();

@@ -16,7 +16,7 @@ OpSharding all_replicated(const OpInfo& info) {
 
 // The classes this rank holds: [begin, begin + size) of dim 1 of `self` laid out by `p`.
 std::pair<int64_t, int64_t> class_range(const OpInfo& info, const DTensorSpec& self, const Placements& p) {
-  auto [shape, offset] = compute_local_shape_and_offset(self.shape, info.mesh().shape(), *info.mesh().get_coordinate(), p);
+  auto [shape, offset] = compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), p);
   return {offset[1], shape[1]};
 }
 
@@ -53,7 +53,7 @@ OpSharding nll_forward_rule(const OpInfo& info) {
   s.output_shapes = {reduction == at::Reduction::None ? std::vector<int64_t>{self.shape[0]} : std::vector<int64_t>{},
                      std::vector<int64_t>{}};
   const auto [begin, size] = class_range(info, self, self_p);
-  s.kernel = [begin = begin, size = size](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  s.kernel = [begin = begin, size = size](const c10::OperatorHandle&, torch::jit::Stack* stack, const DeviceMesh&) {
     torch::jit::Stack a(stack->end() - 5, stack->end());
     stack->erase(stack->end() - 5, stack->end());
     const at::Tensor& x = a[0].toTensor();

@@ -32,7 +32,7 @@ OpSharding product(const OpInfo& info, size_t a_arg, size_t b_arg, bool batched,
   const DTensorSpec* b = info.spec(b_arg);
   HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel: ", info.describe(),
              " needs both matrix operands to be DTensors");
-  const size_t nmesh = static_cast<size_t>(info.mesh().ndim());
+  const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
   Placements pa(nmesh), pb(nmesh), out(nmesh);
   for (size_t i = 0; i < nmesh; ++i) {
     Choice c = choose(a->placements[i], b->placements[i], batched);

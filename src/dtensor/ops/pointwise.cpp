@@ -21,7 +21,7 @@ std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t
 
 OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   const auto& inputs = info.inputs();
-  const size_t nmesh = static_cast<size_t>(info.mesh().ndim());
+  const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
   std::vector<const std::vector<int64_t>*> shapes;
   for (const auto& in : inputs) shapes.push_back(&in.spec->shape);
   const std::vector<int64_t> out_shape = broadcast_shape(shapes);
@@ -110,9 +110,8 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   OpSharding s;
   if (!scalar_operands.empty()) {
     bool keeps = true;
-    const auto coord = info.mesh().get_coordinate();
     for (size_t i = 0; i < nmesh; ++i)
-      if (out[i].is_partial() && coord && (*coord)[i] != 0) keeps = false;
+      if (out[i].is_partial() && info.coordinate()[i] != 0) keeps = false;
     if (!keeps)
       s.adjust_args = [scalar_operands](torch::jit::Stack& args) {
         for (size_t a : scalar_operands) {

@@ -22,20 +22,19 @@ uint64_t next_call(const DeviceMesh& mesh) {
 
 // Index of this rank's piece: ranks that differ only along Replicate/Partial mesh dims share it.
 uint64_t piece_index(const OpInfo& info, const Placements& placements) {
-  const auto coord = *info.mesh().get_coordinate();
   uint64_t idx = 0;
   for (size_t i = 0; i < placements.size(); ++i)
-    idx = idx * static_cast<uint64_t>(info.mesh().size(static_cast<int64_t>(i))) +
-          (placements[i].is_shard() ? static_cast<uint64_t>(coord[i]) : 0);
+    idx = idx * static_cast<uint64_t>(info.mesh_shape()[i]) +
+          (placements[i].is_shard() ? static_cast<uint64_t>(info.coordinate()[i]) : 0);
   return idx;
 }
 
-// Runs the local op with the device's default generator seeded for this call.
+// Runs the local op with the device's default generator seeded for this call (from the mesh's
+// shared seed and call counter, read when it runs).
 Kernel seeded(const OpInfo& info, const Placements& placements, int64_t generator_arg) {
-  const uint64_t base = info.mesh().shared_seed();
   const uint64_t piece = piece_index(info, placements);
-  DeviceMesh mesh = info.mesh();
-  return [base, piece, mesh, generator_arg](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [piece, generator_arg](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh) {
+    const uint64_t base = mesh.shared_seed();
     const size_t nargs = op.schema().arguments().size();
     const c10::IValue& first = (*stack)[stack->size() - nargs];
     if (generator_arg >= 0 && !(*stack)[stack->size() - nargs + static_cast<size_t>(generator_arg)].isNone()) {

@@ -83,7 +83,7 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
     const bool is_max = kind == Reduce::Max;
     const size_t nargs = info.num_args();
     const bool has_dims = dim_arg >= 0;
-    s.kernel = [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    s.kernel = [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh&) {
       const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();  // a copy: the stack is popped below
       const auto dims = has_dims ? (*stack)[stack->size() - nargs + 1].toIntVector() : std::vector<int64_t>{};
       const bool keep = has_dims && (*stack)[stack->size() - nargs + 2].toBool();

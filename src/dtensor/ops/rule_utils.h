@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include <hyper_parallel/dtensor/sharding_rule.h>
@@ -11,11 +12,11 @@
 namespace hyper_parallel {
 namespace ops {
 
-using Kernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)>;
+using Kernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*, const DeviceMesh&)>;
 
 /// All-Replicate placements for the op's mesh.
 inline Placements replicate(const OpInfo& info) {
-  return Placements(static_cast<size_t>(info.mesh().ndim()), Replicate());
+  return Placements(static_cast<size_t>(info.mesh_ndim()), Replicate());
 }
 
 /// `p` with every Shard(d) for which `unshard(d)` holds turned into Replicate.
@@ -39,16 +40,14 @@ inline Placements map_shard_dims(Placements p, const std::function<int64_t(int64
 /// Local sizes of `global_shape` under `placements` on this rank.
 inline std::vector<int64_t> local_shape(const OpInfo& info, const Placements& placements,
                                         const std::vector<int64_t>& global_shape) {
-  return compute_local_shape_and_offset(global_shape, info.mesh().shape(),
-                                        *info.mesh().get_coordinate(), placements)
-      .first;
+  return compute_local_shape_and_offset(global_shape, info.mesh_shape(), info.coordinate(), placements).first;
 }
 
 /// Whether every mesh dim sharding a dim does so evenly.
 inline bool evenly_sharded(const OpInfo& info, const DTensorSpec& spec, int64_t dim) {
   int64_t parts = 1;
   for (size_t i = 0; i < spec.placements.size(); ++i)
-    if (spec.placements[i].is_shard(dim)) parts *= info.mesh().size(static_cast<int64_t>(i));
+    if (spec.placements[i].is_shard(dim)) parts *= info.mesh_shape()[i];
   return spec.shape[static_cast<size_t>(dim)] % parts == 0;
 }
 
@@ -59,12 +58,14 @@ inline int64_t wrap_dim(int64_t d, int64_t ndim) {
 }
 
 /// A kernel that pops the op's `nargs` local arguments, computes one result from them, and
-/// pushes it.
-inline Kernel kernel_returning(size_t nargs, std::function<at::Tensor(const torch::jit::Stack&)> fn) {
-  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+/// pushes it. `fn(args)` or, for a kernel that communicates, `fn(args, mesh)`.
+template <class Fn>
+Kernel kernel_returning(size_t nargs, Fn fn) {
+  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack, const DeviceMesh& mesh) {
     torch::jit::Stack args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
     stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
-    stack->emplace_back(fn(args));
+    if constexpr (std::is_invocable_v<Fn&, const torch::jit::Stack&, const DeviceMesh&>) stack->emplace_back(fn(args, mesh));
+    else stack->emplace_back(fn(args));
   };
 }
 

@@ -33,8 +33,7 @@ OpSharding softmax_rule(const OpInfo& info, bool log) {
   s.output_placements = {x};
   const auto dims = mesh_dims_sharding(x, dim);
   if (dims.empty()) return s;  // the dim is whole on every rank: the local op is exact
-  const DeviceMesh mesh = info.mesh();
-  s.kernel = kernel_returning(info.num_args(), [dim, dims, mesh, log](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning(info.num_args(), [dim, dims, log](const torch::jit::Stack& a, const DeviceMesh& mesh) {
     at::Tensor x = a[0].toTensor();
     if (a[2].toBool()) x = x.to(at::kFloat);  // half_to_float
     at::Tensor m = x.size(dim) > 0 ? std::get<0>(x.max(dim, /*keepdim=*/true))
@@ -58,8 +57,7 @@ OpSharding softmax_backward_rule(const OpInfo& info, bool log) {
   s.output_placements = {x};
   const auto dims = mesh_dims_sharding(x, dim);
   if (dims.empty()) return s;
-  const DeviceMesh mesh = info.mesh();
-  s.kernel = kernel_returning(info.num_args(), [dim, dims, mesh, log](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning(info.num_args(), [dim, dims, log](const torch::jit::Stack& a, const DeviceMesh& mesh) {
     const at::Tensor& grad = a[0].toTensor();
     const at::Tensor& y = a[1].toTensor();
     const auto input_dtype = static_cast<at::ScalarType>(a[3].toInt());

@@ -75,7 +75,7 @@ OpSharding reshape_rule(const OpInfo& info, ReshapeKind kind) {
       if (g.ib == d && g.ob < g.oe) {
         int64_t parts = 1;
         for (size_t k = 0; k < nmesh; ++k)
-          if (in.placements[k].is_shard(p.dim())) parts *= info.mesh().size(static_cast<int64_t>(k));
+          if (in.placements[k].is_shard(p.dim())) parts *= info.mesh_shape()[k];
         const bool one_to_one = g.ie - g.ib == 1 && g.oe - g.ob == 1;
         ok = one_to_one || (in.shape[d] % parts == 0 && out_shape[g.ob] % parts == 0);
         if (ok) out[i] = Shard(static_cast<int64_t>(g.ob));
