@@ -53,15 +53,17 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardMlp) {
     at::Tensor x = random({4, 8}, 10 + step), target = random({4, 8}, 20 + step);
     hp::CommDebugMode fwd;
     at::Tensor y = model(dp_rows(x, mesh["dp"]));
-    // 3 parameter all-gathers over dp (linear1.bias is replicated over dp), 1 TP all-reduce.
-    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 3}, {"all_reduce", 1}})) << fwd.summary();
+    // One all-gather over dp per fully_shard group with parameters (linear1, linear2; the root
+    // holds none), 1 TP all-reduce.
+    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}, {"all_reduce", 1}})) << fwd.summary();
     at::Tensor loss = (y - dp_rows(target, mesh["dp"])).pow(2).mean();
     hp::CommDebugMode bwd;
     opt.zero_grad();
     loss.backward();
-    // 3 reduce-scatters over dp, 1 all-reduce over dp for linear1.bias; no TP input-gradient
-    // reduction (x needs no gradient) and nothing reduced twice.
-    EXPECT_EQ(bwd.get_comm_counts(), (std::map<std::string, int64_t>{{"reduce_scatter", 3}, {"all_reduce", 1}})) << bwd.summary();
+    // Per group: the all-gather again (reshard_after_forward freed the parameters) and one
+    // reduce-scatter of all its gradients (linear1.bias, replicated over dp, rides in it as an
+    // all-reduce); no TP input-gradient reduction (x needs no gradient), nothing reduced twice.
+    EXPECT_EQ(bwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}, {"reduce_scatter", 2}})) << bwd.summary();
     at::Tensor ref_loss = (ref(x) - target).pow(2).mean();
     ref_opt.zero_grad();
     ref_loss.backward();
@@ -111,6 +113,92 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   opt.step();
   ref_opt.step();
   expect_params_match(*model, *ref, "after a step");
+}
+
+// A float layer then a double one (two dtypes: two flat buffers when one group holds both).
+class TwoDtypesImpl : public hnn::Cloneable<TwoDtypesImpl> {
+ public:
+  TwoDtypesImpl() {
+    linear1 = register_module("linear1", hnn::Linear(3, 5));  // weight [5, 3]: 2, 2, 1, 0 rows over 4 ranks
+    linear2 = register_module("linear2", hnn::Linear(5, 3));
+    linear2->to(at::kDouble);
+  }
+  at::Tensor forward(const at::Tensor& x) { return linear2(at::relu(linear1(x)).to(at::kDouble)); }
+  hnn::Linear linear1{nullptr}, linear2{nullptr};
+};
+HP_MODULE(TwoDtypes);
+
+// Plain parameters over a 4-rank dp mesh with pieces of 2, 2, 1 and 0 rows: per-layer groups
+// with prefetch (reshard_after_forward), or one root group holding both dtypes (keeping the
+// parameters after forward); explicit unshard()/reshard(). The same numbers as one process, and
+// the collectives each setting promises.
+TEST(FullyShardDist, UnevenPiecesDtypesAndResharding) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {4}, {"dp"});
+  for (const bool per_layer : {true, false}) {
+    SCOPED_TRACE(per_layer ? "per-layer groups, reshard_after_forward, prefetch" : "one root group of two dtypes, kept after forward");
+    auto model = seeded<TwoDtypes>(64);
+    auto ref = seeded<TwoDtypes>(64);
+    std::vector<torch::nn::Module*> groups;
+    if (per_layer) {
+      hp::fully_shard(*model->linear1, mesh);
+      hp::fully_shard(*model->linear2, mesh);
+      hp::set_modules_to_forward_prefetch(*model->linear1, {model->linear2.get()});
+      groups = {model->linear1.get(), model->linear2.get()};
+    } else {
+      groups = {model.get()};
+    }
+    hp::fully_shard(*model, mesh, {/*reshard_after_forward=*/per_layer});
+    EXPECT_EQ(hp::DTensor(model->linear1->weight()).to_local().size(0), std::vector<int64_t>({2, 2, 1, 0})[hp::get_rank()]);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      at::Tensor x = random({8, 3}, 30 + step), target = random({8, 3}, 40 + step).to(at::kDouble);
+      hp::CommDebugMode fwd;
+      at::Tensor y = model(dp_rows(x, mesh));
+      // Per layer: linear1 gathers itself and prefetches linear2 (whose forward gathers nothing).
+      // One group: one all-gather per dtype.
+      EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}})) << fwd.summary();
+      at::Tensor loss = (y - dp_rows(target, mesh)).pow(2).mean();
+      hp::CommDebugMode bwd;
+      opt.zero_grad();
+      loss.backward();
+      const std::map<std::string, int64_t> want_bwd =
+          per_layer ? std::map<std::string, int64_t>{{"all_gather", 2}, {"reduce_scatter", 2}}
+                    : std::map<std::string, int64_t>{{"reduce_scatter", 2}};
+      EXPECT_EQ(bwd.get_comm_counts(), want_bwd) << bwd.summary();
+      at::Tensor ref_loss = (ref(x) - target).pow(2).mean();
+      ref_opt.zero_grad();
+      ref_loss.backward();
+      auto ref_params = ref->named_parameters();
+      for (const auto& p : model->named_parameters()) {
+        EXPECT_EQ(p.value().scalar_type(), ref_params[p.key()].scalar_type()) << p.key();
+        EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key() << " gradient, step " << step;
+      }
+      opt.step();
+      ref_opt.step();
+      expect_params_match(*model, *ref, "after a step");
+    }
+    // Explicit unshard: the next forward gathers nothing and matches; after reshard it gathers again.
+    at::Tensor x = random({8, 3}, 50);
+    at::NoGradGuard no_grad;
+    for (auto* g : groups) hp::unshard(*g);
+    {
+      hp::CommDebugMode c;
+      at::Tensor y = model(dp_rows(x, mesh));
+      EXPECT_TRUE(c.get_comm_counts().empty()) << c.summary();
+      EXPECT_TRUE(close(y, dp_rows(ref(x), mesh)));
+    }
+    for (auto* g : groups) hp::reshard(*g);
+    {
+      hp::CommDebugMode c;
+      at::Tensor y = model(dp_rows(x, mesh));
+      EXPECT_EQ(c.get_comm_counts(), (std::map<std::string, int64_t>{{"all_gather", 2}})) << c.summary();
+      EXPECT_TRUE(close(y, dp_rows(ref(x), mesh)));
+    }
+  }
+  torch::nn::Linear plain(2, 2);
+  EXPECT_THROW(hp::unshard(*plain), c10::ValueError);
 }
 
 TEST(FullyShardDist, BadMeshesAndModulesFailBeforeAnyChange) {

@@ -1,0 +1,68 @@
+#include "fsdp_param.h"
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/chunking.h>
+
+#include <ATen/ATen.h>
+
+namespace hyper_parallel {
+namespace fsdp {
+
+int64_t FSDPParam::piece_size(int64_t r) const {
+  return chunk_size(compute_shape[static_cast<size_t>(dp_dim)], dp_size, r);
+}
+
+int64_t FSDPParam::piece_offset(int64_t r) const {
+  return chunk_offset(compute_shape[static_cast<size_t>(dp_dim)], dp_size, r);
+}
+
+void FSDPParam::copy_in(const at::Tensor& row) const {
+  const at::Tensor local = DTensor(sharded).to_local();
+  at::Tensor slot = row.narrow(0, offset, padded_numel).view(padded_shape);
+  if (dp_dim >= 0) slot = slot.narrow(dp_dim, 0, piece_size(dp_rank));
+  slot.copy_(local);
+}
+
+void FSDPParam::copy_out(const at::Tensor& rows) {
+  if (dp_dim < 0) {  // replicated over dp: this rank's piece is the whole compute tensor
+    unsharded.copy_(DTensor(sharded).to_local());
+    return;
+  }
+  for (int64_t r = 0; r < dp_size; ++r) {
+    const int64_t n = piece_size(r);
+    if (n > 0)
+      unsharded.narrow(dp_dim, piece_offset(r), n)
+          .copy_(rows[r].narrow(0, offset, padded_numel).view(padded_shape).narrow(dp_dim, 0, n));
+  }
+}
+
+at::Tensor FSDPParam::compute_tensor() const {
+  // A new tensor on the same storage: autograd sees a fresh output each forward, and the tensors
+  // it saves keep reading this storage, refilled by unshard() before backward.
+  at::Tensor local = at::empty({0}, unsharded.options()).set_(unsharded);
+  if (!tp_mesh) return local;
+  return DTensor::from_local(local, *tp_mesh, tp_placements, false, c10::IntArrayRef(global_shape));
+}
+
+void FSDPParam::pack_grad(const at::Tensor& grad, const at::Tensor& rows) const {
+  for (int64_t r = 0; r < dp_size; ++r) {
+    at::Tensor slot = rows[r].narrow(0, offset, padded_numel).view(padded_shape);
+    if (dp_dim < 0) {
+      slot.copy_(grad);
+      continue;
+    }
+    const int64_t n = piece_size(r);
+    if (n > 0) slot.narrow(dp_dim, 0, n).copy_(grad.narrow(dp_dim, piece_offset(r), n));
+  }
+}
+
+at::Tensor FSDPParam::unpack_grad(const at::Tensor& row) const {
+  at::Tensor g = row.narrow(0, offset, padded_numel).view(padded_shape);
+  if (dp_dim >= 0) g = g.narrow(dp_dim, 0, piece_size(dp_rank));
+  const DTensor p(sharded);
+  return DTensor::from_local(g.clone(at::MemoryFormat::Contiguous), p.device_mesh(), p.placements(), false,
+                             c10::IntArrayRef(global_shape));
+}
+
+}  // namespace fsdp
+}  // namespace hyper_parallel

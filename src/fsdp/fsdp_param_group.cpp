@@ -1,0 +1,148 @@
+#include "fsdp_param_group.h"
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/collectives.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+
+namespace hyper_parallel {
+namespace fsdp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group's compute tensors from its sharded parameters (the data is already gathered); its
+// backward reduces all their gradients at once.
+struct UnshardGroupFn : torch::autograd::Function<UnshardGroupFn> {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<FSDPParamGroup> group, at::TensorList sharded) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(group);
+    variable_list out;
+    for (const FSDPParam& p : group->params()) out.push_back(p.compute_tensor());
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto group = c10::static_intrusive_pointer_cast<FSDPParamGroup>(ctx->saved_data["group"].toCapsule());
+    variable_list out{at::Tensor()};  // the group argument
+    for (at::Tensor& g : group->reduce_grads(grads)) out.push_back(std::move(g));
+    return out;
+  }
+};
+
+// Every tensor in a module's output (a tensor, or tuples/lists of them).
+void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& fn) {
+  if (v.isTensor()) fn(v.toTensor());
+  else if (v.isTuple()) for (const auto& e : v.toTupleRef().elements()) for_each_tensor(e, fn);
+  else if (v.isList()) for (const auto& e : v.toListRef()) for_each_tensor(e, fn);
+}
+
+}  // namespace
+
+FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, bool reshard_after_forward)
+    : params_(std::move(params)), dp_mesh_(std::move(dp_mesh)), reshard_after_forward_(reshard_after_forward) {
+  std::map<at::ScalarType, size_t> bucket_of;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    FSDPParam& p = params_[k];
+    const at::ScalarType t = p.sharded.scalar_type();
+    auto it = bucket_of.find(t);
+    if (it == bucket_of.end()) {
+      it = bucket_of.emplace(t, buckets_.size()).first;
+      buckets_.emplace_back();
+    }
+    Bucket& b = buckets_[it->second];
+    b.params.push_back(k);
+    p.offset = b.row_numel;
+    b.row_numel += p.padded_numel;
+    b.compute_numel += c10::multiply_integers(p.compute_shape);
+  }
+  for (Bucket& b : buckets_) {
+    const auto options = DTensor(params_[b.params[0]].sharded).to_local().options();
+    b.send = at::empty({b.row_numel}, options);
+    b.storage = at::empty({b.compute_numel}, options);
+    int64_t at = 0;
+    for (size_t k : b.params) {
+      FSDPParam& p = params_[k];
+      const int64_t n = c10::multiply_integers(p.compute_shape);
+      p.unsharded = b.storage.narrow(0, at, n).view(p.compute_shape);
+      at += n;
+    }
+    b.grad_rows = at::zeros({dp_mesh_.size(0), b.row_numel}, options);
+  }
+  reshard();  // sharded until the first forward
+}
+
+void FSDPParamGroup::unshard() {
+  if (unsharded_) return;
+  at::NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    c10::StorageImpl* s = b.storage.storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(b.compute_numel) * b.storage.element_size();
+    s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+    s->set_nbytes(bytes);
+    for (size_t k : b.params) params_[k].copy_in(b.send);
+    const at::Tensor rows = all_gather(b.send, 0, dp_mesh_.get_group()).view({dp_mesh_.size(0), b.row_numel});
+    // Writing the storage must not count as a modification of the tensors autograd saved.
+    at::AutoDispatchBelowADInplaceOrView no_version_bump;
+    for (size_t k : b.params) params_[k].copy_out(rows);
+  }
+  unsharded_ = true;
+}
+
+void FSDPParamGroup::reshard() {
+  for (Bucket& b : buckets_) b.storage.storage().unsafeGetStorageImpl()->reset();
+  unsharded_ = false;
+}
+
+void FSDPParamGroup::pre_forward() {
+  unshard();
+  for (const auto& w : forward_prefetch)
+    if (auto g = w.lock()) g->unshard();
+  std::vector<at::Tensor> sharded;
+  for (const FSDPParam& p : params_) sharded.push_back(p.sharded);
+  const variable_list compute = UnshardGroupFn::apply(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this), at::TensorList(sharded));
+  for (size_t k = 0; k < params_.size(); ++k) nn::replace_parameter(*params_[k].owner, params_[k].name, compute[k]);
+}
+
+void FSDPParamGroup::post_forward(const c10::IValue& output) {
+  for (const FSDPParam& p : params_) nn::replace_parameter(*p.owner, p.name, p.sharded);
+  if (!reshard_after_forward_) return;
+  reshard();
+  c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
+  for_each_tensor(output, [&](const at::Tensor& t) {
+    if (t.defined() && t.requires_grad())
+      t.register_hook([self](const at::Tensor&) {
+        if (auto g = self.lock()) g->unshard();
+      });
+  });
+}
+
+std::vector<at::Tensor> FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
+  TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
+  std::vector<at::Tensor> out(params_.size());
+  for (Bucket& b : buckets_) {
+    b.grad_rows.zero_();
+    for (size_t k : b.params) {
+      const FSDPParam& p = params_[k];
+      at::Tensor g = grads[k];
+      if (!g.defined()) continue;
+      if (is_dtensor(g)) {
+        DTensor d(g);
+        if (d.placements() != p.tp_placements) d = d.redistribute(p.tp_placements);
+        g = d.to_local();
+      }
+      p.pack_grad(g, b.grad_rows);
+    }
+    const at::Tensor row = reduce_scatter(b.grad_rows.view({-1}), ReduceOp::AVG, 0, dp_mesh_.get_group());
+    for (size_t k : b.params) out[k] = params_[k].unpack_grad(row);
+  }
+  reshard();  // backward is done with this group's parameters
+  return out;
+}
+
+}  // namespace fsdp
+}  // namespace hyper_parallel

@@ -1,0 +1,60 @@
+#pragma once
+// The parameters one fully_shard call manages (internal): gathered with one all-gather and
+// their gradients reduced with one reduce-scatter per dtype, through persistent flat buffers.
+// The compute tensors share a persistent storage per dtype that reshard() frees and unshard()
+// refills, so tensors autograd saved in forward read the refilled data in backward.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/custom_class.h>
+
+#include <vector>
+
+#include "fsdp_param.h"
+
+namespace hyper_parallel {
+namespace fsdp {
+
+class FSDPParamGroup : public torch::CustomClassHolder {
+ public:
+  FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, bool reshard_after_forward);
+
+  /// Gathers every parameter into its compute storage (one all-gather per dtype); nothing when
+  /// already unsharded.
+  void unshard();
+  /// Frees the compute storage; nothing when already sharded.
+  void reshard();
+  bool is_unsharded() const { return unsharded_; }
+
+  /// Before the module's forward: unshard (and the prefetched groups), then put the compute
+  /// tensors in the module's parameter slots, as outputs of one autograd node whose backward
+  /// reduce-scatters the whole group's gradients.
+  void pre_forward();
+  /// After it: the sharded parameters back in their slots; reshard if asked; make backward
+  /// unshard again before it needs the parameters (hooks on the output's tensors).
+  void post_forward(const c10::IValue& output);
+
+  /// Gradients of the sharded parameters from those of the compute tensors (undefined: zero).
+  std::vector<at::Tensor> reduce_grads(const std::vector<at::Tensor>& grads);
+
+  const std::vector<FSDPParam>& params() const { return params_; }
+  /// Groups whose all-gather is issued right after this group's in pre_forward.
+  std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> forward_prefetch;
+
+ private:
+  struct Bucket {  // the parameters of one dtype
+    std::vector<size_t> params;
+    int64_t row_numel = 0;      // one rank's padded pieces, flat
+    int64_t compute_numel = 0;  // the compute tensors, flat
+    at::Tensor send;            // [row_numel]: this rank's pieces
+    at::Tensor storage;         // [compute_numel]: the compute tensors' storage (freed when sharded)
+    at::Tensor grad_rows;       // [dp, row_numel]: the reduce-scatter input
+  };
+  std::vector<FSDPParam> params_;
+  std::vector<Bucket> buckets_;
+  DeviceMesh dp_mesh_;
+  bool reshard_after_forward_;
+  bool unsharded_ = false;
+};
+
+}  // namespace fsdp
+}  // namespace hyper_parallel
