@@ -57,5 +57,7 @@ inline void emit(const std::string& name, const std::string& params, double valu
 void run_tp_benchmarks(const std::string& filter);
 /// Collective latencies per size on the world group (rank 0 prints).
 void run_collective_benchmarks(const std::string& filter);
+/// fully_shard against DDP-style replication (fsdp_benchmarks.cpp), on every rank of a 2- or 4-rank job.
+void run_fsdp_benchmarks(const std::string& filter);
 
 }  // namespace hp_bench

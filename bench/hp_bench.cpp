@@ -104,8 +104,9 @@ double single_block_step_ms(int threads);
 
 // Runs this binary as a 2-rank job under hprun in `mode` (with `env` before it) and returns rank
 // 0's output lines, prefix removed; a failed job is reported on stderr.
-std::vector<std::string> rank0_lines(const char* self, const std::string& env, const char* mode) {
-  const std::string cmd = env + " " + HP_HPRUN_PATH + " --nproc-per-node 2 " + self + " " + mode + " '" + g_filter + "' 2>&1";
+std::vector<std::string> rank0_lines(const char* self, const std::string& env, const char* mode, int nproc = 2) {
+  const std::string cmd = env + " " + HP_HPRUN_PATH + " --nproc-per-node " + std::to_string(nproc) + " " + self + " " + mode +
+                          " '" + g_filter + "' 2>&1";
   std::vector<std::string> out;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return out;
@@ -140,6 +141,14 @@ void tp_benchmarks(const char* self) {
   }
 }
 
+// fully_shard against DDP-style replication: a 2-rank (dp=2) and a 4-rank (dp=2 x tp=2) job.
+void fsdp_benchmarks(const char* self) {
+  if (!wanted("fsdp_vs_ddp")) return;
+  for (int nproc : {2, 4})
+    for (const auto& l : rank0_lines(self, "", "--fsdp", nproc))
+      if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
+}
+
 // Collective latencies: a 2-rank job per transport (shared memory, then Gloo), rank 0's lines
 // relayed; the ratio lines compare the two at each size.
 void collective_benchmarks(const char* self) {
@@ -166,10 +175,12 @@ void collective_benchmarks(const char* self) {
 
 int main(int argc, char** argv) {
   // A rank of the tp benchmarks (--worker) or of the collective benchmarks (--collectives).
-  if (argc > 2 && (std::string(argv[1]) == "--worker" || std::string(argv[1]) == "--collectives")) {
+  const std::string mode = argc > 2 ? argv[1] : "";
+  if (mode == "--worker" || mode == "--collectives" || mode == "--fsdp") {
     at::set_num_threads(1);
     hp::init_process_group();
-    if (std::string(argv[1]) == "--worker") hp_bench::run_tp_benchmarks(argv[2]);
+    if (mode == "--worker") hp_bench::run_tp_benchmarks(argv[2]);
+    else if (mode == "--fsdp") hp_bench::run_fsdp_benchmarks(argv[2]);
     else hp_bench::run_collective_benchmarks(argv[2]);
     hp::destroy_process_group();
     return 0;
@@ -192,6 +203,7 @@ int main(int argc, char** argv) {
   module_call_overhead();
   hp::destroy_process_group();
   tp_benchmarks(argv[0]);
+  fsdp_benchmarks(argv[0]);
   collective_benchmarks(argv[0]);
   return 0;
 }

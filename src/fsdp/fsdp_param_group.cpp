@@ -98,7 +98,18 @@ void FSDPParamGroup::reshard() {
   unsharded_ = false;
 }
 
+namespace {
+// fully_shard forwards running on this thread: the group whose first forward starts with none
+// running is the root.
+thread_local int t_active_forwards = 0;
+}  // namespace
+
 void FSDPParamGroup::pre_forward() {
+  if (!root_known_) {
+    is_root_ = t_active_forwards == 0;
+    root_known_ = true;
+  }
+  ++t_active_forwards;
   unshard();
   for (const auto& w : forward_prefetch)
     if (auto g = w.lock()) g->unshard();
@@ -109,8 +120,10 @@ void FSDPParamGroup::pre_forward() {
 }
 
 void FSDPParamGroup::post_forward(const c10::IValue& output) {
+  --t_active_forwards;
   for (const FSDPParam& p : params_) nn::replace_parameter(*p.owner, p.name, p.sharded);
-  if (!reshard_after_forward_) return;
+  // The root's parameters stay gathered: backward starts with them (as FSDP2 does).
+  if (!reshard_after_forward_ || is_root_) return;
   reshard();
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   for_each_tensor(output, [&](const at::Tensor& t) {

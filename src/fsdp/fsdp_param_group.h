@@ -54,6 +54,7 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   DeviceMesh dp_mesh_;
   bool reshard_after_forward_;
   bool unsharded_ = false;
+  bool root_known_ = false, is_root_ = false;  // the root (outermost) group keeps its parameters after forward
 };
 
 }  // namespace fsdp

@@ -38,7 +38,11 @@ struct Group::Impl {
   std::unique_ptr<ShmTransport> shm;  // set when every member runs on this host
 };
 
-ShmTransport* shm_transport_of(const Group& group) { return group.defined() ? group.impl()->shm.get() : nullptr; }
+struct GroupAccess {
+  static Group::Impl& impl(const Group& g) { return *g.impl_; }
+};
+
+ShmTransport* shm_transport_of(const Group& group) { return group.defined() ? GroupAccess::impl(group).shm.get() : nullptr; }
 
 int64_t Group::rank() const { return impl_->rank; }
 int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
@@ -49,7 +53,7 @@ std::string Group::transport() const { return impl_->shm ? "shm" : backend_name(
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
   TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
-  return group.impl()->pg;
+  return GroupAccess::impl(group).pg;
 }
 
 namespace {
@@ -207,7 +211,7 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
 }  // namespace
 
 void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
-  Group::Impl& g = *group.impl();
+  Group::Impl& g = GroupAccess::impl(group);
   const State& s = state();
   const uint64_t seq = ++g.seq;
   try {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/reduce_op.h>
 
 namespace hyper_parallel {
 

@@ -12,6 +12,8 @@ namespace hyper_parallel {
 struct FullyShardOptions {
   /// Free the gathered parameters after forward and gather them again before backward (less
   /// memory, one more all-gather per module and step); false keeps them until backward is done.
+  /// The root module (the outermost fully_shard module of a forward) always keeps them, as its
+  /// backward starts at once (FSDP2's rule).
   bool reshard_after_forward = true;
 };
 

@@ -7,12 +7,9 @@
 #include <c10/util/Optional.h>
 
 #include <hyper_parallel/runtime/process_group.h>
+#include <hyper_parallel/runtime/reduce_op.h>
 
 namespace hyper_parallel {
-
-enum class ReduceOp { SUM, AVG, MAX, MIN };
-/// "sum", "avg", "max", "min" (as PyTorch prints Partial placements).
-const char* reduce_op_name(ReduceOp op);
 
 /// Concatenates every rank's `local` along `dim`. `full_size` is the size of the result along
 /// `dim`; when the shards are uneven (torch.chunk of full_size) it must be given, otherwise all

@@ -29,12 +29,12 @@ class Group {
   /// What carries the group's collectives: "shm" when every member runs on this host (shared
   /// memory; HP_TRANSPORT=gloo turns it off), otherwise the backend name ("gloo").
   std::string transport() const;
-  Impl* impl() const { return impl_.get(); }
 
   bool operator==(const Group& o) const { return impl_ == o.impl_; }
   bool operator!=(const Group& o) const { return impl_ != o.impl_; }
 
  private:
+  friend struct GroupAccess;  // src/runtime/process_group.cpp
   std::shared_ptr<Impl> impl_;
 };
 

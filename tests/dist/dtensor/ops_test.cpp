@@ -2,6 +2,7 @@
 // tensors in this process.
 #include "test_util.h"
 
+#include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 
 using namespace hp_test;

@@ -1,0 +1,130 @@
+// FSDP benchmark: a training step of the demo's Qwen3 model with fully_shard (parameter groups:
+// one all-gather and one reduce-scatter per block) against the same step with replicated
+// parameters and one all-reduce of a flat gradient buffer (DDP-style), timed alternately in one
+// run, with the collectives of each step. dp = 2, tp = world size / 2 (1 or 2).
+#include <ATen/ATen.h>
+#include <torch/optim.h>
+
+#include <hyper_parallel/hyper_parallel.h>
+
+#include <map>
+#include <sstream>
+
+#include "bench_util.h"
+#include "model.h"
+#include "parallelize.h"
+
+namespace hp = hyper_parallel;
+
+namespace hp_bench {
+namespace {
+
+constexpr int64_t kRowsPerDpRank = 4, kSeq = 32;
+
+struct Setup {
+  hp::DeviceMesh dp, tp;
+  int64_t tp_size = 1;
+};
+
+Setup make_meshes() {
+  Setup s;
+  s.tp_size = hp::get_world_size() / 2;
+  if (s.tp_size == 1) {
+    s.dp = hp::init_device_mesh("cpu", {2}, {"dp"});
+  } else {
+    auto mesh = hp::init_device_mesh("cpu", {2, s.tp_size}, {"dp", "tp"});
+    s.dp = mesh["dp"];
+    s.tp = mesh["tp"];
+  }
+  return s;
+}
+
+qwen3::CausalLM make_model(const Setup& s) {
+  at::manual_seed(5);
+  qwen3::CausalLM model(qwen3::Config{});
+  if (s.tp_size > 1) qwen3::parallelize_qwen3_tp(*model, s.tp, /*sequence_parallel=*/true);
+  return model;
+}
+
+std::string counts(const std::map<std::string, int64_t>& m) {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (const auto& [k, v] : m) {
+    os << (first ? "" : ", ") << "\"" << k << "\": " << v;
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
+}  // namespace
+
+void run_fsdp_benchmarks(const std::string& filter) {
+  if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos) return;
+  const Setup s = make_meshes();
+  at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
+                       .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
+  const at::Tensor x = ids.narrow(1, 0, kSeq), y = ids.narrow(1, 1, kSeq);
+
+  qwen3::CausalLM fsdp = make_model(s);
+  for (const auto& layer : *fsdp->layers) hp::fully_shard(*layer, s.dp);
+  hp::fully_shard(*fsdp, s.dp);
+  torch::optim::SGD fsdp_opt(fsdp->parameters(), torch::optim::SGDOptions(0.01));
+  auto fsdp_step = [&] {
+    fsdp_opt.zero_grad();
+    qwen3::causal_lm_loss(fsdp(x), y).backward();
+    fsdp_opt.step();
+  };
+
+  qwen3::CausalLM ddp = make_model(s);
+  torch::optim::SGD ddp_opt(ddp->parameters(), torch::optim::SGDOptions(0.01));
+  std::vector<at::Tensor> params = ddp->parameters();
+  int64_t total = 0;
+  for (const auto& p : params) total += (hp::is_dtensor(p) ? hp::DTensor(p).to_local() : p).numel();
+  at::Tensor flat = at::empty({total});
+  auto ddp_step = [&] {
+    ddp_opt.zero_grad();
+    qwen3::causal_lm_loss(ddp(x), y).backward();
+    // One all-reduce of every local gradient, flattened (what DDP's buckets do, as one bucket).
+    at::NoGradGuard no_grad;
+    int64_t at = 0;
+    auto local_grad = [](const at::Tensor& p) { return hp::is_dtensor(p) ? hp::DTensor(p.grad()).to_local() : p.grad(); };
+    for (const auto& p : params) {
+      const at::Tensor g = local_grad(p);
+      flat.narrow(0, at, g.numel()).copy_(g.reshape({-1}));
+      at += g.numel();
+    }
+    hp::all_reduce_(flat, hp::ReduceOp::AVG, s.dp.get_group());
+    at = 0;
+    for (const auto& p : params) {
+      at::Tensor g = local_grad(p);
+      g.copy_(flat.narrow(0, at, g.numel()).view(g.sizes()));
+      at += g.numel();
+    }
+    ddp_opt.step();
+  };
+
+  std::map<std::string, int64_t> fsdp_counts, ddp_counts;
+  {
+    hp::CommDebugMode c;
+    fsdp_step();
+    fsdp_counts = c.get_comm_counts();
+  }
+  {
+    hp::CommDebugMode c;
+    ddp_step();
+    ddp_counts = c.get_comm_counts();
+  }
+  const auto barrier = [] { hp::barrier(hp::world_group()); };
+  const auto [ddp_us, fsdp_us] = time_pair(ddp_step, fsdp_step, 2, 9, barrier);
+  if (hp::get_rank() == 0) {
+    std::ostringstream extra;
+    extra << "\"dp\": 2, \"tp\": " << s.tp_size << ", \"tokens_per_dp_rank\": " << kRowsPerDpRank * kSeq
+          << ", \"fsdp_collectives_per_step\": " << counts(fsdp_counts) << ", \"ddp_collectives_per_step\": " << counts(ddp_counts)
+          << ", ";
+    emit("fsdp_vs_ddp", extra.str(), fsdp_us / 1000, "ms", ddp_us / 1000, fsdp_us / ddp_us);
+  }
+}
+
+}  // namespace hp_bench
