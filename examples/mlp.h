@@ -8,7 +8,7 @@ namespace hp_examples {
 namespace hnn = hyper_parallel::nn;
 
 /// down(gelu(up(x))).
-class MlpImpl : public hnn::Cloneable<MlpImpl> {
+class MlpImpl : public hnn::ModuleBase<MlpImpl> {
  public:
   MlpImpl(int64_t dim, int64_t hidden) {
     up = register_module("up", hnn::Linear(dim, hidden));

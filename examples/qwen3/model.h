@@ -21,7 +21,7 @@ struct Config {
   double rms_norm_eps = 1e-6;
 };
 
-class AttentionImpl : public hnn::Cloneable<AttentionImpl> {
+class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   explicit AttentionImpl(const Config& c);
   at::Tensor forward(const at::Tensor& hidden);
@@ -31,7 +31,7 @@ class AttentionImpl : public hnn::Cloneable<AttentionImpl> {
 };
 HP_MODULE(Attention);
 
-class MlpImpl : public hnn::Cloneable<MlpImpl> {
+class MlpImpl : public hnn::ModuleBase<MlpImpl> {
  public:
   explicit MlpImpl(const Config& c);
   at::Tensor forward(const at::Tensor& x);
@@ -39,7 +39,7 @@ class MlpImpl : public hnn::Cloneable<MlpImpl> {
 };
 HP_MODULE(Mlp);
 
-class DecoderLayerImpl : public hnn::Cloneable<DecoderLayerImpl> {
+class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
   explicit DecoderLayerImpl(const Config& c);
   at::Tensor forward(const at::Tensor& hidden);
@@ -50,7 +50,7 @@ class DecoderLayerImpl : public hnn::Cloneable<DecoderLayerImpl> {
 HP_MODULE(DecoderLayer);
 
 /// Token ids [B, S] -> logits [B, S, vocab].
-class CausalLMImpl : public hnn::Cloneable<CausalLMImpl> {
+class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
  public:
   explicit CausalLMImpl(const Config& c);
   at::Tensor forward(const at::Tensor& input_ids);

@@ -1,5 +1,5 @@
 #pragma once
-// The Qwen tensor-parallel plan of seed §1.
+// The Qwen tensor-parallel plan: attention heads and MLP columns split over tp.
 #include <hyper_parallel/hyper_parallel.h>
 
 #include "model.h"

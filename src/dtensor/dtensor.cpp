@@ -244,7 +244,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   at::NoGradGuard no_grad;
   at::Tensor local;
   if (tensor.is_meta()) {
-    // Meta tensors have no values: nothing to send (seed §3.1), only the local shape matters.
+    // Meta tensors have no values: nothing to send, only the local shape matters.
     local = at::empty(spec->local_shape(), tensor.options());
   } else if (!src_data_rank) {
     local = tensor.detach();

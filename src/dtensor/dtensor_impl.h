@@ -1,5 +1,5 @@
 #pragma once
-// The TensorImpl behind every DTensor (DESIGN §4.1). Internal to the library.
+// The TensorImpl behind every DTensor. Internal to the library.
 #include <c10/core/TensorImpl.h>
 #include <ATen/core/Tensor.h>
 

@@ -3,60 +3,17 @@
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 
+#include "module_state.h"
+
 #include <c10/util/Exception.h>
 
 #include <map>
 #include <set>
 #include <sstream>
 
-namespace hyper_parallel {
+#include <fnmatch.h>
 
-bool fnmatch(const std::string& pattern, const std::string& name) {
-  // Iterative glob with backtracking on the last '*'.
-  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
-  auto class_match = [&](size_t& pp, char c) {
-    size_t q = pp + 1;
-    bool negate = q < pattern.size() && pattern[q] == '!';
-    if (negate) ++q;
-    bool ok = false;
-    size_t first = q;
-    while (q < pattern.size() && (pattern[q] != ']' || q == first)) {
-      if (q + 2 < pattern.size() && pattern[q + 1] == '-' && pattern[q + 2] != ']') {
-        ok = ok || (pattern[q] <= c && c <= pattern[q + 2]);
-        q += 3;
-      } else {
-        ok = ok || pattern[q] == c;
-        ++q;
-      }
-    }
-    if (q >= pattern.size()) return -1;  // no closing ']': literal '['
-    pp = q + 1;
-    return ok != negate ? 1 : 0;
-  };
-  while (n < name.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = n;
-      continue;
-    }
-    if (p < pattern.size()) {
-      if (pattern[p] == '?') { ++p; ++n; continue; }
-      if (pattern[p] == '[') {
-        size_t pp = p;
-        const int r = class_match(pp, name[n]);
-        if (r == 1) { p = pp; ++n; continue; }
-        if (r == -1 && name[n] == '[') { ++p; ++n; continue; }
-      } else if (pattern[p] == name[n]) {
-        ++p; ++n; continue;
-      }
-    }
-    if (star == std::string::npos) return false;
-    p = star + 1;
-    n = ++mark;
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
+namespace hyper_parallel {
 
 namespace {
 
@@ -89,12 +46,12 @@ void match(const std::shared_ptr<torch::nn::Module>& m, const std::string& prefi
     return;
   }
   for (const auto& child : m->named_children())
-    if (fnmatch(atoms[i], child.key()))
+    if (::fnmatch(atoms[i].c_str(), child.key().c_str(), 0) == 0)  // glibc: *, ?, [seq], [!seq]
       match(child.value(), prefix.empty() ? child.key() : prefix + "." + child.key(), atoms, i + 1, style, out);
 }
 
 void record_name(torch::nn::Module& m, const std::string& fqn) {
-  if (auto* hp = dynamic_cast<nn::Module*>(&m)) hp->qualified_name = fqn.empty() ? "<root>" : fqn;
+  if (auto* hp = dynamic_cast<nn::Module*>(&m)) hp->state<TpModuleState>().fqn = fqn.empty() ? "<root>" : fqn;
 }
 
 }  // namespace

@@ -2,11 +2,14 @@
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 
+#include "module_state.h"
+
 namespace hyper_parallel {
 
 bool distribute_module_applied(const torch::nn::Module& module) {
   const auto* m = dynamic_cast<const nn::Module*>(&module);
-  return m != nullptr && m->distribute_module_applied;
+  const TpModuleState* st = m != nullptr ? m->find_state<TpModuleState>() : nullptr;
+  return st != nullptr && st->distributed;
 }
 
 DTensor distribute_parameter(const at::Tensor& param, const DeviceMesh& mesh, const Placements& placements,
@@ -17,7 +20,7 @@ DTensor distribute_parameter(const at::Tensor& param, const DeviceMesh& mesh, co
 torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, PartitionFn partition_fn,
                                      InputFn input_fn, OutputFn output_fn, c10::optional<int64_t> src_data_rank) {
   nn::Module& root = platform::hookable(module, module.name());
-  TORCH_CHECK(!root.distribute_module_applied, "distribute_module should only be called once on a module, but it "
+  TORCH_CHECK(!distribute_module_applied(root), "distribute_module should only be called once on a module, but it "
               "has already been called on ", module.name(), " (two styles that distribute parameters cannot be "
               "applied to the same module)");
   const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate());
@@ -54,14 +57,14 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
     });
   }
   if (input_fn)
-    root.register_forward_pre_hook([input_fn, mesh](nn::Module& m, const std::vector<c10::IValue>& args) {
+    platform::register_forward_pre_hook(root, [input_fn, mesh](nn::Module& m, const std::vector<c10::IValue>& args) {
       return input_fn(m, args, mesh);
     });
   if (output_fn)
-    root.register_forward_hook([output_fn, mesh](nn::Module& m, const std::vector<c10::IValue>&, const c10::IValue& out) {
+    platform::register_forward_hook(root, [output_fn, mesh](nn::Module& m, const std::vector<c10::IValue>&, const c10::IValue& out) {
       return output_fn(m, out, mesh);
     });
-  root.distribute_module_applied = true;
+  root.state<TpModuleState>().distributed = true;
   return module;
 }
 

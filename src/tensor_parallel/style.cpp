@@ -3,6 +3,8 @@
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 
+#include "module_state.h"
+
 #include <ATen/ATen.h>
 
 namespace hyper_parallel {
@@ -16,7 +18,8 @@ std::string label(const std::string& fqn) { return fqn.empty() ? "<root>" : fqn;
 // The module's FQN when parallelize_module recorded it, else its type.
 std::string name_of(const torch::nn::Module& m) {
   const auto* hp = dynamic_cast<const nn::Module*>(&m);
-  return hp != nullptr && !hp->qualified_name.empty() ? hp->qualified_name : m.name();
+  const TpModuleState* st = hp != nullptr ? hp->find_state<TpModuleState>() : nullptr;
+  return st != nullptr && !st->fqn.empty() ? st->fqn : m.name();
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -31,7 +34,7 @@ void check_hookable_and_fresh(torch::nn::Module& module, const std::string& fqn,
                 label(fqn), "'; a module can be distributed once (apply PrepareModuleInput/Output on top instead)");
 }
 
-// The named parameter must split evenly over the mesh along `dim` (seed §3.2: no padding).
+// The named parameter must split evenly over the mesh along `dim` (the styles never pad).
 void check_divisible(torch::nn::Module& module, const std::string& fqn, const std::string& style,
                      const std::string& param, int64_t dim, const char* what, int64_t tp) {
   auto params = module.named_parameters(/*recurse=*/false);
@@ -70,7 +73,7 @@ at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::opt
   DTensor d = out;
   const Placements want{desired.normalized(d.dim())};
   if (d.placements() != want) {
-    // Partial values reduce in reduce_dtype (seed §4.4): each addend is upcast before the sum.
+    // Partial values reduce in reduce_dtype: each addend is upcast before the sum.
     if (reduce_dtype && d.spec().has_partial() && d.scalar_type() != *reduce_dtype) d = DTensor(d.to(*reduce_dtype));
     check_shardable(d, desired, mesh, where);
     d = d.redistribute(want);
@@ -86,7 +89,7 @@ void validate_distributable(torch::nn::Module& module, const std::string& fqn, c
   check_hookable_and_fresh(module, fqn, style);
 }
 
-// Colwise/Rowwise (seed §3.2): only Linear- and Embedding-like modules, whose weight splits
+// Colwise/Rowwise: only Linear- and Embedding-like modules, whose weight splits
 // evenly along the dim the style shards (given for each kind with the dim's name).
 struct ShardedDim {
   int64_t dim;
@@ -115,8 +118,8 @@ std::vector<c10::IValue> with_first(const std::vector<c10::IValue>& inputs, at::
   return out;
 }
 
-// The input hook of Colwise/Rowwise/NoParallel: only the first positional input is prepared
-// (seed §7.1), annotated with `layout` when plain and redistributed to `desired`.
+// The input hook of Colwise/Rowwise/NoParallel: only the first positional input is prepared,
+// annotated with `layout` when plain and redistributed to `desired`.
 InputFn first_input_fn(const char* style, Placement layout, Placement desired) {
   return [style, layout, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
              -> c10::optional<std::vector<c10::IValue>> {
@@ -165,7 +168,7 @@ void RowwiseParallel::validate(torch::nn::Module& module, const std::string& fqn
 torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {
   validate(module, name_of(module), mesh);
   const bool embedding = platform::is_embedding_module(module);
-  // Seed §3.2: an Embedding looks up replicated indices.
+  // An Embedding looks up replicated indices (the ids are never sharded).
   desired_input_layouts_ = embedding ? Replicate() : Shard(-1);
   const auto src = src_data_rank;
   auto partition = [embedding, src](const std::string& name, torch::nn::Module& m, const DeviceMesh& mesh) {

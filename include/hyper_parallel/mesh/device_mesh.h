@@ -71,7 +71,7 @@ class DeviceMesh {
 DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
                             const std::vector<std::string>& mesh_dim_names = {});
 
-/// RAII: makes `mesh` the current mesh of this thread (seed §4.2 `with mesh:`), so that
+/// RAII: makes `mesh` the current mesh of this thread (Python's `with mesh:`), so that
 /// parallelize_module(module, c10::nullopt, plan) finds it. Scopes nest.
 class MeshScope {
  public:

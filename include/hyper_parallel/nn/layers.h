@@ -23,7 +23,7 @@ struct LinearOptions {
   TORCH_ARG(int64_t, out_features);
   TORCH_ARG(bool, bias) = true;
 };
-class LinearImpl : public Cloneable<LinearImpl> {
+class LinearImpl : public ModuleBase<LinearImpl> {
  public:
   LinearImpl(int64_t in_features, int64_t out_features) : LinearImpl(LinearOptions(in_features, out_features)) {}
   explicit LinearImpl(const LinearOptions& options);
@@ -44,7 +44,7 @@ struct EmbeddingOptions {
   TORCH_ARG(int64_t, embedding_dim);
   TORCH_ARG(c10::optional<int64_t>, padding_idx) = c10::nullopt;
 };
-class EmbeddingImpl : public Cloneable<EmbeddingImpl> {
+class EmbeddingImpl : public ModuleBase<EmbeddingImpl> {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim) : EmbeddingImpl(EmbeddingOptions(num_embeddings, embedding_dim)) {}
   explicit EmbeddingImpl(const EmbeddingOptions& options);
@@ -64,7 +64,7 @@ struct LayerNormOptions {
   TORCH_ARG(double, eps) = 1e-5;
   TORCH_ARG(bool, elementwise_affine) = true;
 };
-class LayerNormImpl : public Cloneable<LayerNormImpl> {
+class LayerNormImpl : public ModuleBase<LayerNormImpl> {
  public:
   explicit LayerNormImpl(const LayerNormOptions& options);
   void reset();
@@ -80,7 +80,7 @@ struct RMSNormOptions {
   TORCH_ARG(int64_t, dim);
   TORCH_ARG(double, eps) = 1e-6;
 };
-class RMSNormImpl : public Cloneable<RMSNormImpl> {
+class RMSNormImpl : public ModuleBase<RMSNormImpl> {
  public:
   explicit RMSNormImpl(const RMSNormOptions& options);
   void reset();
@@ -91,7 +91,7 @@ class RMSNormImpl : public Cloneable<RMSNormImpl> {
 HP_MODULE(RMSNorm);
 
 /// Zeroes elements with probability p in training mode and scales the rest by 1/(1-p).
-class DropoutImpl : public Cloneable<DropoutImpl> {
+class DropoutImpl : public ModuleBase<DropoutImpl> {
  public:
   explicit DropoutImpl(double p = 0.5) : p(p) {}
   at::Tensor forward(const at::Tensor& input);
@@ -99,14 +99,14 @@ class DropoutImpl : public Cloneable<DropoutImpl> {
 };
 HP_MODULE(Dropout);
 
-class ReLUImpl : public Cloneable<ReLUImpl> {
+class ReLUImpl : public ModuleBase<ReLUImpl> {
  public:
   at::Tensor forward(const at::Tensor& input);
 };
 HP_MODULE(ReLU);
 
 /// approximate: "none" or "tanh".
-class GELUImpl : public Cloneable<GELUImpl> {
+class GELUImpl : public ModuleBase<GELUImpl> {
  public:
   explicit GELUImpl(std::string approximate = "none") : approximate(std::move(approximate)) {}
   at::Tensor forward(const at::Tensor& input);
@@ -114,20 +114,20 @@ class GELUImpl : public Cloneable<GELUImpl> {
 };
 HP_MODULE(GELU);
 
-class SiLUImpl : public Cloneable<SiLUImpl> {
+class SiLUImpl : public ModuleBase<SiLUImpl> {
  public:
   at::Tensor forward(const at::Tensor& input);
 };
 HP_MODULE(SiLU);
 
-class IdentityImpl : public Cloneable<IdentityImpl> {
+class IdentityImpl : public ModuleBase<IdentityImpl> {
  public:
   at::Tensor forward(const at::Tensor& input) { return input; }
 };
 HP_MODULE(Identity);
 
 /// Calls its children in order, each through its hooks; children are named "0", "1", ...
-class SequentialImpl : public Cloneable<SequentialImpl> {
+class SequentialImpl : public ModuleBase<SequentialImpl> {
  public:
   SequentialImpl() = default;
   template <class... Holders>

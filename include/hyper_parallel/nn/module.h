@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <typeindex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,7 +24,7 @@ namespace nn {
 /// `const Kwargs&` parameter. e.g. `attn(x, Kwargs{{"mask", mask}})`.
 using Kwargs = std::vector<std::pair<std::string, c10::IValue>>;
 
-/// What a module is, for the styles that only apply to some kinds (seed §3.2).
+/// What a module is, for the styles that only apply to some kinds (Colwise/Rowwise: Linear and Embedding).
 enum class ModuleKind { Other, Linear, Embedding };
 
 class Module;
@@ -89,11 +91,21 @@ class Module : public torch::nn::Module {
   /// takes one tensor provide it through ModuleHolder/HP_MODULE.
   virtual at::Tensor call_tensor(const at::Tensor& input);
 
-  /// Set by distribute_module (seed §4.3: parameters are distributed once).
-  bool distribute_module_applied = false;
-  /// The module's name in the model (e.g. "layers.0.attn.q_proj"), recorded by
-  /// parallelize_module for messages; empty when unknown.
-  std::string qualified_name;
+  /// The state another layer keeps for this module, one object per type T, made on first use;
+  /// it lives and dies with the module (tensor_parallel/ records here that it distributed the
+  /// module, without nn/ knowing about tensor parallelism).
+  template <class T>
+  T& state() {
+    std::shared_ptr<void>& p = states_[std::type_index(typeid(T))];
+    if (p == nullptr) p = std::make_shared<T>();
+    return *static_cast<T*>(p.get());
+  }
+  /// The state of type T, or nullptr when none was made.
+  template <class T>
+  const T* find_state() const {
+    const auto it = states_.find(std::type_index(typeid(T)));
+    return it == states_.end() ? nullptr : static_cast<const T*>(it->second.get());
+  }
 
  private:
   friend class HookHandle;
@@ -107,6 +119,7 @@ class Module : public torch::nn::Module {
   std::vector<std::pair<uint64_t, ForwardHook>> forward_hooks_;
   uint64_t next_hook_id_ = 1;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+  std::unordered_map<std::type_index, std::shared_ptr<void>> states_;
 };
 
 /// `module` itself (named "") and every submodule with its FQN, in named_modules order. Unlike
@@ -192,7 +205,7 @@ class ModuleHolder : public torch::nn::ModuleHolder<Impl> {
 
 /// Gives a module class (deriving from it) the one-tensor call that containers use.
 template <class Derived>
-class Cloneable : public Module {
+class ModuleBase : public Module {
  public:
   using Module::Module;
   at::Tensor call_tensor(const at::Tensor& input) override {

@@ -1,5 +1,5 @@
 #pragma once
-// parallelize_module (seed §4.2): applies styles to a module tree.
+// parallelize_module: applies styles to a module tree.
 #include <c10/util/Optional.h>
 
 #include <initializer_list>
@@ -50,7 +50,7 @@ class ParallelizePlan {
 /// Applies `parallelize_plan` to `module` on the 1-D `device_mesh` (or the current MeshScope's
 /// mesh when nullopt), writing `src_data_rank` into every style first. The whole plan is
 /// validated before anything changes (types, paths, module kinds, hookability, divisibility),
-/// so a failure leaves the module as it was. Errors (seed §9.3): an N-D mesh -> c10::ValueError
+/// so a failure leaves the module as it was. Errors: an N-D mesh -> c10::ValueError
 /// naming device_mesh["tp"]; a null style -> c10::TypeError; an empty path or empty atom ->
 /// c10::ValueError; a path that matches nothing -> a warning, skipped; no plan -> a warning and
 /// the module unchanged.
@@ -61,7 +61,5 @@ torch::nn::Module& parallelize_module(torch::nn::Module& module, const c10::opti
 torch::nn::Module& parallelize_module(torch::nn::Module& module,
                                       const c10::optional<DeviceMesh>& device_mesh = c10::nullopt);
 
-/// fnmatch-style matching of one path atom ('*', '?', '[seq]', '[!seq]').
-bool fnmatch(const std::string& pattern, const std::string& name);
 
 }  // namespace hyper_parallel

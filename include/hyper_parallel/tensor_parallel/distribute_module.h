@@ -1,5 +1,5 @@
 #pragma once
-// distribute_module (seed §4.3): distributes a module's parameters once and installs its
+// distribute_module: distributes a module's parameters once and installs its
 // input/output conversions as hooks. Lives in the tensor_parallel layer because it needs the
 // hooks of the nn/platform layers, which sit above the dtensor layer.
 #include <functional>
@@ -34,7 +34,7 @@ torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh
 /// Whether distribute_module was already applied to `module`.
 bool distribute_module_applied(const torch::nn::Module& module);
 
-/// distribute_tensor for a parameter, honouring seed §3.1: meta tensors never communicate.
+/// distribute_tensor for a parameter, where meta tensors never communicate (they have no values).
 DTensor distribute_parameter(const at::Tensor& param, const DeviceMesh& mesh, const Placements& placements,
                              c10::optional<int64_t> src_data_rank);
 

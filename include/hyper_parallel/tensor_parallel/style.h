@@ -1,5 +1,5 @@
 #pragma once
-// The tensor-parallel styles of seed §3-§7 (PyTorch's torch.distributed.tensor.parallel.style).
+// The tensor-parallel styles (PyTorch's torch.distributed.tensor.parallel.style).
 // A style says how one module is split and what layouts its inputs and outputs have; apply()
 // changes the module in place (parameters, hooks) and returns it. Settings are constructor
 // arguments with the seed's defaults, also settable by name:
@@ -24,7 +24,7 @@ using Layouts = std::vector<c10::optional<Placement>>;
 /// Layouts of named inputs.
 using KwargLayouts = std::map<std::string, c10::optional<Placement>>;
 
-/// The abstract base (seed §3.1): cannot be instantiated, subclasses implement apply().
+/// The abstract base: cannot be instantiated, subclasses implement apply().
 class ParallelStyle {
  public:
   virtual ~ParallelStyle();
@@ -62,7 +62,7 @@ class ColwiseParallel : public ParallelStyle {
   ColwiseParallel& use_local_output(bool b) { use_local_output_ = b; return *this; }
   const Placement& input_layouts() const { return input_layouts_; }
   const Placement& output_layouts() const { return output_layouts_; }
-  /// Fixed to Replicate (seed §5.2): a sequence-sharded input is all-gathered first.
+  /// Fixed to Replicate: a sequence-sharded input is all-gathered first.
   Placement desired_input_layouts() const { return Replicate(); }
   bool use_local_output() const { return use_local_output_; }
 
@@ -97,7 +97,7 @@ class RowwiseParallel : public ParallelStyle {
   RowwiseParallel& reduce_dtype(c10::optional<at::ScalarType> t) { reduce_dtype_ = t; return *this; }
   const Placement& input_layouts() const { return input_layouts_; }
   const Placement& output_layouts() const { return output_layouts_; }
-  /// Shard(-1) for Linear; apply() switches it to Replicate for Embedding (seed §3.2).
+  /// Shard(-1) for Linear; apply() switches it to Replicate for Embedding (it looks up replicated ids).
   const Placement& desired_input_layouts() const { return desired_input_layouts_; }
   bool use_local_output() const { return use_local_output_; }
   c10::optional<at::ScalarType> reduce_dtype() const { return reduce_dtype_; }
@@ -144,7 +144,7 @@ class SequenceParallel : public ParallelStyle {
 };
 
 /// Keeps every parameter whole (Replicate DTensors) for modules that must not be split (routers,
-/// norms without sequence parallelism). Note the singular names (seed §5.2).
+/// norms without sequence parallelism). Note the singular names (as PyTorch's).
 class NoParallel : public ParallelStyle {
  public:
   explicit NoParallel(Placement input_layout = Replicate(), Placement desired_input_layout = Replicate(),

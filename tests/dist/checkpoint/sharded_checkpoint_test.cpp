@@ -157,7 +157,7 @@ TEST(ShardedCheckpoint, BadCheckpointsFailCleanlyAndLoadNothing) {
     for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], full(after[i]))) << "partially loaded";
   };
   // Another model: an extra key, another shape.
-  struct ExtraImpl : hnn::Cloneable<ExtraImpl> {
+  struct ExtraImpl : hnn::ModuleBase<ExtraImpl> {
     ExtraImpl() {
       linear1 = register_module("linear1", hnn::Linear(8, 4 * tp_size()));
       extra = register_module("extra", hnn::Linear(2, 2));

@@ -28,7 +28,7 @@ inline at::Tensor random(at::IntArrayRef shape, uint64_t seed) {
   return at::randn(shape, gen);
 }
 
-/// The seed §9.4 float32 tolerance.
+/// The float32 tolerance of every comparison with a one-process reference.
 inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected,
                                         double rtol = 1.5e-4, double atol = 1e-5) {
   at::Tensor a = hp::is_dtensor(actual) ? hp::DTensor(actual).full_tensor() : actual;

@@ -116,7 +116,7 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
 }
 
 // A float layer then a double one (two dtypes: two flat buffers when one group holds both).
-class TwoDtypesImpl : public hnn::Cloneable<TwoDtypesImpl> {
+class TwoDtypesImpl : public hnn::ModuleBase<TwoDtypesImpl> {
  public:
   TwoDtypesImpl() {
     linear1 = register_module("linear1", hnn::Linear(3, 5));  // weight [5, 3]: 2, 2, 1, 0 rows over 4 ranks

@@ -1,4 +1,4 @@
-// Seed §8.2 B1-B9: how each style lays out parameters, and where they come from.
+// Cases B1-B9: how each style lays out parameters, and where they come from.
 #include "tp_models.h"
 
 using namespace tp_test;

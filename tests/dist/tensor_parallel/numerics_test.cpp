@@ -1,5 +1,5 @@
-// Seed §8.2 C1-C14: forward and backward of parallelised modules against the same module in one
-// process (same seed, same weights). Gradient convention (DESIGN §4.1): gradients equal the
+// Cases C1-C14: forward and backward of parallelised modules against the same module in one
+// process (same seed, same weights). Gradient convention: gradients equal the
 // single-device ones, Rowwise included (no division by the tp size).
 #include "tp_models.h"
 
@@ -207,7 +207,7 @@ TEST(TensorParallelNumerics, C8_NoParallelLinear) {
 
 TEST(TensorParallelNumerics, C9_SequenceParallelIntoNoParallel) {
   const int64_t n = tp_size();
-  struct BlockImpl : hnn::Cloneable<BlockImpl> {
+  struct BlockImpl : hnn::ModuleBase<BlockImpl> {
     BlockImpl() {
       norm = register_module("norm", hnn::RMSNorm(8));
       proj = register_module("proj", hnn::Linear(8, 4));
@@ -236,7 +236,7 @@ TEST(TensorParallelNumerics, C9_SequenceParallelIntoNoParallel) {
 }
 
 namespace {
-struct ProjBlockImpl : hnn::Cloneable<ProjBlockImpl> {
+struct ProjBlockImpl : hnn::ModuleBase<ProjBlockImpl> {
   ProjBlockImpl(int64_t in, int64_t out) { proj = register_module("proj", hnn::Linear(in, out)); }
   at::Tensor forward(const at::Tensor& x) { return proj(x); }
   hnn::Linear proj{nullptr};
@@ -307,7 +307,7 @@ TEST(TensorParallelNumerics, C12_PrepareModuleInputOutputMlpBlock) {
 namespace {
 // libtorch 1.13 has no float16 matmul on CPU: this Linear-like module multiplies in float32 and
 // hands back float16, so its Partial output (what reduce_dtype acts on) is float16 as on a GPU.
-struct HalfLinearImpl : hnn::Cloneable<HalfLinearImpl> {
+struct HalfLinearImpl : hnn::ModuleBase<HalfLinearImpl> {
   HalfLinearImpl(const at::Tensor& w, const at::Tensor& b) {
     register_parameter("weight", w.to(at::kHalf));
     register_parameter("bias", b.to(at::kHalf));

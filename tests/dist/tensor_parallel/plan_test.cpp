@@ -1,4 +1,4 @@
-// Seed §8.2 D3-D5: the styles combined as the Qwen plan combines them.
+// Cases D3-D5: the styles combined as the Qwen plan combines them.
 #include "tp_models.h"
 
 #include <cmath>
@@ -13,7 +13,7 @@ at::Tensor grad_of(const at::Tensor& p) { return full(p.grad()); }
 
 // Causal multi-head self-attention; the number of heads is read off q's (local) width, so the
 // same code runs on head-sharded projections.
-class AttentionImpl : public hnn::Cloneable<AttentionImpl> {
+class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   AttentionImpl(int64_t hidden, int64_t head_dim) : head_dim(head_dim) {
     q_proj = register_module("q_proj", hnn::Linear(hidden, hidden));
@@ -35,7 +35,7 @@ class AttentionImpl : public hnn::Cloneable<AttentionImpl> {
 };
 HP_MODULE(Attention);
 
-class SwiGluImpl : public hnn::Cloneable<SwiGluImpl> {
+class SwiGluImpl : public hnn::ModuleBase<SwiGluImpl> {
  public:
   SwiGluImpl(int64_t hidden, int64_t inner) {
     gate_proj = register_module("gate_proj", hnn::Linear(hnn::LinearOptions(hidden, inner).bias(false)));
@@ -48,7 +48,7 @@ class SwiGluImpl : public hnn::Cloneable<SwiGluImpl> {
 HP_MODULE(SwiGlu);
 
 // The Qwen decoder layer, minimal: pre-norm attention and MLP with residual adds.
-class BlockImpl : public hnn::Cloneable<BlockImpl> {
+class BlockImpl : public hnn::ModuleBase<BlockImpl> {
  public:
   BlockImpl(int64_t hidden, int64_t head_dim) {
     input_layernorm = register_module("input_layernorm", hnn::RMSNorm(hidden));
@@ -153,7 +153,7 @@ TEST(QwenPlan, D5_NoParallelNormsWithoutSequenceParallelEqualSingleDevice) { che
 
 TEST(QwenPlan, D4_LmHeadKeepsLogitsShardedOnTheLastDim) {
   const int64_t n = tp_size(), hidden = 8, vocab = 6 * n;
-  struct HeadImpl : hnn::Cloneable<HeadImpl> {
+  struct HeadImpl : hnn::ModuleBase<HeadImpl> {
     HeadImpl(int64_t hidden, int64_t vocab) {
       norm = register_module("norm", hnn::RMSNorm(hidden));
       lm_head = register_module("lm_head", hnn::Linear(hnn::LinearOptions(hidden, vocab).bias(false)));

@@ -1,5 +1,5 @@
 #pragma once
-// Small models and helpers for the seed's test plan (§8.2).
+// Small models and helpers for the test plan's cases (A*, B*, C*, D*).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -24,7 +24,7 @@ struct WarningCapture : c10::WarningHandler {
   std::vector<std::string> messages;
 };
 
-class MlpImpl : public hnn::Cloneable<MlpImpl> {
+class MlpImpl : public hnn::ModuleBase<MlpImpl> {
  public:
   MlpImpl(int64_t dim, int64_t hidden) {
     linear1 = register_module("linear1", hnn::Linear(dim, hidden));
@@ -36,7 +36,7 @@ class MlpImpl : public hnn::Cloneable<MlpImpl> {
 HP_MODULE(Mlp);
 
 /// Two positional inputs (for PrepareModuleInput arity and None slots) and a named one.
-class TwoInputsImpl : public hnn::Cloneable<TwoInputsImpl> {
+class TwoInputsImpl : public hnn::ModuleBase<TwoInputsImpl> {
  public:
   at::Tensor forward(const at::Tensor& a, const at::Tensor& b, const hnn::Kwargs& kw) {
     at::Tensor out = a * 2 + b;
@@ -48,7 +48,7 @@ class TwoInputsImpl : public hnn::Cloneable<TwoInputsImpl> {
 HP_MODULE(TwoInputs);
 
 /// Two outputs (for PrepareModuleOutput with a None slot).
-class TwoOutputsImpl : public hnn::Cloneable<TwoOutputsImpl> {
+class TwoOutputsImpl : public hnn::ModuleBase<TwoOutputsImpl> {
  public:
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) { return {x * 3, x - 1}; }
 };

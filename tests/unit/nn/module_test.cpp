@@ -14,7 +14,7 @@ namespace hnn = hyper_parallel::nn;
 namespace {
 
 // A module with two positional inputs, a named one and two outputs.
-class TwoInTwoOutImpl : public hnn::Cloneable<TwoInTwoOutImpl> {
+class TwoInTwoOutImpl : public hnn::ModuleBase<TwoInTwoOutImpl> {
  public:
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& a, const at::Tensor& b, const hnn::Kwargs& kw) {
     at::Tensor scale = at::ones({});
@@ -162,7 +162,7 @@ TEST(Layers, EmbeddingMatchesTorchWithPadding) {
 }
 
 TEST(Layers, FullyQualifiedNames) {
-  struct BlockImpl : hnn::Cloneable<BlockImpl> {
+  struct BlockImpl : hnn::ModuleBase<BlockImpl> {
     BlockImpl() {
       attn = register_module("attn", hnn::Sequential(hnn::Linear(4, 4), hnn::Linear(4, 4)));
       norm = register_module("norm", hnn::RMSNorm(4));
@@ -171,7 +171,7 @@ TEST(Layers, FullyQualifiedNames) {
     hnn::Sequential attn{nullptr};
     hnn::RMSNorm norm{nullptr};
   };
-  struct ModelImpl : hnn::Cloneable<ModelImpl> {
+  struct ModelImpl : hnn::ModuleBase<ModelImpl> {
     ModelImpl() {
       layers = register_module("layers", hnn::ModuleList());
       for (int i = 0; i < 2; ++i) layers->push_back(std::make_shared<BlockImpl>());
@@ -204,7 +204,7 @@ TEST(Parameters, ReplacedParameterIsUsedAndOptimised) {
   EXPECT_THROW(l->replace_parameter("weight", at::ones({3, 2})), c10::ValueError);
   EXPECT_THROW(l->replace_parameter("weight", at::ones({2, 3}, at::kDouble)), c10::ValueError);
   EXPECT_THROW(l->replace_parameter("nope", at::ones({2, 3})), c10::IndexError);
-  struct WithBufferImpl : hnn::Cloneable<WithBufferImpl> {
+  struct WithBufferImpl : hnn::ModuleBase<WithBufferImpl> {
     WithBufferImpl() { register_buffer("steps", at::zeros({2})); }
   } b;
   b.replace_buffer("steps", at::ones({2}));
@@ -232,7 +232,7 @@ TEST(Platform, KindsAndHookability) {
     EXPECT_NE(std::string(err.what()).find("hyper_parallel::nn::Linear"), std::string::npos);
   }
   // A user's module declares itself Linear-like.
-  struct MyProjImpl : hnn::Cloneable<MyProjImpl> {
+  struct MyProjImpl : hnn::ModuleBase<MyProjImpl> {
     MyProjImpl() { register_parameter("weight", at::ones({4, 2})); }
     hnn::ModuleKind module_kind() const override { return hnn::ModuleKind::Linear; }
     at::Tensor forward(const at::Tensor& x) { return at::linear(x, parameter("weight")); }
