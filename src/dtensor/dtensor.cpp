@@ -247,18 +247,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
     // Meta tensors have no values: nothing to send, only the local shape matters.
     local = at::empty(spec->local_shape(), tensor.options());
   } else if (!src_data_rank) {
-    local = tensor.detach();
-    for (size_t i = 0; i < spec->placements.size(); ++i) {
-      const Placement& p = spec->placements[i];
-      const int64_t parts = mesh.size(static_cast<int64_t>(i));
-      if (p.is_shard()) {
-        const int64_t n = local.size(p.dim());
-        local = local.narrow(p.dim(), chunk_offset(n, parts, coord[i]), chunk_size(n, parts, coord[i]));
-      } else if (p.is_partial() && p.reduce_op() == ReduceOp::SUM && coord[i] != 0) {
-        local = at::zeros_like(local);
-      }
-    }
-    local = local.clone(at::MemoryFormat::Contiguous);
+    local = local_piece_of_whole(tensor.detach(), mesh.shape(), coord, spec->placements).clone(at::MemoryFormat::Contiguous);
   } else {
     const int64_t src = *src_data_rank;
     local = tensor.detach().contiguous();

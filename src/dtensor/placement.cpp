@@ -5,9 +5,7 @@ namespace hyper_parallel {
 
 Placement Placement::normalized(int64_t ndim) const {
   if (kind_ != Kind::Shard) return *this;
-  HP_CHECK_T(c10::IndexError, dim_ >= -ndim && dim_ < ndim, to_string(),
-             " is out of range for a tensor with ", ndim, " dimensions");
-  return dim_ < 0 ? Placement::shard(dim_ + ndim) : *this;
+  return Placement::shard(wrap_dim(dim_, ndim, to_string().c_str()));
 }
 
 std::string Placement::to_string() const {

@@ -28,6 +28,17 @@ std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec,
   return s;
 }
 
+at::Tensor local_piece_of_whole(const at::Tensor& whole, const std::vector<int64_t>& mesh_shape,
+                                const std::vector<int64_t>& coordinate, const Placements& placements) {
+  const auto [shape, offset] = compute_local_shape_and_offset(whole.sizes().vec(), mesh_shape, coordinate, placements);
+  at::Tensor t = whole;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != whole.size(static_cast<int64_t>(d))) t = t.narrow(static_cast<int64_t>(d), offset[d], shape[d]);
+  for (size_t i = 0; i < placements.size(); ++i)
+    if (placements[i].is_partial() && placements[i].reduce_op() == ReduceOp::SUM && coordinate[i] != 0) return at::zeros_like(t);
+  return t;
+}
+
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
   if (src.placements == dst) return local;
   return redistribute_local(local, src, plan_redistribute(src.mesh.shape(), src.placements, dst, src.ndim()));

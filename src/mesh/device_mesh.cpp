@@ -28,11 +28,7 @@ const DeviceMesh::Impl& get(const std::shared_ptr<const DeviceMesh::Impl>& p) {
   return *p;
 }
 
-int64_t wrap_mesh_dim(int64_t dim, int64_t ndim) {
-  HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "DeviceMesh: dim ", dim,
-             " is out of range for a mesh with ", ndim, " dimensions");
-  return dim < 0 ? dim + ndim : dim;
-}
+int64_t wrap_mesh_dim(int64_t dim, int64_t ndim) { return wrap_dim(dim, ndim, "DeviceMesh", "a mesh"); }
 
 std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
   std::vector<int64_t> st(shape.size(), 1);

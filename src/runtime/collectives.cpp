@@ -15,11 +15,6 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
-  HP_CHECK_T(c10::IndexError, dim >= -ndim && dim < ndim, "hyper_parallel::", what, ": dim ", dim,
-             " is out of range for a tensor with ", ndim, " dimensions");
-  return dim < 0 ? dim + ndim : dim;
-}
 
 void check_group(const Group& g, const char* what) {
   TORCH_CHECK(g.defined(), "hyper_parallel::", what, ": the group is undefined");

@@ -48,36 +48,31 @@ void CommDebugMode::record(const char* kind, int64_t bytes) {
   }
 }
 
-int64_t CommDebugMode::get_total_counts() const {
+namespace {
+// Counts and bytes are read the same way, under the lock their writers take.
+int64_t total_of(const std::map<std::string, int64_t>& m) {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t n = 0;
-  for (const auto& kv : counts_) n += kv.second;
+  for (const auto& kv : m) n += kv.second;
   return n;
 }
-int64_t CommDebugMode::get_comm_count(const std::string& kind) const {
+int64_t entry_of(const std::map<std::string, int64_t>& m, const std::string& kind) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = counts_.find(kind);
-  return it == counts_.end() ? 0 : it->second;
+  auto it = m.find(kind);
+  return it == m.end() ? 0 : it->second;
 }
-std::map<std::string, int64_t> CommDebugMode::get_comm_counts() const {
+std::map<std::string, int64_t> copy_of(const std::map<std::string, int64_t>& m) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return counts_;
+  return m;
 }
-int64_t CommDebugMode::get_total_bytes() const {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  int64_t n = 0;
-  for (const auto& kv : bytes_) n += kv.second;
-  return n;
-}
-int64_t CommDebugMode::get_comm_bytes(const std::string& kind) const {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = bytes_.find(kind);
-  return it == bytes_.end() ? 0 : it->second;
-}
-std::map<std::string, int64_t> CommDebugMode::get_comm_bytes() const {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return bytes_;
-}
+}  // namespace
+
+int64_t CommDebugMode::get_total_counts() const { return total_of(counts_); }
+int64_t CommDebugMode::get_comm_count(const std::string& kind) const { return entry_of(counts_, kind); }
+std::map<std::string, int64_t> CommDebugMode::get_comm_counts() const { return copy_of(counts_); }
+int64_t CommDebugMode::get_total_bytes() const { return total_of(bytes_); }
+int64_t CommDebugMode::get_comm_bytes(const std::string& kind) const { return entry_of(bytes_, kind); }
+std::map<std::string, int64_t> CommDebugMode::get_comm_bytes() const { return copy_of(bytes_); }
 void CommDebugMode::reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   counts_.clear();

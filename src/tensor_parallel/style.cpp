@@ -55,11 +55,8 @@ void check_shardable(const at::Tensor& t, const Placement& p, const DeviceMesh& 
              " (shape ", t.sizes(), ") is not divisible by the tensor-parallel size ", mesh.size(0));
 }
 
-// A tensor input as the module expects it: plain tensors are annotated with `layout`, then
-// redistributed to `desired`.
-at::Tensor prepare_input(const at::Tensor& t, const Placement& layout, const Placement& desired,
-                         const DeviceMesh& mesh, bool use_local, const std::string& where) {
-  DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout});
+// `d` redistributed to `desired` (the sharded dim checked to divide), local when `use_local`.
+at::Tensor to_layout(DTensor d, const Placement& desired, const DeviceMesh& mesh, bool use_local, const std::string& where) {
   const Placements want{desired.normalized(d.dim())};
   if (d.placements() != want) {
     check_shardable(d, desired, mesh, where);
@@ -68,17 +65,22 @@ at::Tensor prepare_input(const at::Tensor& t, const Placement& layout, const Pla
   return use_local ? d.to_local() : at::Tensor(d);
 }
 
+// A tensor input as the module expects it: plain tensors are annotated with `layout`, then
+// redistributed to `desired`.
+at::Tensor prepare_input(const at::Tensor& t, const Placement& layout, const Placement& desired,
+                         const DeviceMesh& mesh, bool use_local, const std::string& where) {
+  return to_layout(is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout}), desired, mesh, use_local, where);
+}
+
+// A module output as the next one expects it; Partial values reduce in reduce_dtype (each
+// addend is upcast before the sum).
 at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::optional<at::ScalarType> reduce_dtype,
                           const DeviceMesh& mesh, bool use_local, const std::string& where) {
   DTensor d = out;
-  const Placements want{desired.normalized(d.dim())};
-  if (d.placements() != want) {
-    // Partial values reduce in reduce_dtype: each addend is upcast before the sum.
-    if (reduce_dtype && d.spec().has_partial() && d.scalar_type() != *reduce_dtype) d = DTensor(d.to(*reduce_dtype));
-    check_shardable(d, desired, mesh, where);
-    d = d.redistribute(want);
-  }
-  return use_local ? d.to_local() : at::Tensor(d);
+  if (reduce_dtype && d.spec().has_partial() && d.scalar_type() != *reduce_dtype &&
+      d.placements() != Placements{desired.normalized(d.dim())})
+    d = DTensor(d.to(*reduce_dtype));
+  return to_layout(d, desired, mesh, use_local, where);
 }
 
 // What every style that calls distribute_module needs: a 1-D mesh, a hookable module not

@@ -1,5 +1,5 @@
 #pragma once
-// Exception types. The seed's Python exceptions map onto libtorch's C++ ones so that a libtorch
+// Exception types. PyTorch's Python exceptions map onto libtorch's C++ ones so that a libtorch
 // user catches them as usual: TypeError -> c10::TypeError, ValueError -> c10::ValueError,
 // NotImplementedError -> c10::NotImplementedError, RuntimeError -> c10::Error. Python's
 // AssertionError has no libtorch twin, hence hyper_parallel::AssertionError.
@@ -7,7 +7,7 @@
 
 namespace hyper_parallel {
 
-/// Raised where the seed raises AssertionError (e.g. PrepareModuleInput layout lengths differ).
+/// Raised where PyTorch raises AssertionError (e.g. PrepareModuleInput layout lengths differ).
 class AssertionError : public c10::Error {
   using c10::Error::Error;
 };
@@ -22,3 +22,17 @@ class AssertionError : public c10::Error {
                  ::c10::str(__VA_ARGS__));                                                   \
     }                                                                                        \
   } while (false)
+
+namespace hyper_parallel {
+
+/// `dim` in [-ndim, ndim) made non-negative (a 0-dim tensor counts as 1-D when `scalar_as_1d`);
+/// c10::IndexError "<what>: dim <dim> is out of range for <of> with <ndim> dimensions" otherwise.
+/// e.g. `wrap_dim(-1, 3, "all_gather")` == 2.
+inline int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what, const char* of = "a tensor", bool scalar_as_1d = false) {
+  const int64_t n = scalar_as_1d && ndim == 0 ? 1 : ndim;
+  HP_CHECK_T(c10::IndexError, dim >= -n && dim < n, what, ": dim ", dim, " is out of range for ", of, " with ", ndim,
+             " dimensions");
+  return dim < 0 ? dim + n : dim;
+}
+
+}  // namespace hyper_parallel

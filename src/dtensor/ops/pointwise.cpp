@@ -19,146 +19,162 @@ std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t
   return out;
 }
 
-OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
-  const auto& inputs = info.inputs();
-  const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
-  std::vector<const std::vector<int64_t>*> shapes;
-  for (const auto& in : inputs) shapes.push_back(&in.spec->shape);
-  const std::vector<int64_t> out_shape = broadcast_shape(shapes);
-  const int64_t out_nd = static_cast<int64_t>(out_shape.size());
+namespace {
 
+// The inputs against the broadcast output shape.
+struct Broadcast {
+  const std::vector<OpInfo::TensorInput>& inputs;
+  std::vector<int64_t> out_shape;
+  int64_t out_nd;
+
+  explicit Broadcast(const OpInfo& info) : inputs(info.inputs()) {
+    std::vector<const std::vector<int64_t>*> shapes;
+    for (const auto& in : inputs) shapes.push_back(&in.spec->shape);
+    out_shape = broadcast_shape(shapes);
+    out_nd = static_cast<int64_t>(out_shape.size());
+  }
+  // The output dim of input k's dim d (inputs align to the right).
+  int64_t out_dim_of(size_t k, int64_t d) const { return d + (out_nd - static_cast<int64_t>(inputs[k].spec->shape.size())); }
   // Whether input k holds output dim `od` itself (not broadcast).
-  auto holds = [&](size_t k, int64_t od) {
+  bool holds(size_t k, int64_t od) const {
     const auto& s = inputs[k].spec->shape;
     const int64_t d = od - (out_nd - static_cast<int64_t>(s.size()));
     return d >= 0 && s[static_cast<size_t>(d)] == out_shape[static_cast<size_t>(od)];
-  };
-  auto out_dim_of = [&](size_t k, int64_t d) {
-    return d + (out_nd - static_cast<int64_t>(inputs[k].spec->shape.size()));
-  };
+  }
+};
 
-  Placements out(nmesh);
-  const int64_t written = info.written_arg();
-  const int64_t written_input = written >= 0 ? info.input_index(static_cast<size_t>(written)) : -1;
-  for (size_t i = 0; i < nmesh; ++i) {
-    if (written_input >= 0) {  // in-place / out=: the written tensor's layout is the result's
+// Whether Partial operands on mesh dim i keep the result Partial for an op of `linearity`.
+bool keeps_partial(const OpInfo& info, Linearity linearity, size_t i) {
+  const auto& inputs = info.inputs();
+  size_t npartial = 0, nsum = 0;
+  for (const auto& in : inputs) {
+    const Placement& p = in.spec->placements[i];
+    if (p.is_partial()) { ++npartial; nsum += p.reduce_op() == ReduceOp::SUM; }
+  }
+  if (npartial == 0 || nsum != npartial) return false;
+  const bool self_partial = inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial();
+  switch (linearity) {
+    case Linearity::Unary: return inputs.size() == 1;
+    case Linearity::Additive: return npartial == inputs.size();
+    case Linearity::Multiplicative: return npartial == 1;
+    case Linearity::Numerator: return npartial == 1 && self_partial;
+    case Linearity::MaskedFill: {
+      if (npartial != 1 || !self_partial) return false;
+      for (const auto& in : inputs)
+        if (in.arg >= 2) return false;  // the fill value is a tensor operand
+      return true;
+    }
+    case Linearity::None: return false;
+  }
+  return false;
+}
+
+// The output placement on each mesh dim: the written tensor's (in-place/out=); else a shard of
+// an input that holds the dim (no communication for it); else Partial where the op is linear in
+// the Partial operands; else Replicate.
+Placements output_placements(const OpInfo& info, Linearity linearity, const Broadcast& b, int64_t written_input) {
+  const auto& inputs = info.inputs();
+  Placements out(static_cast<size_t>(info.mesh_ndim()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (written_input >= 0) {
       const Placement& p = inputs[static_cast<size_t>(written_input)].spec->placements[i];
-      out[i] = p.is_shard() ? Shard(out_dim_of(static_cast<size_t>(written_input), p.dim())) : p;
+      out[i] = p.is_shard() ? Shard(b.out_dim_of(static_cast<size_t>(written_input), p.dim())) : p;
       continue;
     }
-    // A shard of an input that holds the dimension wins (no communication for it).
+    out[i] = Replicate();
     bool chosen = false;
     for (size_t k = 0; k < inputs.size() && !chosen; ++k) {
       const Placement& p = inputs[k].spec->placements[i];
-      if (p.is_shard() && holds(k, out_dim_of(k, p.dim()))) {
-        out[i] = Shard(out_dim_of(k, p.dim()));
-        chosen = true;
-      }
+      chosen = p.is_shard() && b.holds(k, b.out_dim_of(k, p.dim()));
+      if (chosen) out[i] = Shard(b.out_dim_of(k, p.dim()));
     }
-    if (chosen) continue;
-    // Partial survives only ops linear in the partial operands.
-    size_t npartial = 0, nsum = 0;
-    for (const auto& in : inputs) {
-      const Placement& p = in.spec->placements[i];
-      if (p.is_partial()) { ++npartial; nsum += p.reduce_op() == ReduceOp::SUM; }
-    }
-    out[i] = Replicate();
-    if (npartial == 0 || nsum != npartial) continue;
-    switch (linearity) {
-      case Linearity::Unary:
-        if (inputs.size() == 1) out[i] = Partial();
-        break;
-      case Linearity::Additive:
-        if (npartial == inputs.size()) out[i] = Partial();
-        break;
-      case Linearity::Multiplicative:
-        if (npartial == 1) out[i] = Partial();
-        break;
-      case Linearity::Numerator:
-        if (npartial == 1 && inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial()) out[i] = Partial();
-        break;
-      case Linearity::MaskedFill:
-        if (npartial == 1 && inputs[0].arg == 0 && inputs[0].spec->placements[i].is_partial()) {
-          bool value_is_input = false;
-          for (const auto& in : inputs) value_is_input = value_is_input || in.arg >= 2;
-          if (!value_is_input) out[i] = Partial();
-        }
-        break;
-      case Linearity::None:
-        break;
-    }
+    if (!chosen && keeps_partial(info, linearity, i)) out[i] = Partial();
   }
+  return out;
+}
 
-  // Scalar operands (Scalar arguments, 0-dim plain tensors) of an op that keeps a Partial(sum)
-  // result: every rank would add the scalar once, so only the ranks at coordinate 0 of every
-  // Partial mesh dim keep it; the others add zero (x + s = (x_0 + s) + x_1 + ...).
+// Scalar operands (Scalar arguments, 0-dim plain tensors) of an op that keeps a Partial(sum)
+// result: every rank would add the scalar once, so only the ranks at coordinate 0 of every
+// Partial mesh dim keep it; the others add zero (x + s = (x_0 + s) + x_1 + ...).
+std::function<void(torch::jit::Stack&)> zero_scalars_off_coordinate_0(const OpInfo& info, Linearity linearity,
+                                                                      const Placements& out) {
+  bool keeps = true, partial_out = false;
+  for (size_t i = 0; i < out.size(); ++i) {
+    partial_out = partial_out || out[i].is_partial();
+    if (out[i].is_partial() && info.coordinate()[i] != 0) keeps = false;
+  }
+  if (!partial_out || keeps || (linearity != Linearity::Additive && linearity != Linearity::MaskedFill)) return nullptr;
   std::vector<size_t> scalar_operands;
-  bool partial_out = false;
-  for (const auto& p : out) partial_out = partial_out || p.is_partial();
-  if (partial_out && (linearity == Linearity::Additive || linearity == Linearity::MaskedFill)) {
-    const auto& args = info.schema().arguments();
-    for (size_t a = 0; a < args.size(); ++a) {
-      if (args[a].name() == "alpha" || info.input_index(a) >= 0) continue;
-      const auto kind = args[a].type()->kind();
-      const c10::IValue& v = info.arg(a);
-      if ((kind == c10::TypeKind::NumberType && v.isScalar()) ||
-          (kind == c10::TypeKind::TensorType && v.isTensor() && v.toTensor().defined()))
-        scalar_operands.push_back(a);
-    }
+  const auto& args = info.schema().arguments();
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (args[a].name() == "alpha" || info.input_index(a) >= 0) continue;
+    const auto kind = args[a].type()->kind();
+    const c10::IValue& v = info.arg(a);
+    if ((kind == c10::TypeKind::NumberType && v.isScalar()) ||
+        (kind == c10::TypeKind::TensorType && v.isTensor() && v.toTensor().defined()))
+      scalar_operands.push_back(a);
   }
-
-  OpSharding s;
-  if (!scalar_operands.empty()) {
-    bool keeps = true;
-    for (size_t i = 0; i < nmesh; ++i)
-      if (out[i].is_partial() && info.coordinate()[i] != 0) keeps = false;
-    if (!keeps)
-      s.adjust_args = [scalar_operands](torch::jit::Stack& args) {
-        for (size_t a : scalar_operands) {
-          c10::IValue& v = args[a];
-          if (v.isTensor()) {
-            const at::Tensor& t = v.toTensor();
-            at::Tensor z = at::zeros_like(t);
-            z.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
-            v = z;
-          } else if (v.isDouble()) {
-            v = c10::IValue(0.0);
-          } else if (v.isComplexDouble()) {
-            v = c10::IValue(c10::complex<double>(0, 0));
-          } else if (v.isBool()) {
-            v = c10::IValue(false);
-          } else {
-            v = c10::IValue(int64_t{0});
-          }
-        }
-      };
-  }
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    Placements want(nmesh);
-    for (size_t i = 0; i < nmesh; ++i) {
-      if (out[i].is_shard()) {
-        const int64_t d = out[i].dim() - (out_nd - static_cast<int64_t>(inputs[k].spec->shape.size()));
-        want[i] = holds(k, out[i].dim()) ? Shard(d) : Replicate();
-      } else if (out[i].is_partial()) {
-        // Reached with a Partial written tensor too: a sum stays exact only if every addend is
-        // Partial (a replicated addend becomes Partial by zeros off coordinate 0) and factors
-        // are replicated.
-        HP_CHECK_T(c10::ValueError, linearity != Linearity::None && out[i].reduce_op() == ReduceOp::SUM,
-                   "hyper_parallel: ", info.describe(), " cannot update a ", out[i].to_string(),
-                   " tensor in place (the op is not linear); redistribute it to Replicate first");
-        const bool carrier = written_input >= 0 ? static_cast<int64_t>(k) == written_input
-                                                : inputs[k].spec->placements[i].is_partial();
-        want[i] = linearity == Linearity::Additive || carrier ? Partial() : Replicate();
+  if (scalar_operands.empty()) return nullptr;
+  return [scalar_operands](torch::jit::Stack& args) {
+    for (size_t a : scalar_operands) {
+      c10::IValue& v = args[a];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        at::Tensor z = at::zeros_like(t);
+        z.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+        v = z;
+      } else if (v.isDouble()) {
+        v = c10::IValue(0.0);
+      } else if (v.isComplexDouble()) {
+        v = c10::IValue(c10::complex<double>(0, 0));
+      } else if (v.isBool()) {
+        v = c10::IValue(false);
       } else {
-        want[i] = Replicate();
+        v = c10::IValue(int64_t{0});
       }
     }
-    s.input_placements.push_back(std::move(want));
+  };
+}
+
+// What input k must be for output placements `out`.
+Placements input_placements(const OpInfo& info, Linearity linearity, const Broadcast& b, const Placements& out, size_t k,
+                            int64_t written_input) {
+  const auto& in = *info.inputs()[k].spec;
+  Placements want(out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].is_shard()) {
+      want[i] = b.holds(k, out[i].dim()) ? Shard(out[i].dim() - (b.out_nd - in.ndim())) : Replicate();
+    } else if (out[i].is_partial()) {
+      // Reached with a Partial written tensor too: a sum stays exact only if every addend is
+      // Partial (a replicated addend becomes Partial by zeros off coordinate 0) and factors
+      // are replicated.
+      HP_CHECK_T(c10::ValueError, linearity != Linearity::None && out[i].reduce_op() == ReduceOp::SUM,
+                 "hyper_parallel: ", info.describe(), " cannot update a ", out[i].to_string(),
+                 " tensor in place (the op is not linear); redistribute it to Replicate first");
+      const bool carrier = written_input >= 0 ? static_cast<int64_t>(k) == written_input : in.placements[i].is_partial();
+      want[i] = linearity == Linearity::Additive || carrier ? Partial() : Replicate();
+    } else {
+      want[i] = Replicate();
+    }
   }
+  return want;
+}
+
+}  // namespace
+
+OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
+  const Broadcast b(info);
+  const int64_t written = info.written_arg();
+  const int64_t written_input = written >= 0 ? info.input_index(static_cast<size_t>(written)) : -1;
+  const Placements out = output_placements(info, linearity, b, written_input);
+  OpSharding s;
+  s.adjust_args = zero_scalars_off_coordinate_0(info, linearity, out);
+  for (size_t k = 0; k < info.inputs().size(); ++k)
+    s.input_placements.push_back(input_placements(info, linearity, b, out, k, written_input));
   s.output_placements.assign(info.schema().returns().size(), out);
   // The broadcast shape, not a meta run: many pointwise ops (relu, _to_copy, where) have no meta
   // kernel in libtorch 1.13.
-  s.output_shapes.assign(info.schema().returns().size(), out_shape);
+  s.output_shapes.assign(info.schema().returns().size(), b.out_shape);
   return s;
 }
 

@@ -51,11 +51,8 @@ inline bool evenly_sharded(const OpInfo& info, const DTensorSpec& spec, int64_t 
   return spec.shape[static_cast<size_t>(dim)] % parts == 0;
 }
 
-inline int64_t wrap_dim(int64_t d, int64_t ndim) {
-  const int64_t n = ndim == 0 ? 1 : ndim;
-  HP_CHECK_T(c10::IndexError, d >= -n && d < n, "dimension ", d, " out of range for ", ndim, " dims");
-  return d < 0 ? d + n : d;
-}
+/// A dimension argument of an op (a 0-dim tensor has dim 0 and -1, as in PyTorch).
+inline int64_t wrap_dim(int64_t d, int64_t ndim) { return hyper_parallel::wrap_dim(d, ndim, "sharding rule", "a tensor", true); }
 
 /// A kernel that pops the op's `nargs` local arguments, computes one result from them, and
 /// pushes it. `fn(args)` or, for a kernel that communicates, `fn(args, mesh)`.
