@@ -11,6 +11,39 @@ namespace {
 
 enum class Reduce { Sum, Mean, Max, Min, Replicated };
 
+// max/min (amax/amin) on the local piece: a rank whose piece of a reduced dim is empty
+// (torch.chunk leaves trailing ranks nothing) contributes the reduction's identity instead of
+// failing alone while its peers go on.
+Kernel empty_piece_identity(bool is_max, size_t nargs, bool has_dims) {
+  return [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh&) {
+    const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();  // a copy: the stack is popped below
+    const auto dims = has_dims ? (*stack)[stack->size() - nargs + 1].toIntVector() : std::vector<int64_t>{};
+    const bool keep = has_dims && (*stack)[stack->size() - nargs + 2].toBool();
+    std::vector<bool> red(static_cast<size_t>(self.dim()), dims.empty());
+    for (int64_t d : dims) red[static_cast<size_t>(wrap_dim(d, self.dim()))] = true;
+    bool empty = false;
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < self.dim(); ++d) {
+      if (!red[static_cast<size_t>(d)]) shape.push_back(self.size(d));
+      else {
+        empty = empty || self.size(d) == 0;
+        if (keep) shape.push_back(1);
+      }
+    }
+    if (!empty) return op.callBoxed(stack);
+    stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+    at::Tensor identity = at::empty(shape, self.options());
+    if (self.scalar_type() == at::kBool) identity.fill_(!is_max);
+    else if (at::isFloatingType(self.scalar_type()))
+      identity.fill_(is_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
+    else
+      AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "amax_identity", [&] {
+        identity.fill_(is_max ? std::numeric_limits<scalar_t>::lowest() : std::numeric_limits<scalar_t>::max());
+      });
+    stack->emplace_back(identity);
+  };
+}
+
 // `dim_arg`: index of the dims argument (-1: reduces every dim); `keepdim_arg` likewise.
 OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int64_t keepdim_arg) {
   const DTensorSpec& in = *info.spec(0);
@@ -78,38 +111,7 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
   for (const auto& r : info.schema().returns()) tensor_returns += r.type()->kind() == c10::TypeKind::TensorType;
   s.output_shapes.assign(tensor_returns, out_shape);
   if (kind == Reduce::Max || kind == Reduce::Min) {
-    // A rank whose piece of a reduced dim is empty (torch.chunk leaves trailing ranks nothing)
-    // contributes the reduction's identity instead of failing alone while its peers go on.
-    const bool is_max = kind == Reduce::Max;
-    const size_t nargs = info.num_args();
-    const bool has_dims = dim_arg >= 0;
-    s.kernel = [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh&) {
-      const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();  // a copy: the stack is popped below
-      const auto dims = has_dims ? (*stack)[stack->size() - nargs + 1].toIntVector() : std::vector<int64_t>{};
-      const bool keep = has_dims && (*stack)[stack->size() - nargs + 2].toBool();
-      std::vector<bool> red(static_cast<size_t>(self.dim()), dims.empty());
-      for (int64_t d : dims) red[static_cast<size_t>(wrap_dim(d, self.dim()))] = true;
-      bool empty = false;
-      std::vector<int64_t> shape;
-      for (int64_t d = 0; d < self.dim(); ++d) {
-        if (!red[static_cast<size_t>(d)]) shape.push_back(self.size(d));
-        else {
-          empty = empty || self.size(d) == 0;
-          if (keep) shape.push_back(1);
-        }
-      }
-      if (!empty) return op.callBoxed(stack);
-      stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
-      at::Tensor identity = at::empty(shape, self.options());
-      if (self.scalar_type() == at::kBool) identity.fill_(!is_max);
-      else if (at::isFloatingType(self.scalar_type()))
-        identity.fill_(is_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
-      else
-        AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "amax_identity", [&] {
-          identity.fill_(is_max ? std::numeric_limits<scalar_t>::lowest() : std::numeric_limits<scalar_t>::max());
-        });
-      stack->emplace_back(identity);
-    };
+    s.kernel = empty_piece_identity(kind == Reduce::Max, info.num_args(), dim_arg >= 0);
   }
   return s;
 }

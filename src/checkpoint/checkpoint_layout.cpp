@@ -1,0 +1,226 @@
+// The on-disk layout of a sharded checkpoint (see checkpoint_layout.h).
+#include "checkpoint_layout.h"
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace hyper_parallel {
+namespace checkpoint_layout {
+
+std::vector<Entry> entries_of(torch::nn::Module& model) {
+  std::vector<Entry> out;
+  for (const auto& [fqn, m] : nn::modules_with_names(model)) {
+    const std::string prefix = fqn.empty() ? "" : fqn + ".";
+    for (const auto& p : m->named_parameters(false)) out.push_back({prefix + p.key(), p.value()});
+    for (const auto& b : m->named_buffers(false))
+      if (b.value().defined()) out.push_back({prefix + b.key(), b.value()});
+  }
+  return out;
+}
+
+std::string join(at::IntArrayRef v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s.empty() ? "-" : s;
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string gen_dir(const std::string& dir, int64_t seq) { return dir + "/gen_" + std::to_string(seq); }
+std::string rank_file(const std::string& gdir, int64_t r, const char* ext) {
+  return gdir + "/rank_" + std::to_string(r) + ext;
+}
+
+uint32_t tensor_crc(const at::Tensor& t) {
+  at::Tensor c = t.contiguous().cpu();
+  return cf::crc32(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+Piece piece_of(const at::Tensor& value) {
+  if (!is_dtensor(value)) return {value.detach(), std::vector<int64_t>(static_cast<size_t>(value.dim()), 0)};
+  DTensor d(value);
+  if (d.spec().has_partial()) d = d.redistribute(without_partial(d.placements()));  // a Partial has no piece of its own
+  return {d.to_local().detach(), d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate()).second};
+}
+
+uint64_t parse_id(const cf::Lines& l) {
+  const std::string& id = l.token(l.find("id"), 1, "id");
+  char* end = nullptr;
+  const uint64_t v = std::strtoull(id.c_str(), &end, 16);
+  if (id.size() != 16 || *end != '\0') l.fail("'id' is '" + id + "', not 16 hex digits");
+  return v;
+}
+
+Latest read_latest(const std::string& dir) {
+  const std::string path = dir + "/LATEST";
+  if (cf::file_size(path) < 0) {
+    HP_CHECK_T(c10::ValueError, cf::file_size(dir + "/metadata") < 0, "load_sharded: ", dir,
+               " holds a checkpoint in an older format (no LATEST); save it again with this version");
+    HP_CHECK_T(c10::ValueError, false, "load_sharded: ", dir, " holds no committed checkpoint (", path,
+               " is missing: no save into it has finished)");
+  }
+  cf::Lines l(path, cf::read_file(path, 4096), kMagic);
+  Latest out;
+  out.seq = l.integer(l.find("generation"), 1, "generation", 1, std::numeric_limits<int64_t>::max());
+  out.id = parse_id(l);
+  out.world_size = l.integer(l.find("world_size"), 1, "world_size", 1, kMaxWorld);
+  return out;
+}
+
+int64_t committed_seq(const std::string& dir) {
+  try {
+    return read_latest(dir).seq;
+  } catch (const c10::Error&) {
+    return 0;
+  }
+}
+
+// Generation numbers of the gen_<n> directories in `dir`.
+std::vector<int64_t> generations(const std::string& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("gen_", 0) != 0) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(name.c_str() + 4, &end, 10);
+    if (*end == '\0' && v > 0) out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void check_id(const cf::Lines& l, uint64_t id, const std::string& path) {
+  const uint64_t got = parse_id(l);
+  HP_CHECK_T(c10::ValueError, got == id, "load_sharded: ", path, " belongs to checkpoint ", hex(got), ", not to ",
+             hex(id), " (the committed one): files of different saves are mixed");
+}
+
+Metadata read_metadata(const std::string& gdir, const Latest& latest) {
+  const std::string path = gdir + "/metadata";
+  cf::Lines l(path, cf::read_file(path, kMaxMetaBytes), kMagic);
+  check_id(l, latest.id, path);
+  Metadata m;
+  m.world_size = l.integer(l.find("world_size"), 1, "world_size", 1, kMaxWorld);
+  if (m.world_size != latest.world_size) l.fail("its world_size differs from LATEST's");
+  for (size_t i = 1; i < l.size(); ++i) {
+    if (l.line(i).empty() || l.line(i)[0] != "tensor") continue;
+    TensorMeta t;
+    const std::string& name = l.token(i, 1, "tensor name");
+    t.dtype = l.integer(i, 2, "tensor dtype", 0, static_cast<int64_t>(at::ScalarType::NumOptions) - 1);
+    t.shape = l.integers(i, 3, "tensor shape", 0, kMaxExtent, kMaxDims);
+    if (!m.tensors.emplace(name, std::move(t)).second) l.fail("tensor '" + name + "' appears twice");
+  }
+  return m;
+}
+
+RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, const Metadata& meta) {
+  const std::string path = rank_file(gdir, r, ".meta");
+  HP_CHECK_T(c10::ValueError, cf::file_size(path) >= 0, "load_sharded: ", path, " is missing: rank ", r,
+             " of the job that wrote the checkpoint did not finish, or files were removed");
+  cf::Lines l(path, cf::read_file(path, kMaxMetaBytes), kMagic);
+  check_id(l, latest.id, path);
+  if (l.integer(l.find("rank"), 1, "rank", 0, kMaxWorld) != r) l.fail("it names another rank");
+  RankMeta out;
+  const size_t b = l.find("bytes");
+  out.pt_bytes = l.integer(b, 1, "bytes", 0, std::numeric_limits<int64_t>::max());
+  out.pt_crc = static_cast<uint32_t>(l.integer(b, 2, "pt crc", 0, 0xFFFFFFFFll));
+  for (size_t i = 1; i < l.size(); ++i) {
+    if (l.line(i).empty() || l.line(i)[0] != "piece") continue;
+    SavedPiece p;
+    p.name = l.token(i, 1, "piece name");
+    auto it = meta.tensors.find(p.name);
+    if (it == meta.tensors.end()) l.fail("piece '" + p.name + "' names no tensor of the metadata");
+    const auto& shape = it->second.shape;
+    p.rank = r;
+    p.offset = l.integers(i, 2, "piece offset", 0, kMaxExtent, kMaxDims);
+    p.shape = l.integers(i, 3, "piece shape", 0, kMaxExtent, kMaxDims);
+    p.crc = static_cast<uint32_t>(l.integer(i, 4, "piece crc", 0, 0xFFFFFFFFll));
+    if (p.offset.size() != shape.size() || p.shape.size() != shape.size())
+      l.fail("piece '" + p.name + "' has a box of another rank than its tensor's " + std::to_string(shape.size()));
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (p.offset[d] + p.shape[d] > shape[d]) l.fail("piece '" + p.name + "' lies outside its tensor");
+    out.pieces.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Intersection of boxes [a_off, a_off + a_shape) and [b_off, b_off + b_shape); empty when none.
+bool intersect(const std::vector<int64_t>& a_off, const std::vector<int64_t>& a_shape, const std::vector<int64_t>& b_off,
+               const std::vector<int64_t>& b_shape, std::vector<int64_t>& lo, std::vector<int64_t>& len) {
+  lo.resize(a_off.size());
+  len.resize(a_off.size());
+  for (size_t d = 0; d < a_off.size(); ++d) {
+    lo[d] = std::max(a_off[d], b_off[d]);
+    const int64_t hi = std::min(a_off[d] + a_shape[d], b_off[d] + b_shape[d]);
+    len[d] = hi - lo[d];
+    if (len[d] <= 0) return false;
+  }
+  return true;
+}
+
+at::Tensor box(const at::Tensor& t, const std::vector<int64_t>& start, const std::vector<int64_t>& len) {
+  at::Tensor v = t;
+  for (size_t d = 0; d < start.size(); ++d) v = v.narrow(static_cast<int64_t>(d), start[d], len[d]);
+  return v;
+}
+
+// A deliberate crash for the fault tests: HP_CHECKPOINT_FAULT=<point>:<rank> kills that rank there.
+void fault_point(const char* point, int64_t rank) {
+  static const char* spec = std::getenv("HP_CHECKPOINT_FAULT");
+  if (spec == nullptr) return;
+  const std::string want = std::string(point) + ":" + std::to_string(rank);
+  if (want == spec) ::raise(SIGKILL);
+}
+
+// Every rank's verdict on a step, agreed with one small all_reduce: nobody commits or loads
+// alone. On failure every rank raises, naming the failed ranks and the first one's reason.
+void agree(bool distributed, const std::string& my_error, const char* what, const std::string& tail) {
+  if (!distributed) {
+    TORCH_CHECK(my_error.empty(), what, ": ", my_error, tail);
+    return;
+  }
+  const Group g = world_group();
+  const at::Device dev(g.device_type());
+  at::Tensor failed = at::zeros({g.size()}, at::kLong);
+  failed[g.rank()] = my_error.empty() ? 0 : 1;
+  failed = failed.to(dev);
+  all_reduce_(failed, ReduceOp::SUM, g);
+  failed = failed.cpu();
+  std::vector<int64_t> bad;
+  for (int64_t r = 0; r < g.size(); ++r)
+    if (failed[r].item<int64_t>() != 0) bad.push_back(r);
+  if (bad.empty()) return;
+  // The first failed rank's message reaches everyone (truncated to 2 KiB).
+  constexpr int64_t kMsg = 2048;
+  at::Tensor msg = at::zeros({kMsg}, at::kByte);
+  if (g.rank() == bad[0]) std::memcpy(msg.data_ptr(), my_error.data(), std::min<size_t>(my_error.size(), kMsg - 1));
+  msg = msg.to(dev);
+  broadcast_(msg, bad[0], g);
+  msg = msg.cpu();
+  const std::string first(static_cast<const char*>(msg.data_ptr()));
+  TORCH_CHECK(false, what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", first, tail);
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+}  // namespace checkpoint_layout
+}  // namespace hyper_parallel

@@ -1,0 +1,111 @@
+#pragma once
+// The on-disk layout of a sharded checkpoint and the steps save and load share (internal):
+// generations, LATEST, metadata, per-rank piece lists, the agreement of all ranks on a step.
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint_files.h"
+
+namespace hyper_parallel {
+namespace checkpoint_layout {
+
+namespace cf = checkpoint_files;
+
+constexpr const char* kMagic = "hyper_parallel sharded checkpoint v2";
+constexpr int64_t kMaxWorld = int64_t{1} << 20;
+constexpr int64_t kMaxDims = 64;
+constexpr int64_t kMaxExtent = int64_t{1} << 48;
+constexpr int64_t kMaxMetaBytes = int64_t{256} << 20;
+
+struct Entry {  // one parameter or buffer of the model
+  std::string name;
+  at::Tensor value;
+};
+
+std::vector<Entry> entries_of(torch::nn::Module& model);
+
+std::string join(at::IntArrayRef v);
+
+std::string hex(uint64_t v);
+
+std::string gen_dir(const std::string& dir, int64_t seq);
+
+std::string rank_file(const std::string& gdir, int64_t r, const char* ext);
+
+uint32_t tensor_crc(const at::Tensor& t);
+
+// This rank's piece of `value`: the local data and its offset in the global tensor.
+struct Piece {
+  at::Tensor data;
+  std::vector<int64_t> offset;
+};
+
+Piece piece_of(const at::Tensor& value);
+
+uint64_t parse_id(const cf::Lines& l);
+
+// The committed generation: LATEST names it.
+struct Latest {
+  int64_t seq = 0;
+  uint64_t id = 0;
+  int64_t world_size = 0;
+};
+
+Latest read_latest(const std::string& dir);
+
+int64_t committed_seq(const std::string& dir);
+
+// Generation numbers of the gen_<n> directories in `dir`.
+std::vector<int64_t> generations(const std::string& dir);
+
+struct SavedPiece {
+  std::string name;
+  int64_t rank;
+  std::vector<int64_t> offset, shape;
+  uint32_t crc;
+};
+
+struct TensorMeta {
+  std::vector<int64_t> shape;
+  int64_t dtype;
+};
+
+struct Metadata {
+  int64_t world_size = 0;
+  std::map<std::string, TensorMeta> tensors;
+};
+
+void check_id(const cf::Lines& l, uint64_t id, const std::string& path);
+
+Metadata read_metadata(const std::string& gdir, const Latest& latest);
+
+struct RankMeta {
+  std::vector<SavedPiece> pieces;
+  int64_t pt_bytes = 0;
+  uint32_t pt_crc = 0;
+};
+
+RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, const Metadata& meta);
+
+// Intersection of boxes [a_off, a_off + a_shape) and [b_off, b_off + b_shape); empty when none.
+bool intersect(const std::vector<int64_t>& a_off, const std::vector<int64_t>& a_shape, const std::vector<int64_t>& b_off,
+               const std::vector<int64_t>& b_shape, std::vector<int64_t>& lo, std::vector<int64_t>& len);
+
+at::Tensor box(const at::Tensor& t, const std::vector<int64_t>& start, const std::vector<int64_t>& len);
+
+// A deliberate crash for the fault tests: HP_CHECKPOINT_FAULT=<point>:<rank> kills that rank there.
+void fault_point(const char* point, int64_t rank);
+
+// Every rank's verdict on a step, agreed with one small all_reduce: nobody commits or loads
+// alone. On failure every rank raises, naming the failed ranks and the first one's reason.
+void agree(bool distributed, const std::string& my_error, const char* what, const std::string& tail);
+
+std::string message_of(const std::exception& e);
+
+}  // namespace checkpoint_layout
+}  // namespace hyper_parallel
