@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -28,6 +29,87 @@ using namespace checkpoint_layout;  // the layout and the steps save and load sh
 
 std::string checkpoint_generation_dir(const std::string& dir) { return gen_dir(dir, read_latest(dir).seq); }
 
+namespace {
+
+// A generation being written: its number and random id (every file of it carries the id).
+struct Generation {
+  int64_t seq = 0;
+  uint64_t id = 0;
+};
+
+// Step 1 on rank 0: clears generations that never committed and opens the next one beside the
+// committed one.
+Generation open_generation(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TORCH_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
+  const int64_t committed = committed_seq(dir);
+  for (int64_t g : generations(dir))
+    if (g > committed) cf::remove_tree(gen_dir(dir, g));
+  const auto gens = generations(dir);
+  Generation gen;
+  gen.seq = std::max(committed, gens.empty() ? int64_t{0} : gens.back()) + 1;
+  std::random_device rd;
+  gen.id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "cannot create ",
+              gen_dir(dir, gen.seq), ": ", ec.message());
+  return gen;
+}
+
+// Rank 0's generation number and id, on every rank.
+Generation broadcast_generation(Generation gen) {
+  at::Tensor hdr = at::tensor({gen.seq, static_cast<int64_t>(gen.id)}, at::kLong).to(at::Device(world_group().device_type()));
+  broadcast_(hdr, 0, world_group());
+  hdr = hdr.cpu();
+  return {hdr[0].item<int64_t>(), static_cast<uint64_t>(hdr[1].item<int64_t>())};
+}
+
+// Step 2 on each writing rank: its pieces with checksums (.pt), then the .meta file naming them.
+void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece>& pieces, const std::string& gdir,
+                      const Generation& gen, int64_t rank) {
+  torch::serialize::OutputArchive archive;
+  std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nrank " + std::to_string(rank) + "\n";
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const at::Tensor data = pieces[k].data.contiguous();
+    archive.write(entries[k].name, data, /*is_buffer=*/true);
+    meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data.sizes()) + " " +
+            std::to_string(tensor_crc(data)) + "\n";
+  }
+  std::ostringstream bytes;  // serialised in memory: the file writes below are all checked
+  archive.save_to(bytes);
+  const std::string pt = bytes.str();
+  cf::write_file(rank_file(gdir, rank, ".pt"), pt);
+  fault_point("after_pt", rank);
+  meta += "bytes " + std::to_string(pt.size()) + " " + std::to_string(cf::crc32(pt.data(), pt.size())) + "\n";
+  cf::write_file(rank_file(gdir, rank, ".meta"), cf::seal(meta));
+}
+
+// Step 3 on rank 0: the metadata, then LATEST replaced atomically. Until that rename the
+// previous generation is the checkpoint; after it, this one.
+void commit_generation(const std::vector<Entry>& entries, const std::string& dir, const Generation& gen, int64_t world) {
+  const std::string gdir = gen_dir(dir, gen.seq);
+  std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n";
+  for (const auto& e : entries)
+    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " +
+            join(e.value.sizes()) + "\n";
+  cf::write_file(gdir + "/metadata", cf::seal(meta));
+  cf::sync_dir(gdir);
+  fault_point("before_commit", 0);
+  cf::replace_file(dir + "/LATEST", cf::seal(std::string(kMagic) + "\ngeneration " + std::to_string(gen.seq) + "\nid " +
+                                              hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n"));
+}
+
+// Step 4 on rank 0: keeps the newest `keep` committed generations (best effort: a failure here
+// loses nothing).
+void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
+  const auto gens = generations(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < gens.size(); ++i)
+    if (gens[i] < current) cf::remove_tree(gen_dir(dir, gens[i]));
+}
+
+}  // namespace
+
 void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {
   HP_CHECK_T(c10::ValueError, options.keep >= 1, "save_sharded: keep must be at least 1, got ", options.keep);
   const auto entries = entries_of(model);
@@ -37,106 +119,42 @@ void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOp
   // A model without DTensors is the same on every rank: rank 0 writes a 1-rank checkpoint.
   const int64_t rank = distributed ? get_rank() : 0;
   const int64_t world = distributed && has_dtensors ? get_world_size() : 1;
-
-  // 1. Rank 0 opens a new generation beside the committed one and tells everyone its number and id.
-  std::string err;
-  int64_t seq = 0;
-  uint64_t id = 0;
-  if (rank == 0) {
-    try {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      TORCH_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
-      const int64_t committed = committed_seq(dir);
-      // Leftovers of saves that never committed are not checkpoints: clear them.
-      for (int64_t g : generations(dir))
-        if (g > committed) cf::remove_tree(gen_dir(dir, g));
-      const auto gens = generations(dir);
-      seq = std::max(committed, gens.empty() ? int64_t{0} : gens.back()) + 1;
-      std::random_device rd;
-      id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-      TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, seq), ec) && !ec, "cannot create ",
-                  gen_dir(dir, seq), ": ", ec.message());
-    } catch (const std::exception& e) {
-      err = message_of(e);
-    }
-  }
   const std::string unchanged = "; the checkpoint in " + dir + " is unchanged";
-  agree(distributed, err, "save_sharded", unchanged);
-  if (distributed) {
-    at::Tensor hdr = at::tensor({seq, static_cast<int64_t>(id)}, at::kLong).to(at::Device(world_group().device_type()));
-    broadcast_(hdr, 0, world_group());
-    hdr = hdr.cpu();
-    seq = hdr[0].item<int64_t>();
-    id = static_cast<uint64_t>(hdr[1].item<int64_t>());
-  }
-  const std::string gdir = gen_dir(dir, seq);
-
-  // 2. Every rank writes its pieces (Partial values are reduced first: a collective every rank
-  // joins before anything can fail), with checksums; the .meta file last.
-  std::vector<Piece> pieces;
-  pieces.reserve(entries.size());
-  for (const auto& e : entries) pieces.push_back(piece_of(e.value));
-  if (rank < world) {
-    try {
-      torch::serialize::OutputArchive archive;
-      std::string meta = std::string(kMagic) + "\nid " + hex(id) + "\nrank " + std::to_string(rank) + "\n";
-      for (size_t k = 0; k < entries.size(); ++k) {
-        const at::Tensor data = pieces[k].data.contiguous();
-        archive.write(entries[k].name, data, /*is_buffer=*/true);
-        meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data.sizes()) + " " +
-                std::to_string(tensor_crc(data)) + "\n";
+  // Each step ends with every rank agreeing that every rank succeeded: nobody goes on alone.
+  auto on_rank = [&](bool mine, const std::function<void()>& step) {
+    std::string err;
+    if (mine) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        err = message_of(e);
       }
-      std::ostringstream bytes;  // serialised in memory: the file writes below are all checked
-      archive.save_to(bytes);
-      const std::string pt = bytes.str();
-      cf::write_file(rank_file(gdir, rank, ".pt"), pt);
-      fault_point("after_pt", rank);
-      meta += "bytes " + std::to_string(pt.size()) + " " + std::to_string(cf::crc32(pt.data(), pt.size())) + "\n";
-      cf::write_file(rank_file(gdir, rank, ".meta"), cf::seal(meta));
-    } catch (const std::exception& e) {
-      err = message_of(e);
     }
-  }
-  fault_point("before_agree", rank);
+    return err;
+  };
+
+  Generation gen;
+  agree(distributed, on_rank(rank == 0, [&] { gen = open_generation(dir); }), "save_sharded", unchanged);
+  if (distributed) gen = broadcast_generation(gen);
+  const std::string gdir = gen_dir(dir, gen.seq);
   const auto cleanup = [&] {
     if (rank == 0) cf::remove_tree(gdir);
   };
+  // Partial values are reduced first: a collective every rank joins before anything can fail.
+  std::vector<Piece> pieces;
+  for (const auto& e : entries) pieces.push_back(piece_of(e.value));
+  std::string err = on_rank(rank < world, [&] { write_rank_files(entries, pieces, gdir, gen, rank); });
+  fault_point("before_agree", rank);
   try {
     agree(distributed, err, "save_sharded", unchanged);
   } catch (...) {
     cleanup();
     throw;
   }
-
-  // 3. Rank 0 commits: the metadata, then LATEST replaced atomically. Until that rename the
-  // previous generation is the checkpoint; after it, this one.
-  if (rank == 0) {
-    try {
-      std::string meta = std::string(kMagic) + "\nid " + hex(id) + "\nworld_size " + std::to_string(world) + "\n";
-      for (const auto& e : entries)
-        meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " +
-                join(e.value.sizes()) + "\n";
-      cf::write_file(gdir + "/metadata", cf::seal(meta));
-      cf::sync_dir(gdir);
-      fault_point("before_commit", rank);
-      cf::replace_file(dir + "/LATEST", cf::seal(std::string(kMagic) + "\ngeneration " + std::to_string(seq) +
-                                                  "\nid " + hex(id) + "\nworld_size " + std::to_string(world) + "\n"));
-    } catch (const std::exception& e) {
-      err = message_of(e);
-      cleanup();
-    }
-  }
+  err = on_rank(rank == 0, [&] { commit_generation(entries, dir, gen, world); });
+  if (!err.empty()) cleanup();
   agree(distributed, err, "save_sharded", unchanged);
-
-  // 4. Prune: keep the newest `keep` committed generations (best effort: a failure here loses
-  // nothing).
-  if (rank == 0) {
-    const auto gens = generations(dir);
-    for (size_t i = 0; i + static_cast<size_t>(options.keep) < gens.size(); ++i)
-      if (gens[i] < seq) cf::remove_tree(gen_dir(dir, gens[i]));
-  }
+  if (rank == 0) prune_generations(dir, options.keep, gen.seq);
   if (distributed) barrier(world_group());  // the checkpoint is committed when save returns
 }
 
