@@ -181,160 +181,205 @@ void remove_job_segments(const std::string& job_id) {
   }
 }
 
-int main(int argc, char** argv) {
-  Options o = parse(argc, argv);
-  if (o.master_port == 0) o.master_port = free_port(o.master_addr);
-  const int world = o.nproc * o.nnodes;
-  bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc > 1;
-
-  struct sigaction sa{};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-
-  // The cores to share out, when binding: those this process may run on.
+// The cores to share out when binding: those this process may run on, if there are enough.
+std::vector<int> cores_to_bind(const Options& o) {
   std::vector<int> cores;
-  if (o.bind_cores != "0") {
-    cpu_set_t allowed;
-    if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
-      for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-    if (cores.size() < static_cast<size_t>(o.nproc)) {
-      if (o.bind_cores == "1")
-        std::fprintf(stderr, "hprun: --bind-cores 1: %zu cores for %d ranks; not binding\n", cores.size(), o.nproc);
-      cores.clear();
-    }
+  if (o.bind_cores == "0") return cores;
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  if (cores.size() < static_cast<size_t>(o.nproc)) {
+    if (o.bind_cores == "1")
+      std::fprintf(stderr, "hprun: --bind-cores 1: %zu cores for %d ranks; not binding\n", cores.size(), o.nproc);
+    cores.clear();
   }
-  const std::string job_id = std::to_string(::getpid());
-  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
-  for (int i = 0; i < o.nproc; ++i) {
-    Rank& r = ranks[static_cast<size_t>(i)];
-    r.rank = o.node_rank * o.nproc + i;
-    int out[2], err[2];
-    // Close-on-exec: a later rank must not inherit an earlier rank's pipe ends (it would keep
-    // that rank's output open after hprun is gone).
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) { std::perror("hprun: pipe"); return 2; }
-    const pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) { std::perror("hprun: fork"); return 2; }
-    if (pid == 0) {
-      // Ranks die with their launcher, even when it is SIGKILLed and cannot forward anything.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) std::_Exit(128 + SIGKILL);  // hprun died before prctl took effect
-      ::setpgid(0, 0);
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::close(out[0]); ::close(out[1]); ::close(err[0]); ::close(err[1]);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
-      setenv("RANK", std::to_string(r.rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
-      setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
-      setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
-      setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
-      if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
-      setenv("HP_JOB_ID", job_id.c_str(), 1);
-      if (!cores.empty()) {
-        // Local rank i gets the i-th contiguous share of the allowed cores.
-        const size_t share = cores.size() / static_cast<size_t>(o.nproc);
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (size_t k = 0; k < share; ++k) CPU_SET(cores[static_cast<size_t>(i) * share + k], &set);
-        if (::sched_setaffinity(0, sizeof set, &set) != 0) std::perror("hprun: sched_setaffinity");
-      }
-      std::vector<char*> args;
-      for (auto& a : o.cmd) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "hprun: cannot run %s: %s\n", args[0], std::strerror(errno));
-      std::_Exit(127);
-    }
-    ::setpgid(pid, pid);  // also from the parent, so the group exists before any kill()
-    r.pid = pid;
-    r.running = true;
-    ::close(out[1]);
-    ::close(err[1]);
-    r.out = {out[0], "", stdout};
-    r.err = {err[0], "", stderr};
-    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
-  }
+  return cores;
+}
 
+// In the forked child: the rank's environment, its cores, then the program (never returns).
+[[noreturn]] void exec_rank(const Options& o, int local, int rank, const std::string& job_id, const std::vector<int>& cores,
+                            bool set_omp) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(o.nproc * o.nnodes).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+  setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+  setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+  setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+  if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("HP_JOB_ID", job_id.c_str(), 1);
+  if (!cores.empty()) {
+    // Local rank i gets the i-th contiguous share of the allowed cores.
+    const size_t share = cores.size() / static_cast<size_t>(o.nproc);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (size_t k = 0; k < share; ++k) CPU_SET(cores[static_cast<size_t>(local) * share + k], &set);
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) std::perror("hprun: sched_setaffinity");
+  }
+  std::vector<char*> args;
+  for (auto& a : o.cmd) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "hprun: cannot run %s: %s\n", args[0], std::strerror(errno));
+  std::_Exit(127);
+}
+
+// Forks local rank `local` with its output on pipes; false (after perror) when it cannot.
+bool launch_rank(const Options& o, int local, const std::string& job_id, const std::vector<int>& cores, bool set_omp,
+                 Rank& r) {
+  r.rank = o.node_rank * o.nproc + local;
+  int out[2], err[2];
+  // Close-on-exec: a later rank must not inherit an earlier rank's pipe ends (it would keep
+  // that rank's output open after hprun is gone).
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) { std::perror("hprun: pipe"); return false; }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) { std::perror("hprun: fork"); return false; }
+  if (pid == 0) {
+    // Ranks die with their launcher, even when it is SIGKILLed and cannot forward anything.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) std::_Exit(128 + SIGKILL);  // hprun died before prctl took effect
+    ::setpgid(0, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::close(out[0]); ::close(out[1]); ::close(err[0]); ::close(err[1]);
+    exec_rank(o, local, r.rank, job_id, cores, set_omp);
+  }
+  ::setpgid(pid, pid);  // also from the parent, so the group exists before any kill()
+  r.pid = pid;
+  r.running = true;
+  ::close(out[1]);
+  ::close(err[1]);
+  r.out = {out[0], "", stdout};
+  r.err = {err[0], "", stderr};
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return true;
+}
+
+// Watches the ranks until all have exited and their output is drained: relays output, forwards
+// signals, and when one rank fails stops the others (SIGTERM, SIGKILL after the grace period),
+// naming the first failure and any stopped rank.
+struct Supervisor {
+  const Options& o;
+  std::vector<Rank>& ranks;
   int first_failed = -1, first_status = 0, forwarded = 0;
   bool killed_hard = false;
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  for (;;) {
-    if (g_signal != 0 && forwarded != g_signal) {
-      forwarded = g_signal;
-      std::fprintf(stderr, "hprun: received signal %d, forwarding it to every rank\n", forwarded);
-      signal_all(ranks, forwarded);
-      if (stop_deadline == std::chrono::steady_clock::time_point::max())
-        stop_deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
-    }
+  std::chrono::steady_clock::time_point stop_deadline = std::chrono::steady_clock::time_point::max();
+
+  void stop_in_grace_period() {
+    stop_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+  }
+
+  void forward_signal() {
+    if (g_signal == 0 || forwarded == g_signal) return;
+    forwarded = g_signal;
+    std::fprintf(stderr, "hprun: received signal %d, forwarding it to every rank\n", forwarded);
+    signal_all(ranks, forwarded);
+    if (stop_deadline == std::chrono::steady_clock::time_point::max()) stop_in_grace_period();
+  }
+
+  // Relays what is ready (waits up to 50 ms); false when no pipe is open any more.
+  bool relay_output() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, Stream*>> who;
     for (auto& r : ranks)
       for (Stream* s : {&r.out, &r.err})
         if (s->fd >= 0) { fds.push_back({s->fd, POLLIN, 0}); who.emplace_back(&r, s); }
-    if (!fds.empty()) {
-      int n = ::poll(fds.data(), fds.size(), 50);
-      if (n > 0)
-        for (size_t k = 0; k < fds.size(); ++k)
-          if (fds[k].revents) drain(*who[k].first, *who[k].second);
-    }
+    if (fds.empty()) return false;
+    if (::poll(fds.data(), fds.size(), 50) > 0)
+      for (size_t k = 0; k < fds.size(); ++k)
+        if (fds[k].revents) drain(*who[k].first, *who[k].second);
+    return true;
+  }
+
+  void on_first_failure(const Rank& r, int st) {
+    first_failed = r.rank;
+    first_status = r.status;
+    if (WIFEXITED(st))
+      std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, exit code %d; stopping the other ranks\n", r.rank,
+                   static_cast<int>(r.pid), r.status);
+    else
+      std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, killed by signal %d (%s); stopping the other ranks\n",
+                   r.rank, static_cast<int>(r.pid), WTERMSIG(st), strsignal(WTERMSIG(st)));
+    // A stopped rank (SIGSTOP, a debugger) cannot fail by itself: name it, it is usually the
+    // cause of the others' timeouts.
+    for (const auto& other : ranks)
+      if (other.running && process_state(other.pid) == 'T')
+        std::fprintf(stderr, "hprun: rank %d (pid %d) is stopped (SIGSTOP or a debugger)\n", other.rank,
+                     static_cast<int>(other.pid));
+    signal_all(ranks, SIGTERM);
+    signal_all(ranks, SIGCONT);  // a stopped rank only acts on SIGTERM once continued
+    stop_in_grace_period();
+  }
+
+  // Reaps the ranks that exited; whether any is still running.
+  bool reap() {
     bool any_running = false;
     for (auto& r : ranks) {
       if (!r.running) continue;
       int st = 0;
-      pid_t p = ::waitpid(r.pid, &st, WNOHANG);
-      if (p == r.pid) {
-        r.running = false;
-        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r.status != 0 && first_failed < 0 && forwarded == 0) {
-          first_failed = r.rank;
-          first_status = r.status;
-          if (WIFEXITED(st))
-            std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, exit code %d; stopping the other ranks\n",
-                         r.rank, static_cast<int>(r.pid), r.status);
-          else
-            std::fprintf(stderr, "hprun: rank %d (pid %d) failed first, killed by signal %d (%s); stopping the other ranks\n",
-                         r.rank, static_cast<int>(r.pid), WTERMSIG(st), strsignal(WTERMSIG(st)));
-          // A stopped rank (SIGSTOP, a debugger) cannot fail by itself: name it, it is usually
-          // the cause of the others' timeouts.
-          for (const auto& other : ranks)
-            if (other.running && process_state(other.pid) == 'T')
-              std::fprintf(stderr, "hprun: rank %d (pid %d) is stopped (SIGSTOP or a debugger)\n", other.rank,
-                           static_cast<int>(other.pid));
-          signal_all(ranks, SIGTERM);
-          signal_all(ranks, SIGCONT);  // a stopped rank only acts on SIGTERM once continued
-          stop_deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
-        }
-      } else {
+      if (::waitpid(r.pid, &st, WNOHANG) != r.pid) {
         any_running = true;
+        continue;
       }
+      r.running = false;
+      r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (r.status != 0 && first_failed < 0 && forwarded == 0) on_first_failure(r, st);
     }
     if (any_running && !killed_hard && std::chrono::steady_clock::now() > stop_deadline) {
       std::fprintf(stderr, "hprun: ranks still running %.1f s after SIGTERM; sending SIGKILL\n", o.grace_s);
       signal_all(ranks, SIGKILL);
       killed_hard = true;
     }
-    if (!any_running && fds.empty()) break;
-    if (!any_running) {
+    return any_running;
+  }
+
+  void run() {
+    auto drain_deadline = std::chrono::steady_clock::time_point::max();
+    for (;;) {
+      forward_signal();
+      const bool open = relay_output();
+      const bool any_running = reap();
+      if (any_running) continue;
+      if (!open) break;
       // Every rank has exited; a grandchild may still hold a pipe open, so give the rest of the
       // output one second and then stop waiting for it.
-      static auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      if (drain_deadline == std::chrono::steady_clock::time_point::max())
+        drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       if (std::chrono::steady_clock::now() > drain_deadline) break;
     }
   }
-  remove_job_segments(job_id);
-  if (first_failed >= 0) {
-    std::fprintf(stderr, "hprun: exiting with rank %d's status %d\n", first_failed, first_status);
-    return first_status;
+
+  int exit_status() const {
+    if (first_failed >= 0) {
+      std::fprintf(stderr, "hprun: exiting with rank %d's status %d\n", first_failed, first_status);
+      return first_status;
+    }
+    for (auto& r : ranks)
+      if (r.status != 0) return r.status;  // only after a forwarded signal
+    return 0;
   }
-  for (auto& r : ranks)
-    if (r.status != 0) return r.status;  // only after a forwarded signal
-  return 0;
+};
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  if (o.master_port == 0) o.master_port = free_port(o.master_addr);
+  const bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc > 1;
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+
+  const std::vector<int> cores = cores_to_bind(o);
+  const std::string job_id = std::to_string(::getpid());
+  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
+  for (int i = 0; i < o.nproc; ++i)
+    if (!launch_rank(o, i, job_id, cores, set_omp, ranks[static_cast<size_t>(i)])) return 2;
+  Supervisor supervisor{o, ranks};
+  supervisor.run();
+  remove_job_segments(job_id);
+  return supervisor.exit_status();
 }
