@@ -6,10 +6,22 @@
 namespace hyper_parallel {
 
 OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh)
-    : op_(op), args_(args), nargs_(nargs), mesh_(&mesh), mesh_shape_(mesh.shape()) {
-  const auto coord = mesh.get_coordinate();
-  TORCH_CHECK(coord.has_value(), "hyper_parallel: this rank is not part of ", mesh.to_string());
-  coordinate_ = *coord;
+    : op_(op), args_(args), nargs_(nargs), mesh_(&mesh), geometry_known_(false) {}
+
+const std::vector<int64_t>& OpInfo::mesh_shape() const {
+  if (!geometry_known_) coordinate();
+  return mesh_shape_;
+}
+
+const std::vector<int64_t>& OpInfo::coordinate() const {
+  if (!geometry_known_) {
+    const auto coord = mesh_->get_coordinate();
+    TORCH_CHECK(coord.has_value(), "hyper_parallel: this rank is not part of ", mesh_->to_string());
+    mesh_shape_ = mesh_->shape();
+    coordinate_ = *coord;
+    geometry_known_ = true;
+  }
+  return coordinate_;
 }
 
 OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, std::vector<TensorInput> inputs,
@@ -19,6 +31,7 @@ OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
       nargs_(nargs),
       inputs_(std::move(inputs)),
       mesh_(nullptr),
+      geometry_known_(true),
       mesh_shape_(std::move(mesh_shape)),
       coordinate_(std::move(coordinate)) {
   TORCH_CHECK(mesh_shape_.size() == coordinate_.size(), "OpInfo: a coordinate of ", coordinate_.size(),

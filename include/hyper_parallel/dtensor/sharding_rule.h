@@ -46,10 +46,10 @@ class OpInfo {
   size_t num_args() const { return nargs_; }
   const std::vector<TensorInput>& inputs() const { return inputs_; }
   /// Number of ranks along each mesh dimension.
-  const std::vector<int64_t>& mesh_shape() const { return mesh_shape_; }
-  int64_t mesh_ndim() const { return static_cast<int64_t>(mesh_shape_.size()); }
+  const std::vector<int64_t>& mesh_shape() const;
+  int64_t mesh_ndim() const { return static_cast<int64_t>(mesh_shape().size()); }
   /// This rank's index along each mesh dimension.
-  const std::vector<int64_t>& coordinate() const { return coordinate_; }
+  const std::vector<int64_t>& coordinate() const;
   /// The spec of argument `arg` (element `elem` of a list), or nullptr when it is not an input.
   const DTensorSpec* spec(size_t arg, int64_t elem = -1) const;
   /// Index into inputs() of argument `arg`, or -1.
@@ -66,7 +66,9 @@ class OpInfo {
   size_t nargs_;
   std::vector<TensorInput> inputs_;
   const DeviceMesh* mesh_;  // null for a call described by data alone
-  std::vector<int64_t> mesh_shape_, coordinate_;
+  // Read from the mesh when a rule first asks (a cached decision needs neither).
+  mutable bool geometry_known_;
+  mutable std::vector<int64_t> mesh_shape_, coordinate_;
   mutable int64_t written_arg_ = -2;  // -2: not looked up yet (only rules need it, on a cache miss)
   std::vector<std::unique_ptr<DTensorSpec>> owned_;
 };
