@@ -114,7 +114,8 @@ void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
     });
     if (d.adjust_args) d.adjust_args(local_args);
     for (auto& v : local_args) stack->push_back(std::move(v));
-    if (d.kernel) d.kernel(info.op(), stack, OpInfoAccess::mesh(info));
+    if (d.handler) (*d.handler)(info.op(), stack, OpInfoAccess::mesh(info), d.handler_params);
+    else if (d.kernel) d.kernel(info.op(), stack);
     else info.op().callBoxed(stack);
   }
   wrap_returns(info, d, original, stack);

@@ -26,6 +26,9 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::unordered_map<std::string, ShardingRule> rules;
+  // Node-based: a handler's address stays valid when others are added (decisions keep it);
+  // a replaced handler keeps its node.
+  std::unordered_map<std::string, std::unique_ptr<OpHandler>> handlers;
   std::unordered_set<std::string> known_names;  // "ns::op" and "ns::op.overload" the dispatcher has
 };
 Registry& registry() {
@@ -59,6 +62,26 @@ void register_sharding_rule(const std::string& op_name, ShardingRule rule) {
 }
 
 void clear_sharding_cache() { g_registry_version.fetch_add(1); }
+
+void register_op_handler(const std::string& name, OpHandler handler) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& slot = r.handlers[name];
+  if (slot == nullptr) slot = std::make_unique<OpHandler>(std::move(handler));
+  else *slot = std::move(handler);
+  g_registry_version.fetch_add(1);
+}
+
+namespace {
+
+const OpHandler* find_handler(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.handlers.find(name);
+  return it == r.handlers.end() ? nullptr : it->second.get();
+}
+
+}  // namespace
 
 const ShardingRule* find_rule(const c10::OperatorHandle& op) {
   Registry& r = registry();
@@ -363,6 +386,12 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   output_specs(info, s, *d);
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
+  if (!s.handler.empty()) {
+    d->handler = find_handler(s.handler);
+    TORCH_CHECK(d->handler != nullptr, "hyper_parallel: the sharding rule of ", info.name(), " names the op handler '",
+                s.handler, "', which is not registered (hyper_parallel::register_op_handler)");
+    d->handler_params = std::move(s.handler_params);
+  }
   return d;
 }
 

@@ -29,7 +29,9 @@ struct Decision {
   std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
   std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
   std::function<void(torch::jit::Stack&)> adjust_args;
-  std::function<void(const c10::OperatorHandle&, torch::jit::Stack*, const DeviceMesh&)> kernel;
+  std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
+  const OpHandler* handler = nullptr;  // registered handlers live as long as the process
+  std::vector<int64_t> handler_params;
 };
 
 /// The dispatcher's side of OpInfo: its mesh and its inputs.

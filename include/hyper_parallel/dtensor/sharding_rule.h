@@ -88,13 +88,26 @@ struct OpSharding {
   std::vector<std::vector<int64_t>> output_shapes;
   /// Rewrites the local arguments (e.g. global sizes into local sizes) before the local op.
   std::function<void(torch::jit::Stack& local_args)> adjust_args;
-  /// Replaces the local op: receives the stack with the local arguments, leaves the returns. The
-  /// only place that may communicate (over `mesh`, e.g. the all-reduces of a softmax over a
-  /// sharded dim); it captures plain data from the rule, never the mesh.
-  std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh)> kernel;
+  /// Replaces the local op with local computation: receives the stack with the local arguments,
+  /// leaves the returns. It cannot communicate (it has no mesh).
+  std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)> kernel;
+  /// Replaces the local op by the op handler registered under this name, called with
+  /// `handler_params`: the only code that communicates (e.g. the all-reduces of a softmax over a
+  /// sharded dim). Named, so a decision stays plain data.
+  std::string handler;
+  std::vector<int64_t> handler_params;
 };
 
 using ShardingRule = std::function<OpSharding(const OpInfo&)>;
+
+/// A kernel that communicates, registered by name: it replaces the local op on the stack of
+/// local arguments, and receives the mesh and the integer parameters its rule chose.
+using OpHandler = std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                                     const std::vector<int64_t>& params)>;
+
+/// Registers `handler` under `name` (e.g. "hp::softmax_over_shards"); a later registration
+/// replaces an earlier one. A rule naming a handler nobody registered fails when it is decided.
+void register_op_handler(const std::string& name, OpHandler handler);
 
 /// The answer of the rule registered for `info.op()` (the one the dispatcher would use), e.g. to
 /// test a rule in one process with an OpInfo described by data. c10::NotImplementedError when

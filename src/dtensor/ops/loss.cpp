@@ -53,7 +53,7 @@ OpSharding nll_forward_rule(const OpInfo& info) {
   s.output_shapes = {reduction == at::Reduction::None ? std::vector<int64_t>{self.shape[0]} : std::vector<int64_t>{},
                      std::vector<int64_t>{}};
   const auto [begin, size] = class_range(info, self, self_p);
-  s.kernel = [begin = begin, size = size](const c10::OperatorHandle&, torch::jit::Stack* stack, const DeviceMesh&) {
+  s.kernel = [begin = begin, size = size](const c10::OperatorHandle&, torch::jit::Stack* stack) {
     torch::jit::Stack a(stack->end() - 5, stack->end());
     stack->erase(stack->end() - 5, stack->end());
     const at::Tensor& x = a[0].toTensor();

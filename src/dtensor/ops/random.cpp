@@ -29,39 +29,44 @@ uint64_t piece_index(const OpInfo& info, const Placements& placements) {
   return idx;
 }
 
-// Runs the local op with the device's default generator seeded for this call (from the mesh's
-// shared seed and call counter, read when it runs).
-Kernel seeded(const OpInfo& info, const Placements& placements, int64_t generator_arg) {
-  const uint64_t piece = piece_index(info, placements);
-  return [piece, generator_arg](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh) {
-    const uint64_t base = mesh.shared_seed();
-    const size_t nargs = op.schema().arguments().size();
-    const c10::IValue& first = (*stack)[stack->size() - nargs];
-    if (generator_arg >= 0 && !(*stack)[stack->size() - nargs + static_cast<size_t>(generator_arg)].isNone()) {
-      op.callBoxed(stack);  // the caller chose a generator
-      return;
-    }
-    const uint64_t call = next_call(mesh);
-    at::Generator gen = at::globalContext().defaultGenerator(first.toTensor().device());
-    // The kernels lock the generator themselves: hold its mutex only around our own accesses.
-    at::Tensor saved;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      saved = gen.get_state();
-      gen.set_current_seed(base * 1000003ull + call * 7919ull + piece);
-    }
-    auto restore = [&] {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(saved);
-    };
-    try {
-      op.callBoxed(stack);
-    } catch (...) {
-      restore();
-      throw;
-    }
-    restore();
+// The local op with the device's default generator seeded for this call from the mesh's shared
+// seed, a per-mesh call counter and the piece index; params: {piece, generator argument or -1}.
+void seeded_random(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                   const std::vector<int64_t>& params) {
+  const uint64_t piece = static_cast<uint64_t>(params[0]);
+  const int64_t generator_arg = params[1];
+  const size_t nargs = op.schema().arguments().size();
+  const c10::IValue& first = (*stack)[stack->size() - nargs];
+  if (generator_arg >= 0 && !(*stack)[stack->size() - nargs + static_cast<size_t>(generator_arg)].isNone()) {
+    op.callBoxed(stack);  // the caller chose a generator
+    return;
+  }
+  const uint64_t base = mesh.shared_seed();
+  const uint64_t call = next_call(mesh);
+  at::Generator gen = at::globalContext().defaultGenerator(first.toTensor().device());
+  // The kernels lock the generator themselves: hold its mutex only around our own accesses.
+  at::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+    gen.set_current_seed(base * 1000003ull + call * 7919ull + piece);
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
   };
+  try {
+    op.callBoxed(stack);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+void use_seeded(OpSharding& s, const OpInfo& info, const Placements& placements, int64_t generator_arg) {
+  s.handler = "hp::seeded_random";
+  s.handler_params = {static_cast<int64_t>(piece_index(info, placements)), generator_arg};
 }
 
 int64_t generator_arg_of(const OpInfo& info) {
@@ -79,7 +84,7 @@ OpSharding native_dropout_rule(const OpInfo& info) {
   s.input_placements = {x};
   s.output_placements = {x, x};
   s.output_shapes = {in.shape, in.shape};
-  s.kernel = seeded(info, x, -1);
+  use_seeded(s, info, x, -1);
   return s;
 }
 
@@ -92,12 +97,13 @@ OpSharding fill_random_rule(const OpInfo& info) {
   for (const auto& in : info.inputs())
     s.input_placements.push_back(in.arg == 0 ? self.placements : replicate(info));
   s.output_placements = {self.placements};
-  s.kernel = seeded(info, self.placements, generator_arg_of(info));
+  use_seeded(s, info, self.placements, generator_arg_of(info));
   return s;
 }
 
 struct Registrar {
   Registrar() {
+    register_op_handler("hp::seeded_random", seeded_random);
     register_sharding_rule("aten::native_dropout", native_dropout_rule);
     for (const char* n : {"aten::bernoulli_", "aten::uniform_", "aten::normal_", "aten::random_",
                           "aten::exponential_"})

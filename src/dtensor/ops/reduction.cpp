@@ -15,7 +15,7 @@ enum class Reduce { Sum, Mean, Max, Min, Replicated };
 // (torch.chunk leaves trailing ranks nothing) contributes the reduction's identity instead of
 // failing alone while its peers go on.
 Kernel empty_piece_identity(bool is_max, size_t nargs, bool has_dims) {
-  return [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh&) {
+  return [is_max, nargs, has_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();  // a copy: the stack is popped below
     const auto dims = has_dims ? (*stack)[stack->size() - nargs + 1].toIntVector() : std::vector<int64_t>{};
     const bool keep = has_dims && (*stack)[stack->size() - nargs + 2].toBool();

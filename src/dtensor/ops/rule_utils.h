@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <type_traits>
 #include <vector>
 
 #include <hyper_parallel/dtensor/sharding_rule.h>
@@ -12,7 +11,7 @@
 namespace hyper_parallel {
 namespace ops {
 
-using Kernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*, const DeviceMesh&)>;
+using Kernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)>;
 
 /// All-Replicate placements for the op's mesh.
 inline Placements replicate(const OpInfo& info) {
@@ -54,15 +53,22 @@ inline bool evenly_sharded(const OpInfo& info, const DTensorSpec& spec, int64_t 
 /// A dimension argument of an op (a 0-dim tensor has dim 0 and -1, as in PyTorch).
 inline int64_t wrap_dim(int64_t d, int64_t ndim) { return hyper_parallel::wrap_dim(d, ndim, "sharding rule", "a tensor", true); }
 
+/// Pops the op's local arguments off `stack` (returned) for a kernel or handler that computes
+/// one result and pushes it.
+inline torch::jit::Stack pop_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto nargs = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  torch::jit::Stack args(stack->end() - nargs, stack->end());
+  stack->erase(stack->end() - nargs, stack->end());
+  return args;
+}
+
 /// A kernel that pops the op's `nargs` local arguments, computes one result from them, and
-/// pushes it. `fn(args)` or, for a kernel that communicates, `fn(args, mesh)`.
-template <class Fn>
-Kernel kernel_returning(size_t nargs, Fn fn) {
-  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack, const DeviceMesh& mesh) {
+/// pushes it.
+inline Kernel kernel_returning(size_t nargs, std::function<at::Tensor(const torch::jit::Stack&)> fn) {
+  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack) {
     torch::jit::Stack args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
     stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
-    if constexpr (std::is_invocable_v<Fn&, const torch::jit::Stack&, const DeviceMesh&>) stack->emplace_back(fn(args, mesh));
-    else stack->emplace_back(fn(args));
+    stack->emplace_back(fn(args));
   };
 }
 

@@ -23,6 +23,48 @@ void all_reduce_over(at::Tensor& t, ReduceOp op, const DeviceMesh& mesh, const s
   for (int64_t i : dims) all_reduce_(t, op, mesh.get_group(i));
 }
 
+// The handlers' parameters: {dim, log (0/1), the mesh dims sharding dim...}.
+std::vector<int64_t> params_of(int64_t dim, bool log, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> p{dim, log ? 1 : 0};
+  p.insert(p.end(), dims.begin(), dims.end());
+  return p;
+}
+
+// softmax / log_softmax over a dim split across ranks: the max and the sum all-reduced over the
+// shards instead of gathering the dim.
+void softmax_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                         const std::vector<int64_t>& params) {
+  const torch::jit::Stack a = pop_args(op, stack);
+  const int64_t dim = params[0];
+  const bool log = params[1] != 0;
+  const std::vector<int64_t> dims(params.begin() + 2, params.end());
+  at::Tensor x = a[0].toTensor();
+  if (a[2].toBool()) x = x.to(at::kFloat);  // half_to_float
+  at::Tensor m = x.size(dim) > 0 ? std::get<0>(x.max(dim, /*keepdim=*/true))
+                                 : at::full({}, -std::numeric_limits<double>::infinity(), x.options()).expand_as(x.sum(dim, true)).clone();
+  all_reduce_over(m, ReduceOp::MAX, mesh, dims);
+  at::Tensor e = (x - m).exp();
+  at::Tensor sum = e.sum(dim, /*keepdim=*/true);
+  all_reduce_over(sum, ReduceOp::SUM, mesh, dims);
+  stack->emplace_back(log ? x - m - sum.log() : e / sum);
+}
+
+// Their backward: one sum over the split dim all-reduced.
+void softmax_backward_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                                  const std::vector<int64_t>& params) {
+  const torch::jit::Stack a = pop_args(op, stack);
+  const int64_t dim = params[0];
+  const bool log = params[1] != 0;
+  const std::vector<int64_t> dims(params.begin() + 2, params.end());
+  const at::Tensor& grad = a[0].toTensor();
+  const at::Tensor& y = a[1].toTensor();
+  const auto input_dtype = static_cast<at::ScalarType>(a[3].toInt());
+  at::Tensor sum = (log ? grad : grad * y).sum(dim, /*keepdim=*/true);
+  all_reduce_over(sum, ReduceOp::SUM, mesh, dims);
+  at::Tensor g = log ? grad - y.exp() * sum : y * (grad - sum);
+  stack->emplace_back(g.scalar_type() == input_dtype ? g : g.to(input_dtype));
+}
+
 // softmax(self, dim, half_to_float) / log_softmax(...)
 OpSharding softmax_rule(const OpInfo& info, bool log) {
   const DTensorSpec& in = *info.spec(0);
@@ -33,17 +75,8 @@ OpSharding softmax_rule(const OpInfo& info, bool log) {
   s.output_placements = {x};
   const auto dims = mesh_dims_sharding(x, dim);
   if (dims.empty()) return s;  // the dim is whole on every rank: the local op is exact
-  s.kernel = kernel_returning(info.num_args(), [dim, dims, log](const torch::jit::Stack& a, const DeviceMesh& mesh) {
-    at::Tensor x = a[0].toTensor();
-    if (a[2].toBool()) x = x.to(at::kFloat);  // half_to_float
-    at::Tensor m = x.size(dim) > 0 ? std::get<0>(x.max(dim, /*keepdim=*/true))
-                                   : at::full({}, -std::numeric_limits<double>::infinity(), x.options()).expand_as(x.sum(dim, true)).clone();
-    all_reduce_over(m, ReduceOp::MAX, mesh, dims);
-    at::Tensor e = (x - m).exp();
-    at::Tensor sum = e.sum(dim, /*keepdim=*/true);
-    all_reduce_over(sum, ReduceOp::SUM, mesh, dims);
-    return log ? x - m - sum.log() : e / sum;
-  });
+  s.handler = "hp::softmax_over_shards";
+  s.handler_params = params_of(dim, log, dims);
   return s;
 }
 
@@ -57,20 +90,15 @@ OpSharding softmax_backward_rule(const OpInfo& info, bool log) {
   s.output_placements = {x};
   const auto dims = mesh_dims_sharding(x, dim);
   if (dims.empty()) return s;
-  s.kernel = kernel_returning(info.num_args(), [dim, dims, log](const torch::jit::Stack& a, const DeviceMesh& mesh) {
-    const at::Tensor& grad = a[0].toTensor();
-    const at::Tensor& y = a[1].toTensor();
-    const auto input_dtype = static_cast<at::ScalarType>(a[3].toInt());
-    at::Tensor sum = (log ? grad : grad * y).sum(dim, /*keepdim=*/true);
-    all_reduce_over(sum, ReduceOp::SUM, mesh, dims);
-    at::Tensor g = log ? grad - y.exp() * sum : y * (grad - sum);
-    return g.scalar_type() == input_dtype ? g : g.to(input_dtype);
-  });
+  s.handler = "hp::softmax_backward_over_shards";
+  s.handler_params = params_of(dim, log, dims);
   return s;
 }
 
 struct Registrar {
   Registrar() {
+    register_op_handler("hp::softmax_over_shards", softmax_over_shards);
+    register_op_handler("hp::softmax_backward_over_shards", softmax_backward_over_shards);
     register_sharding_rule("aten::_softmax", [](const OpInfo& i) { return softmax_rule(i, false); });
     register_sharding_rule("aten::_log_softmax", [](const OpInfo& i) { return softmax_rule(i, true); });
     register_sharding_rule("aten::_softmax_backward_data", [](const OpInfo& i) { return softmax_backward_rule(i, false); });

@@ -110,12 +110,25 @@ TEST(ShardingRules, TableOfPlacements) {
   }
 }
 
-TEST(ShardingRules, CommunicatingKernelsOnlyWhereNeeded) {
+TEST(ShardingRules, CommunicatingHandlersOnlyWhereNeeded) {
   const auto softmax = [](hp::Placement p) {
     return Call("aten::_softmax", "").dt({p}, {4, 6}).value(1).value(false).rule({2}, {0});
   };
-  EXPECT_FALSE(softmax(Shard(0)).kernel) << "softmax along a whole dim runs the local op";
-  EXPECT_TRUE(softmax(Shard(1)).kernel) << "softmax along the sharded dim needs the all-reduces";
+  const hp::OpSharding whole = softmax(Shard(0)), split = softmax(Shard(1));
+  EXPECT_TRUE(whole.handler.empty() && !whole.kernel) << "softmax along a whole dim runs the local op";
+  // Along the sharded dim it needs the all-reduces: the registered handler, named with its
+  // parameters {dim, log, the mesh dims sharding dim}.
+  EXPECT_EQ(split.handler, "hp::softmax_over_shards");
+  EXPECT_EQ(split.handler_params, (std::vector<int64_t>{1, 0, 0}));
+  const hp::OpSharding log_split = Call("aten::_log_softmax", "").dt({Shard(1), Shard(1)}, {4, 6}).value(-1).value(false).rule({2, 2}, {1, 0});
+  EXPECT_EQ(log_split.handler_params, (std::vector<int64_t>{1, 1, 0, 1}));
+  // Dropout draws through the seeded handler; the piece index follows the coordinate along Shard dims only.
+  const auto dropout = [](std::vector<int64_t> coord) {
+    return Call("aten::native_dropout", "").dt({Shard(0), Replicate()}, {4, 6}).value(0.5).value(true).rule({2, 2}, coord);
+  };
+  EXPECT_EQ(dropout({1, 0}).handler, "hp::seeded_random");
+  EXPECT_EQ(dropout({1, 0}).handler_params, dropout({1, 1}).handler_params);  // same piece on a Replicate dim
+  EXPECT_NE(dropout({0, 0}).handler_params, dropout({1, 0}).handler_params);  // other pieces on the Shard dim
 }
 
 TEST(ShardingRules, ScalarsAddToAPartialOnCoordinateZeroOnly) {
