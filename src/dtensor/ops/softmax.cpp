@@ -29,15 +29,19 @@ std::vector<int64_t> params_of(int64_t dim, bool log, const std::vector<int64_t>
   p.insert(p.end(), dims.begin(), dims.end());
   return p;
 }
+struct Params {
+  int64_t dim;
+  bool log;
+  std::vector<int64_t> dims;
+  explicit Params(const std::vector<int64_t>& p) : dim(p[0]), log(p[1] != 0), dims(p.begin() + 2, p.end()) {}
+};
 
 // softmax / log_softmax over a dim split across ranks: the max and the sum all-reduced over the
 // shards instead of gathering the dim.
 void softmax_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
                          const std::vector<int64_t>& params) {
   const torch::jit::Stack a = pop_args(op, stack);
-  const int64_t dim = params[0];
-  const bool log = params[1] != 0;
-  const std::vector<int64_t> dims(params.begin() + 2, params.end());
+  const auto [dim, log, dims] = Params(params);
   at::Tensor x = a[0].toTensor();
   if (a[2].toBool()) x = x.to(at::kFloat);  // half_to_float
   at::Tensor m = x.size(dim) > 0 ? std::get<0>(x.max(dim, /*keepdim=*/true))
@@ -53,9 +57,7 @@ void softmax_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack
 void softmax_backward_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
                                   const std::vector<int64_t>& params) {
   const torch::jit::Stack a = pop_args(op, stack);
-  const int64_t dim = params[0];
-  const bool log = params[1] != 0;
-  const std::vector<int64_t> dims(params.begin() + 2, params.end());
+  const auto [dim, log, dims] = Params(params);
   const at::Tensor& grad = a[0].toTensor();
   const at::Tensor& y = a[1].toTensor();
   const auto input_dtype = static_cast<at::ScalarType>(a[3].toInt());
