@@ -16,11 +16,12 @@ int64_t FSDPParam::piece_offset(int64_t r) const {
   return chunk_offset(compute_shape[static_cast<size_t>(dp_dim)], dp_size, r);
 }
 
+at::Tensor FSDPParam::slot(const at::Tensor& row) const { return row.narrow(0, offset, padded_numel).view(padded_shape); }
+
 void FSDPParam::copy_in(const at::Tensor& row) const {
-  const at::Tensor local = DTensor(sharded).to_local();
-  at::Tensor slot = row.narrow(0, offset, padded_numel).view(padded_shape);
-  if (dp_dim >= 0) slot = slot.narrow(dp_dim, 0, piece_size(dp_rank));
-  slot.copy_(local);
+  at::Tensor mine = slot(row);
+  if (dp_dim >= 0) mine = mine.narrow(dp_dim, 0, piece_size(dp_rank));
+  mine.copy_(DTensor(sharded).to_local());
 }
 
 void FSDPParam::copy_out(const at::Tensor& rows) {
@@ -32,7 +33,7 @@ void FSDPParam::copy_out(const at::Tensor& rows) {
     const int64_t n = piece_size(r);
     if (n > 0)
       unsharded.narrow(dp_dim, piece_offset(r), n)
-          .copy_(rows[r].narrow(0, offset, padded_numel).view(padded_shape).narrow(dp_dim, 0, n));
+          .copy_(slot(rows[r]).narrow(dp_dim, 0, n));
   }
 }
 
@@ -46,18 +47,18 @@ at::Tensor FSDPParam::compute_tensor() const {
 
 void FSDPParam::pack_grad(const at::Tensor& grad, const at::Tensor& rows) const {
   for (int64_t r = 0; r < dp_size; ++r) {
-    at::Tensor slot = rows[r].narrow(0, offset, padded_numel).view(padded_shape);
+    at::Tensor to = slot(rows[r]);
     if (dp_dim < 0) {
-      slot.copy_(grad);
+      to.copy_(grad);
       continue;
     }
     const int64_t n = piece_size(r);
-    if (n > 0) slot.narrow(dp_dim, 0, n).copy_(grad.narrow(dp_dim, piece_offset(r), n));
+    if (n > 0) to.narrow(dp_dim, 0, n).copy_(grad.narrow(dp_dim, piece_offset(r), n));
   }
 }
 
 at::Tensor FSDPParam::unpack_grad(const at::Tensor& row) const {
-  at::Tensor g = row.narrow(0, offset, padded_numel).view(padded_shape);
+  at::Tensor g = slot(row);
   if (dp_dim >= 0) g = g.narrow(dp_dim, 0, piece_size(dp_rank));
   const DTensor p(sharded);
   return DTensor::from_local(g.clone(at::MemoryFormat::Contiguous), p.device_mesh(), p.placements(), false,

@@ -24,7 +24,6 @@ namespace fsdp {
 struct FSDPParam {
   torch::nn::Module* owner = nullptr;
   std::string name;   // in owner
-  std::string fqn;    // for messages
   at::Tensor sharded; // the DTensor parameter optimizers and state dicts see
 
   int64_t dp_size = 1, dp_rank = 0;
@@ -41,6 +40,8 @@ struct FSDPParam {
   /// Rows of dp_dim that dp rank `r` holds (torch.chunk); only for dp_dim >= 0.
   int64_t piece_size(int64_t r) const;
   int64_t piece_offset(int64_t r) const;
+  /// This parameter's padded piece in a flat row of its group, shaped padded_shape.
+  at::Tensor slot(const at::Tensor& row) const;
   /// Writes this rank's piece into its padded slot of `row` (the group's flat send row).
   void copy_in(const at::Tensor& row) const;
   /// Fills `unsharded` from the all-gathered rows ([dp, row numel]).

@@ -31,7 +31,6 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
   const DeviceMesh root = dp_mesh.root_mesh();
   const int64_t dp_root_dim = dp_mesh.dim_in_root().value_or(0);
   FSDPParam p;
-  p.fqn = fqn;
   p.dp_size = dp_mesh.size(0);
   p.dp_rank = dp_mesh.get_local_rank();
   p.global_shape = param.sizes().vec();

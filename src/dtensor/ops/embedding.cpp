@@ -40,7 +40,7 @@ OpSharding embedding_rule(const OpInfo& info) {
   if (vocab_sharded) {
     auto [local, offset] = compute_local_shape_and_offset(w.shape, info.mesh_shape(), info.coordinate(), pw);
     const int64_t begin = offset[0], rows = local[0], vocab = w.shape[0];
-    s.kernel = kernel_returning(info.num_args(), [begin, rows, vocab](const torch::jit::Stack& a) {
+    s.kernel = kernel_returning([begin, rows, vocab](const torch::jit::Stack& a) {
       const at::Tensor& weight = a[0].toTensor();
       const at::Tensor& ids = a[1].toTensor();
       // The ids are replicated, so every rank reaches the same verdict; as plain libtorch, an id

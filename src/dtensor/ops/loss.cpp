@@ -85,7 +85,7 @@ OpSharding nll_backward_rule(const OpInfo& info) {
   s.output_placements = {self_p};
   s.output_shapes = {self.shape};
   const auto [begin, size] = class_range(info, self, self_p);
-  s.kernel = kernel_returning(info.num_args(), [begin = begin, size = size](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning([begin = begin, size = size](const torch::jit::Stack& a) {
     at::Tensor t = local_targets(a[2].toTensor(), begin, size, a[5].toInt());
     // total_weight is the global count, so the mean's scale is the single-device one.
     return at::nll_loss_backward(a[0].toTensor(), a[1].toTensor(), t, {}, a[4].toInt(), -1, a[6].toTensor());

@@ -62,12 +62,10 @@ inline torch::jit::Stack pop_args(const c10::OperatorHandle& op, torch::jit::Sta
   return args;
 }
 
-/// A kernel that pops the op's `nargs` local arguments, computes one result from them, and
-/// pushes it.
-inline Kernel kernel_returning(size_t nargs, std::function<at::Tensor(const torch::jit::Stack&)> fn) {
-  return [nargs, fn = std::move(fn)](const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    torch::jit::Stack args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
-    stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+/// A kernel that pops the op's local arguments, computes one result from them, and pushes it.
+inline Kernel kernel_returning(std::function<at::Tensor(const torch::jit::Stack&)> fn) {
+  return [fn = std::move(fn)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const torch::jit::Stack args = pop_args(op, stack);
     stack->emplace_back(fn(args));
   };
 }

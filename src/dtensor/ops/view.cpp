@@ -89,7 +89,7 @@ OpSharding reshape_rule(const OpInfo& info, ReshapeKind kind) {
   }
   OpSharding s = single_input(info, want, out);
   const std::vector<int64_t> local = local_shape(info, out, out_shape);
-  s.kernel = kernel_returning(info.num_args(), [local, kind](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning([local, kind](const torch::jit::Stack& a) {
     const at::Tensor& self = a[0].toTensor();
     // A local shard that cannot be viewed (its layout differs from the global one, e.g. after an
     // all-gather along a later dim) is copied; the dispatcher marks such a view as a copy.
@@ -153,7 +153,7 @@ OpSharding squeeze_rule(const OpInfo& info) {
     }
     return d - shift;
   });
-  s.kernel = kernel_returning(info.num_args(), [removed](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning([removed](const torch::jit::Stack& a) {
     at::Tensor t = a[0].toTensor().alias();
     for (auto it = removed.rbegin(); it != removed.rend(); ++it) t = t.squeeze(*it);
     return t;
@@ -199,7 +199,7 @@ OpSharding expand_rule(const OpInfo& info) {
   Placements out = map_shard_dims(want, [offset](int64_t d) { return d + offset; });
   OpSharding s = single_input(info, want, out);
   const std::vector<int64_t> local = local_shape(info, out, sizes);
-  s.kernel = kernel_returning(info.num_args(), [local](const torch::jit::Stack& a) {
+  s.kernel = kernel_returning([local](const torch::jit::Stack& a) {
     return a[0].toTensor().expand(local);
   });
   return s;
@@ -225,7 +225,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
     const std::vector<int64_t> global_stride = in.stride;
     const int64_t global_offset = in.storage_offset;
     const std::string what = info.describe();
-    s.kernel = kernel_returning(info.num_args(), [=](const torch::jit::Stack& a) {
+    s.kernel = kernel_returning([=](const torch::jit::Stack& a) {
       const at::Tensor& self = a[0].toTensor();
       HP_CHECK_T(c10::NotImplementedError, self.numel() == 0 || self.strides() == c10::IntArrayRef(global_stride),
                  "hyper_parallel: ", what, ": the local data is laid out with strides ", self.strides(),
@@ -240,7 +240,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
              " on a sharded DTensor is not supported (autograd replays an in-place op on a view of a "
              "sharded DTensor this way: run the op out of place)");
   OpSharding s = identity_rule(info);
-  s.kernel = kernel_returning(info.num_args(), [](const torch::jit::Stack& a) { return a[0].toTensor().alias(); });
+  s.kernel = kernel_returning([](const torch::jit::Stack& a) { return a[0].toTensor().alias(); });
   return s;
 }
 
