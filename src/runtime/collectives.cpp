@@ -100,12 +100,14 @@ struct NormalTensors {
 // the ranks compare what they are about to do (one small all_gather), so a mismatch raises on
 // every rank instead of aborting inside Gloo or hanging. The shared-memory transport checks this
 // always, for free, at its first synchronisation.
-void fingerprint(const Group& g, const std::string& what) {
+// `describe` builds the description only then: formatting sizes costs more than a small collective.
+template <class Describe>
+void fingerprint(const Group& g, const Describe& describe) {
   static const bool on = [] {
     const char* v = std::getenv("HP_DEBUG_COLLECTIVES");
     return v != nullptr && *v != '\0' && std::string(v) != "0";
   }();
-  if (on && g.size() > 1) check_agreement(g, "collective", what);
+  if (on && g.size() > 1) check_agreement(g, "collective", describe());
 }
 
 std::string without_dim(at::IntArrayRef sizes, int64_t dim) {
@@ -146,8 +148,8 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
   dim = wrap_dim(dim, local.dim(), "all_gather");
   const int64_t g = group.size();
   CommDebugMode::record("all_gather", nbytes(local));
-  fingerprint(group, c10::str("all_gather dim ", dim, " full_size ", full_size ? *full_size : -1, " ", local.scalar_type(),
-                              " ", without_dim(local.sizes(), dim)));
+  fingerprint(group, [&] { return c10::str("all_gather dim ", dim, " full_size ", full_size ? *full_size : -1, " ", local.scalar_type(),
+                              " ", without_dim(local.sizes(), dim)); });
   const int64_t n = full_size ? *full_size : local.size(dim) * g;
   const int64_t padded = (n + g - 1) / g;
   const int64_t mine = chunk_size(n, g, group.rank());
@@ -186,7 +188,7 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_group(group, "all_reduce");
   check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
   CommDebugMode::record("all_reduce", nbytes(tensor));
-  fingerprint(group, c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()));
+  fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0) return tensor;
   const bool is_bool = tensor.scalar_type() == at::kBool;
   // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
@@ -229,7 +231,7 @@ at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, con
   dim = wrap_dim(dim, input.dim(), "reduce_scatter");
   const int64_t g = group.size();
   CommDebugMode::record("reduce_scatter", nbytes(input));
-  fingerprint(group, c10::str("reduce_scatter ", reduce_op_name(op), " dim ", dim, " ", input.scalar_type(), " ", input.sizes()));
+  fingerprint(group, [&] { return c10::str("reduce_scatter ", reduce_op_name(op), " dim ", dim, " ", input.scalar_type(), " ", input.sizes()); });
   if (g == 1) return input.clone();
   const int64_t mine = chunk_size(input.size(dim), g, group.rank());
   if (input.numel() == 0) return at::empty(with_size(input.sizes(), dim, mine), input.options());
@@ -265,8 +267,8 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: split_dim and concat_dim must differ");
   const int64_t g = group.size();
   CommDebugMode::record("all_to_all", nbytes(local));
-  fingerprint(group, c10::str("all_to_all split ", split_dim, " concat ", concat_dim, " ", local.scalar_type(), " ",
-                              without_dim(local.sizes(), concat_dim)));
+  fingerprint(group, [&] { return c10::str("all_to_all split ", split_dim, " concat ", concat_dim, " ", local.scalar_type(), " ",
+                              without_dim(local.sizes(), concat_dim)); });
   if (g == 1) return local.clone();
   const int64_t cn = concat_full_size ? *concat_full_size : local.size(concat_dim) * g;
   const int64_t cpad = (cn + g - 1) / g;
@@ -305,7 +307,7 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::broadcast: src ",
              src, " is not a rank of a group of size ", group.size());
   CommDebugMode::record("broadcast", nbytes(tensor));
-  fingerprint(group, c10::str("broadcast src ", src, " ", tensor.scalar_type(), " ", tensor.sizes()));
+  fingerprint(group, [&] { return c10::str("broadcast src ", src, " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0) return tensor;
   at::Tensor buf;
   {
@@ -334,7 +336,7 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   const int64_t n = full.size(dim);
   const int64_t mine = chunk_size(n, g, group.rank());
   CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0);
-  fingerprint(group, c10::str("scatter dim ", dim, " src ", src, " ", full.scalar_type(), " ", full.sizes()));
+  fingerprint(group, [&] { return c10::str("scatter dim ", dim, " src ", src, " ", full.scalar_type(), " ", full.sizes()); });
   if (g == 1) return full.clone();
   if (full.numel() == 0) return at::empty(with_size(full.sizes(), dim, mine), full.options());
   at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), full.options());
@@ -360,7 +362,7 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
 void barrier(const Group& group) {
   check_group(group, "barrier");
   CommDebugMode::record("barrier", 0);
-  fingerprint(group, "barrier");
+  fingerprint(group, [] { return std::string("barrier"); });
   if (group.size() == 1) return;
   if (ShmTransport* shm = shm_transport_of(group)) shm->barrier();
   else wait_collective(group, "barrier", c10d_group(group)->barrier());

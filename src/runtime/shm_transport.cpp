@@ -53,14 +53,17 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 // Reduced in blocks through a local accumulator, in rank order: `out` may be one of the inputs
-// (a rank reduces its share into its own buffer), and the local array lets the compiler
-// vectorise. 16-bit floats accumulate in fp32 and are rounded once.
+// (the caller's own data is read from its buffer, not from shared memory), and the local array
+// lets the compiler vectorise. 16-bit floats accumulate in fp32 and are rounded once.
 template <class T, class A, class Op>
 void reduce_blocked(T* out, const T* const* in, int64_t g, size_t n, Op op) {
   if constexpr (std::is_same_v<T, A>) {
-    if (g == 2) {  // one pass (a fifth faster from 64 KiB up); `out` may be an input, element for element
+    if (g == 2) {
+      // One pass. `out` may be x0 or x1, but only element for element (never shifted), which
+      // ivdep promises the vectoriser; without it GCC checks for overlap and runs the scalar loop.
       const T* x0 = in[0];
       const T* x1 = in[1];
+#pragma GCC ivdep
       for (size_t i = 0; i < n; ++i) out[i] = op(x0[i], x1[i]);
       return;
     }
@@ -113,6 +116,32 @@ void reduce(void* out, const void* const* in, int64_t g, size_t n, c10::ScalarTy
     default:
       HP_CHECK_T(c10::TypeError, false, "hyper_parallel: the shared-memory all_reduce has no reduction for ", t);
   }
+}
+
+// Copies bytes another core has just written. Reading them is the cost of every collective here;
+// prefetching 2 KiB ahead keeps more cache-line transfers in flight than the hardware prefetcher
+// alone (measured: a 256 KiB all_gather 11% faster than memcpy on a 2-core VM).
+void copy_from_peer(void* dst, const void* src, size_t n) {
+#if defined(__SSE2__)
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  constexpr size_t kAhead = 2048;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    if (i + kAhead < n) _mm_prefetch(reinterpret_cast<const char*>(s + i + kAhead), _MM_HINT_T0);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
 }
 
 }  // namespace
@@ -274,23 +303,29 @@ void ShmTransport::all_reduce(void* data, int64_t numel, c10::ScalarType dtype, 
   for (size_t done = 0; done < static_cast<size_t>(numel); done += per_step) {
     const size_t n = std::min(per_step, static_cast<size_t>(numel) - done);
     const uint64_t step = step_++;
-    std::memcpy(buffer(rank_, step), out + done * es, n * es);
+    unsigned char* mine = out + done * es;
+    std::memcpy(buffer(rank_, step), mine, n * es);
     sync("all_reduce");
-    if (n * es <= 16384 || n < static_cast<size_t>(g)) {
-      // Small: every rank reduces everything itself (one synchronisation).
-      for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = buffer(p, step);
-      reduce(out + done * es, in.data(), g, n, dtype, op);
+    // This rank's own addend is read from its own buffer, hot in its cache: reading the copy in
+    // shared memory, which the peers are reading at the same time, is slower.
+    if (g == 2 || n * es <= 16384 || n < static_cast<size_t>(g)) {
+      // Every rank reduces everything itself (one synchronisation). Two ranks always do: each
+      // reads the peer's n elements once, as the two-phase scheme would, in one pass.
+      for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = p == rank_ ? mine : buffer(p, step);
+      reduce(mine, in.data(), g, n, dtype, op);
       continue;
     }
-    // Large: each rank reduces its share into its own buffer, then everyone copies the shares.
+    // Large, more than two ranks: each rank reduces its share into its own buffer, then everyone
+    // copies the shares (each rank reads 2 (g - 1) / g of the data from its peers, not g - 1).
     auto share = [&](int64_t p) { return std::make_pair(n * static_cast<size_t>(p) / g, n * static_cast<size_t>(p + 1) / g); };
     const auto [lo, hi] = share(rank_);
-    for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = buffer(p, step) + lo * es;
+    for (int64_t p = 0; p < g; ++p) in[static_cast<size_t>(p)] = (p == rank_ ? mine : buffer(p, step)) + lo * es;
     reduce(buffer(rank_, step) + lo * es, in.data(), g, hi - lo, dtype, op);
     sync("all_reduce");
     for (int64_t p = 0; p < g; ++p) {
       const auto [a, b] = share(p);
-      std::memcpy(out + (done + a) * es, buffer(p, step) + a * es, (b - a) * es);
+      if (p != rank_) copy_from_peer(mine + a * es, buffer(p, step) + a * es, (b - a) * es);
+      else std::memcpy(mine + a * es, buffer(p, step) + a * es, (b - a) * es);
     }
   }
 }
@@ -308,7 +343,7 @@ void ShmTransport::all_gather(const void* in, void* out, size_t bytes) {
     std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes + done, mine, n);
     sync("all_gather");
     for (int64_t p = 0; p < g; ++p)
-      if (p != rank_) std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(p) * bytes + done, buffer(p, step), n);
+      if (p != rank_) copy_from_peer(static_cast<unsigned char*>(out) + static_cast<size_t>(p) * bytes + done, buffer(p, step), n);
   }
 }
 
@@ -331,7 +366,7 @@ void ShmTransport::exchange_blocks(const void* in, void* out, size_t block, int6
       // A block this rank sends itself is read from its own input, not through shared memory.
       const unsigned char* from = p == rank_ ? static_cast<const unsigned char*>(in) + static_cast<size_t>(rank_) * block + done
                                              : buffer(p, step) + static_cast<size_t>(rank_) * n;
-      std::memcpy(static_cast<unsigned char*>(out) + static_cast<size_t>(src < 0 ? p : 0) * block + done, from, n);
+      copy_from_peer(static_cast<unsigned char*>(out) + static_cast<size_t>(src < 0 ? p : 0) * block + done, from, n);
     }
   }
 }
@@ -346,7 +381,7 @@ void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
     const uint64_t step = step_++;
     if (rank_ == src) std::memcpy(buffer(rank_, step), static_cast<unsigned char*>(data) + done, n);
     sync("broadcast");
-    if (rank_ != src) std::memcpy(static_cast<unsigned char*>(data) + done, buffer(src, step), n);
+    if (rank_ != src) copy_from_peer(static_cast<unsigned char*>(data) + done, buffer(src, step), n);
   }
 }
 
