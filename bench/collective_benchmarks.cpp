@@ -1,9 +1,10 @@
 // Collective latency per size on the job's world group: median and p99 of single calls, bus
 // bandwidth, a memcpy of the same bytes, and (2 ranks on one host) the floor of any shared-memory
-// all-reduce on this machine: each rank copies its bytes into shared memory, one
-// synchronisation, each adds the peer's freshly written bytes to its own. The cross-core read in
-// the last step is what a real transport cannot avoid; it depends on the machine (VM placement). Run on every rank of a job
-// started by hprun (hp_bench runs it twice: shared memory, then HP_TRANSPORT=gloo).
+// all-reduce on this machine: the data movement alone, with no arithmetic. Each rank copies its
+// n bytes into shared memory, one synchronisation, each copies the peer's n freshly written bytes
+// out (every all-reduce must bring the peer's n bytes to each rank). That cross-core transfer
+// depends on the machine (VM placement), not on the transport. Run on every rank of a job started
+// by hprun (hp_bench runs it twice: shared memory, then HP_TRANSPORT=gloo).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -60,7 +61,7 @@ class ShmFloor {
   ShmFloor(const hp::Group& g, size_t max_bytes) : rank_(g.rank()), max_(max_bytes) {
     const char* job = std::getenv("HP_JOB_ID");
     const std::string name = std::string("/hp_") + (job ? job : "nojob") + "_bench_floor";
-    mapped_ = 4096 + 2 * max_;
+    mapped_ = 4096 + 4 * max_;
     if (rank_ == 0) {
       const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
       if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(mapped_)) == 0) map(fd);
@@ -81,27 +82,22 @@ class ShmFloor {
     if (base_ != nullptr) ::munmap(base_, mapped_);
   }
   bool ok() const { return base_ != nullptr; }
-  // One floor all-reduce of `bytes` (fp32) from `in` into `out`.
-  void all_reduce(const float* in, float* out, size_t bytes) {
-    float* mine = data(rank_);
-    const float* theirs = data(1 - rank_);
-    std::memcpy(mine, in, bytes);
+  // The data movement of one all-reduce of `bytes`: `in` to shared memory, the peer's bytes to
+  // `out`. Two areas per rank used alternately, so one synchronisation per call suffices.
+  void exchange(const void* in, void* out, size_t bytes) {
+    const int64_t k = static_cast<int64_t>(phase_ % 2);
+    std::memcpy(data(2 * rank_ + k), in, bytes);
     sync();
-    const size_t n = bytes / sizeof(float);
-    add(out, mine, theirs, n);
-    sync();  // the peer may overwrite its area only after this rank has read it
+    std::memcpy(out, data(2 * (1 - rank_) + k), bytes);
   }
 
  private:
-  static void add(float* __restrict out, const float* __restrict a, const float* __restrict b, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-  }
   void map(int fd) {
     void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) base_ = static_cast<unsigned char*>(p);
   }
   std::atomic<uint64_t>* flag(int64_t r) { return reinterpret_cast<std::atomic<uint64_t>*>(base_ + 64 * r); }
-  float* data(int64_t r) { return reinterpret_cast<float*>(base_ + 4096 + static_cast<size_t>(r) * max_); }
+  unsigned char* data(int64_t area) { return base_ + 4096 + static_cast<size_t>(area) * max_; }
   void sync() {
     flag(rank_)->store(++phase_, std::memory_order_release);
     while (flag(1 - rank_)->load(std::memory_order_acquire) < phase_) HP_BENCH_RELAX();
@@ -137,7 +133,7 @@ void run_collective_benchmarks(const std::string& filter) {
       double floor_us = -1;
       if (floor && floor->ok()) {
         hp::barrier(g);
-        floor_us = time_calls([&] { floor->all_reduce(src.data_ptr<float>(), dst.data_ptr<float>(), static_cast<size_t>(bytes)); }, calls).median_us;
+        floor_us = time_calls([&] { floor->exchange(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(bytes)); }, calls).median_us;
       }
       if (g.rank() == 0)
         std::printf("{\"name\": \"all_reduce_latency\", \"transport\": \"%s\", \"ranks\": %lld, \"bytes\": %lld, "
