@@ -169,14 +169,21 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
     if (mine > 0) p.narrow(dim, 0, mine).copy_(local);
     input = p;
   }
+  ShmTransport* shm = shm_transport_of(group);
+  if (shm != nullptr && dim == 0 && padded * g == n) {
+    // Even pieces along dim 0: the blocks are the result, laid out as it is; no reshape.
+    at::Tensor out = at::empty(with_size(input.sizes(), 0, n), input.options());
+    shm->all_gather(input.data_ptr(), out.data_ptr(), static_cast<size_t>(nbytes(input)));
+    return out;
+  }
   auto shape = input.sizes().vec();
   shape.insert(shape.begin(), g);
   at::Tensor blocks = at::empty(shape, input.options());
-  at::Tensor wire_blocks = as_wire(blocks);
-  if (ShmTransport* shm = shm_transport_of(group)) {
+  if (shm != nullptr) {
     shm->all_gather(input.data_ptr(), blocks.data_ptr(), static_cast<size_t>(nbytes(input)));
     return concat_blocks(blocks, dim, chunk_sizes(n, g));
   }
+  at::Tensor wire_blocks = as_wire(blocks);
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t j = 0; j < g; ++j) outputs[0].push_back(wire_blocks[j]);
   std::vector<at::Tensor> inputs{as_wire(input)};
