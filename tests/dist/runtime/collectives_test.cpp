@@ -4,6 +4,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <functional>
+#include <limits>
+
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
@@ -211,4 +215,43 @@ TEST(CollectivesDist, IntegerAndBoolDtypes) {
   at::Tensor b = bools({g.rank() == 0, 0, 1});
   EXPECT_TRUE(at::equal(hp::all_reduce(b, hp::ReduceOp::SUM, g), bools({1, 0, 1})));
   EXPECT_TRUE(at::equal(hp::all_reduce(b, hp::ReduceOp::MIN, g), bools({g.size() == 1, 0, 1})));
+}
+
+// Non-integer values (every addition rounds), NaNs, and sizes around the vector width and the
+// shared-memory transport's one-pass/two-pass threshold: each result must be the rank-order fold
+// (((x0 op x1) op x2) ...) bit for bit, as the transport promises. Two ranks: every transport
+// (addition commutes). More ranks: shared memory only (Gloo's ring adds in another order). NaN
+// positions only on shared memory: Gloo's max/min do not propagate NaN as torch.maximum does.
+TEST(CollectivesDist, AllReduceIsTheRankOrderFoldBitForBit) {
+  auto g = hp::world_group();
+  const bool exact = g.transport() == "shm" || g.size() == 2;
+  const bool nans = g.transport() == "shm";
+  if (!exact) GTEST_SKIP() << "Gloo with " << g.size() << " ranks adds in its own order";
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (int64_t n : {1, 7, 33, 1000, 4097, 40000}) {
+      std::vector<at::Tensor> in;
+      for (int64_t r = 0; r < g.size(); ++r) {
+        auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * n + 17 * r + (dtype == at::kDouble)));
+        at::Tensor x = at::randn({n}, gen, dtype).mul_(std::pow(10.0, static_cast<double>(r % 3)));
+        if (nans && n > 2) x.index_put_({(r * 5 + 1) % n}, std::numeric_limits<double>::quiet_NaN());
+        in.push_back(x);
+      }
+      const std::pair<hp::ReduceOp, std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>> ops[] = {
+          {hp::ReduceOp::SUM, [](const at::Tensor& a, const at::Tensor& b) { return a + b; }},
+          {hp::ReduceOp::MAX, [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }},
+          {hp::ReduceOp::MIN, [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }}};
+      for (const auto& [op, fold] : ops) {
+        at::Tensor expect = in[0];
+        for (int64_t r = 1; r < g.size(); ++r) expect = fold(expect, in[static_cast<size_t>(r)]);
+        at::Tensor got = in[static_cast<size_t>(g.rank())].clone();
+        hp::all_reduce_(got, op, g);
+        // Bits (so -0 != +0), NaN where the fold has NaN (its payload is torch's kernel's choice).
+        const at::ScalarType bits = dtype == at::kFloat ? at::kInt : at::kLong;
+        const at::Tensor number = expect.isnan().logical_not();
+        EXPECT_TRUE(at::equal(got.isnan(), expect.isnan()) &&
+                    at::equal(got.view(bits).masked_select(number), expect.view(bits).masked_select(number)))
+            << hp::reduce_op_name(op) << " " << dtype << " n=" << n << " on " << g.transport();
+      }
+    }
+  }
 }
