@@ -198,21 +198,25 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0) return tensor;
   const bool is_bool = tensor.scalar_type() == at::kBool;
+  ShmTransport* shm = shm_transport_of(group);
   // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
-  // rounded once at the end otherwise). Every buffer is in logical (row-major) order, whatever
-  // the caller's layout: ranks with different strides must still add matching elements.
+  // rounded once at the end otherwise). The shared-memory transport accumulates bf16 in float32
+  // itself and rounds once, the same bits, moving half the bytes (not for avg: the division
+  // must happen before that one rounding). Every buffer is in logical
+  // (row-major) order, whatever the caller's layout: ranks with different strides must still add
+  // matching elements.
   at::Tensor buf;
   {
     const NormalTensors normal;
     if (is_bool) buf = tensor.contiguous().view(at::kByte);
-    else if (tensor.scalar_type() == at::kBFloat16)
+    else if (tensor.scalar_type() == at::kBFloat16 && (shm == nullptr || op == ReduceOp::AVG))
       buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
     else buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : tensor.contiguous();
     if (buf.is_inference()) buf = at::empty_like(buf).copy_(buf);
   }
   // Neither transport averages: sum, then divide below.
   const ReduceOp wire_op = is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op;
-  if (ShmTransport* shm = shm_transport_of(group)) {
+  if (shm != nullptr) {
     shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), wire_op);
   } else {
     std::vector<at::Tensor> ts{buf};

@@ -52,42 +52,92 @@ std::string join(const std::vector<int64_t>& v) {
   return s;
 }
 
+// How an element is stored and accumulated: most types as themselves; 16-bit floats in fp32.
+template <class T, class A = T>
+struct Plain {
+  using Stored = T;
+  using Acc = A;
+  static A load(T v) { return static_cast<A>(v); }
+  static T store(A a) { return static_cast<T>(a); }
+};
+// bfloat16 as its bits, converted with shifts so that the loops vectorise (through c10::BFloat16
+// they stay scalar); rounding to nearest even and NaN as c10::BFloat16(float) does, bit for bit.
+struct BFloat16Bits {
+  using Stored = uint16_t;
+  using Acc = float;
+  static float load(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static uint16_t store(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFFu) >> 16);
+  }
+};
+
+void prefetch(const void* p, size_t bytes) {
+#if defined(__SSE__)
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(static_cast<const char*>(p) + o, _MM_HINT_T0);
+#endif
+}
+
 // Reduced in blocks through a local accumulator, in rank order: `out` may be one of the inputs
 // (the caller's own data is read from its buffer, not from shared memory), and the local array
 // lets the compiler vectorise. 16-bit floats accumulate in fp32 and are rounded once.
-template <class T, class A, class Op>
-void reduce_blocked(T* out, const T* const* in, int64_t g, size_t n, Op op) {
-  if constexpr (std::is_same_v<T, A>) {
-    if (g == 2) {
-      // One pass. `out` may be x0 or x1, but only element for element (never shifted), which
-      // ivdep promises the vectoriser; without it GCC checks for overlap and runs the scalar loop.
-      const T* x0 = in[0];
-      const T* x1 = in[1];
+#define HP_ALWAYS_INLINE inline __attribute__((always_inline))
+
+template <class E, class Op>
+HP_ALWAYS_INLINE void reduce_blocked(typename E::Stored* out, const typename E::Stored* const* in, int64_t g, size_t n, Op op) {
+  using T = typename E::Stored;
+  using A = typename E::Acc;
+  if (g == 2) {
+    // One pass: the peer's bytes stream in without pause. `out` may be x0 or x1, but only
+    // element for element (never shifted), which ivdep promises the vectoriser; without it GCC
+    // checks for overlap and runs the scalar loop.
+    // In chunks, each asking for the next one's lines first: a loop that spends more
+    // instructions per byte (bf16 conversions) otherwise keeps too few cache lines in flight.
+    constexpr size_t kChunk = 2048 / sizeof(T);
+    for (size_t b = 0; b < n; b += kChunk) {
+      const size_t m = std::min(kChunk, n - b);
+      if (b + kChunk < n)
+        for (int64_t p = 0; p < 2; ++p) prefetch(in[p] + b + kChunk, std::min(kChunk, n - b - kChunk) * sizeof(T));
+      const T* x0 = in[0] + b;
+      const T* x1 = in[1] + b;
+      T* o = out + b;
 #pragma GCC ivdep
-      for (size_t i = 0; i < n; ++i) out[i] = op(x0[i], x1[i]);
-      return;
+      for (size_t i = 0; i < m; ++i) o[i] = E::store(op(E::load(x0[i]), E::load(x1[i])));
     }
+    return;
   }
   constexpr size_t kBlock = 512;
   A acc[kBlock];
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t m = std::min(kBlock, n - b);
+    // The loops below pause between the inputs' streams: ask for the next block's lines now,
+    // or every block waits for the peers' cache lines anew.
+    if (b + kBlock < n)
+      for (int64_t p = 0; p < g; ++p) prefetch(in[p] + b + kBlock, std::min(kBlock, n - b - kBlock) * sizeof(T));
     const T* __restrict x0 = in[0] + b;
-    for (size_t i = 0; i < m; ++i) acc[i] = static_cast<A>(x0[i]);
+    for (size_t i = 0; i < m; ++i) acc[i] = E::load(x0[i]);
     for (int64_t p = 1; p < g; ++p) {
       const T* __restrict x = in[p] + b;
-      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<A>(x[i]));
+      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], E::load(x[i]));
     }
     T* __restrict o = out + b;
-    for (size_t i = 0; i < m; ++i) o[i] = static_cast<T>(acc[i]);
+    for (size_t i = 0; i < m; ++i) o[i] = E::store(acc[i]);
   }
 }
 
-template <class T, class A>
-void reduce_typed(void* out, const void* const* in, int64_t g, size_t n, ReduceOp op) {
+template <class E>
+HP_ALWAYS_INLINE void reduce_typed(void* out, const void* const* in, int64_t g, size_t n, ReduceOp op) {
+  using T = typename E::Stored;
+  using A = typename E::Acc;
   auto o = static_cast<T*>(out);
   auto i = reinterpret_cast<const T* const*>(in);
-  auto run = [&](auto f) { reduce_blocked<T, A>(o, i, g, n, f); };
+  auto run = [&](auto f) { reduce_blocked<E>(o, i, g, n, f); };
   switch (op) {
     case ReduceOp::SUM:
     case ReduceOp::AVG:
@@ -102,17 +152,23 @@ void reduce_typed(void* out, const void* const* in, int64_t g, size_t n, ReduceO
   }
 }
 
+// The reductions are compiled for the baseline and for AVX2/AVX-512, chosen at load time by the
+// CPU: fp32 is bound by the peers' bytes, but converting bf16 is bound by instructions (twice as
+// fast with AVX2). Not in sanitizer builds: their runtime starts after ifunc resolvers run.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+__attribute__((target_clones("default", "avx2", "arch=skylake-avx512")))
+#endif
 void reduce(void* out, const void* const* in, int64_t g, size_t n, c10::ScalarType t, ReduceOp op) {
   switch (t) {
-    case c10::ScalarType::Float: return reduce_typed<float, float>(out, in, g, n, op);
-    case c10::ScalarType::Double: return reduce_typed<double, double>(out, in, g, n, op);
-    case c10::ScalarType::Half: return reduce_typed<c10::Half, float>(out, in, g, n, op);
-    case c10::ScalarType::BFloat16: return reduce_typed<c10::BFloat16, float>(out, in, g, n, op);
-    case c10::ScalarType::Int: return reduce_typed<int32_t, int32_t>(out, in, g, n, op);
-    case c10::ScalarType::Long: return reduce_typed<int64_t, int64_t>(out, in, g, n, op);
-    case c10::ScalarType::Short: return reduce_typed<int16_t, int16_t>(out, in, g, n, op);
-    case c10::ScalarType::Char: return reduce_typed<int8_t, int8_t>(out, in, g, n, op);
-    case c10::ScalarType::Byte: return reduce_typed<uint8_t, uint8_t>(out, in, g, n, op);
+    case c10::ScalarType::Float: return reduce_typed<Plain<float>>(out, in, g, n, op);
+    case c10::ScalarType::Double: return reduce_typed<Plain<double>>(out, in, g, n, op);
+    case c10::ScalarType::Half: return reduce_typed<Plain<c10::Half, float>>(out, in, g, n, op);
+    case c10::ScalarType::BFloat16: return reduce_typed<BFloat16Bits>(out, in, g, n, op);
+    case c10::ScalarType::Int: return reduce_typed<Plain<int32_t>>(out, in, g, n, op);
+    case c10::ScalarType::Long: return reduce_typed<Plain<int64_t>>(out, in, g, n, op);
+    case c10::ScalarType::Short: return reduce_typed<Plain<int16_t>>(out, in, g, n, op);
+    case c10::ScalarType::Char: return reduce_typed<Plain<int8_t>>(out, in, g, n, op);
+    case c10::ScalarType::Byte: return reduce_typed<Plain<uint8_t>>(out, in, g, n, op);
     default:
       HP_CHECK_T(c10::TypeError, false, "hyper_parallel: the shared-memory all_reduce has no reduction for ", t);
   }

@@ -219,20 +219,23 @@ TEST(CollectivesDist, IntegerAndBoolDtypes) {
 
 // Non-integer values (every addition rounds), NaNs, and sizes around the vector width and the
 // shared-memory transport's one-pass/two-pass threshold: each result must be the rank-order fold
-// (((x0 op x1) op x2) ...) bit for bit, as the transport promises. Two ranks: every transport
-// (addition commutes). More ranks: shared memory only (Gloo's ring adds in another order). NaN
-// positions only on shared memory: Gloo's max/min do not propagate NaN as torch.maximum does.
+// (((x0 op x1) op x2) ...) bit for bit, as the transport promises; bf16/fp16 folded in fp32 and
+// rounded once. Two ranks: every transport (addition commutes). More ranks: shared memory only
+// (Gloo's ring adds in another order). NaNs and fp16 only on shared memory: Gloo's max/min do not
+// propagate NaN as torch.maximum does, and Gloo adds fp16 in fp16.
 TEST(CollectivesDist, AllReduceIsTheRankOrderFoldBitForBit) {
   auto g = hp::world_group();
   const bool exact = g.transport() == "shm" || g.size() == 2;
   const bool nans = g.transport() == "shm";
   if (!exact) GTEST_SKIP() << "Gloo with " << g.size() << " ranks adds in its own order";
-  for (auto dtype : {at::kFloat, at::kDouble}) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    if (dtype == at::kHalf && !nans) continue;
+    const bool narrow = dtype == at::kBFloat16 || dtype == at::kHalf;
     for (int64_t n : {1, 7, 33, 1000, 4097, 40000}) {
       std::vector<at::Tensor> in;
       for (int64_t r = 0; r < g.size(); ++r) {
         auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * n + 17 * r + (dtype == at::kDouble)));
-        at::Tensor x = at::randn({n}, gen, dtype).mul_(std::pow(10.0, static_cast<double>(r % 3)));
+        at::Tensor x = at::randn({n}, gen, narrow ? at::kFloat : dtype).mul_(std::pow(10.0, static_cast<double>(r % 3))).to(dtype);
         if (nans && n > 2) x.index_put_({(r * 5 + 1) % n}, std::numeric_limits<double>::quiet_NaN());
         in.push_back(x);
       }
@@ -241,12 +244,14 @@ TEST(CollectivesDist, AllReduceIsTheRankOrderFoldBitForBit) {
           {hp::ReduceOp::MAX, [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }},
           {hp::ReduceOp::MIN, [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }}};
       for (const auto& [op, fold] : ops) {
-        at::Tensor expect = in[0];
-        for (int64_t r = 1; r < g.size(); ++r) expect = fold(expect, in[static_cast<size_t>(r)]);
+        const auto wide = narrow ? at::kFloat : dtype;
+        at::Tensor expect = in[0].to(wide);
+        for (int64_t r = 1; r < g.size(); ++r) expect = fold(expect, in[static_cast<size_t>(r)].to(wide));
+        expect = expect.to(dtype);
         at::Tensor got = in[static_cast<size_t>(g.rank())].clone();
         hp::all_reduce_(got, op, g);
         // Bits (so -0 != +0), NaN where the fold has NaN (its payload is torch's kernel's choice).
-        const at::ScalarType bits = dtype == at::kFloat ? at::kInt : at::kLong;
+        const at::ScalarType bits = narrow ? at::kShort : dtype == at::kFloat ? at::kInt : at::kLong;
         const at::Tensor number = expect.isnan().logical_not();
         EXPECT_TRUE(at::equal(got.isnan(), expect.isnan()) &&
                     at::equal(got.view(bits).masked_select(number), expect.view(bits).masked_select(number)))
