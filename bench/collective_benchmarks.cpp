@@ -90,6 +90,16 @@ class ShmFloor {
     sync();
     std::memcpy(out, data(2 * (1 - rank_) + k), bytes);
   }
+  // The data movement of one all-gather of `bytes` per rank into `out` (2 * bytes): as
+  // exchange(), and this rank's own piece copied into its place.
+  void gather(const void* in, void* out, size_t bytes) {
+    const int64_t k = static_cast<int64_t>(phase_ % 2);
+    auto* o = static_cast<unsigned char*>(out);
+    std::memcpy(data(2 * rank_ + k), in, bytes);
+    std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+    sync();
+    std::memcpy(o + static_cast<size_t>(1 - rank_) * bytes, data(2 * (1 - rank_) + k), bytes);
+  }
 
  private:
   void map(int fd) {
@@ -117,7 +127,7 @@ void run_collective_benchmarks(const std::string& filter) {
   const std::string transport = std::getenv("HP_TRANSPORT") ? std::getenv("HP_TRANSPORT") : "auto";
   // The floor is measured in the shared-memory run only (it needs no transport of ours).
   std::unique_ptr<ShmFloor> floor;
-  if (want_ar && transport == "auto" && g.size() == 2) floor = std::make_unique<ShmFloor>(g, size_t{16} << 20);
+  if ((want_ar || want_ag) && transport == "auto" && g.size() == 2) floor = std::make_unique<ShmFloor>(g, size_t{16} << 20);
   for (int64_t bytes : {int64_t{4}, int64_t{4} << 10, int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20, int64_t{16} << 20}) {
     const int calls = bytes <= (256 << 10) ? 2000 : bytes <= (1 << 20) ? 400 : 40;
     const int64_t n = bytes / 4;
@@ -145,11 +155,19 @@ void run_collective_benchmarks(const std::string& filter) {
       at::Tensor piece = at::ones({n / g.size() > 0 ? n / g.size() : 1});  // the output is `bytes`
       hp::barrier(g);
       const Stats s = time_calls([&] { hp::all_gather(piece, 0, g); }, calls);
+      // The all-gather's own floor: each rank's piece in and into its place, the peer's out.
+      double floor_us = -1;
+      if (floor && floor->ok()) {
+        at::Tensor gathered = at::empty({2 * piece.numel()});
+        hp::barrier(g);
+        const size_t piece_bytes = static_cast<size_t>(piece.numel() * 4);
+        floor_us = time_calls([&] { floor->gather(piece.data_ptr(), gathered.data_ptr(), piece_bytes); }, calls).median_us;
+      }
       if (g.rank() == 0)
         std::printf("{\"name\": \"all_gather_latency\", \"transport\": \"%s\", \"ranks\": %lld, \"output_bytes\": %lld, "
-                    "\"median_us\": %.3g, \"p99_us\": %.3g, \"memcpy_us\": %.3g}\n",
+                    "\"median_us\": %.3g, \"p99_us\": %.3g, \"memcpy_us\": %.3g, \"shm_floor_us\": %.3g}\n",
                     transport.c_str(), static_cast<long long>(g.size()), static_cast<long long>(piece.numel() * 4 * g.size()),
-                    s.median_us, s.p99_us, copy.median_us);
+                    s.median_us, s.p99_us, copy.median_us, floor_us);
     }
     std::fflush(stdout);
   }
