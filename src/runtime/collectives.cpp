@@ -6,6 +6,8 @@
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
+
+#include <limits>
 #include <c10/core/InferenceMode.h>
 
 #include "shm_transport.h"
@@ -129,6 +131,29 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+void gloo_all_reduce(at::Tensor& buf, ReduceOp op, const Group& group) {
+  std::vector<at::Tensor> ts{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
+}
+
+// Gloo's max/min compare with `<` and keep one operand, so a NaN on one rank can vanish from the
+// result (silently, depending on the order). NaN must win, as in torch.maximum and the
+// shared-memory transport: each rank appends a flag per element (1 for max, -1 for min, where
+// it holds a NaN), reduced by the same call, and the flagged elements become NaN.
+void gloo_max_min_keeping_nan(at::Tensor& buf, ReduceOp op, const Group& group) {
+  const at::Tensor flat = buf.reshape({-1});
+  at::Tensor flags = flat.isnan().to(buf.scalar_type());
+  if (op == ReduceOp::MIN) flags.neg_();
+  at::Tensor both = at::cat({flat, flags});
+  gloo_all_reduce(both, op, group);
+  const int64_t n = flat.numel();
+  at::Tensor values = both.narrow(0, 0, n);
+  values.masked_fill_(both.narrow(0, n, n).ne(0), std::numeric_limits<double>::quiet_NaN());
+  buf.copy_(values.view(buf.sizes()));
+}
+
 }  // namespace
 
 const char* reduce_op_name(ReduceOp op) {
@@ -218,11 +243,10 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   const ReduceOp wire_op = is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op;
   if (shm != nullptr) {
     shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), wire_op);
+  } else if ((wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) && at::isFloatingType(buf.scalar_type())) {
+    gloo_max_min_keeping_nan(buf, wire_op, group);
   } else {
-    std::vector<at::Tensor> ts{buf};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d(wire_op);
-    wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
+    gloo_all_reduce(buf, wire_op, group);
   }
   if (op == ReduceOp::AVG) buf.div_(group.size());
   if (is_bool) buf = buf.view(at::kBool);
