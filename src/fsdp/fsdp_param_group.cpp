@@ -110,6 +110,7 @@ void FSDPParamGroup::pre_forward() {
     root_known_ = true;
   }
   ++t_active_forwards;
+  in_forward_ = true;
   unshard();
   for (const auto& w : forward_prefetch)
     if (auto g = w.lock()) g->unshard();
@@ -120,11 +121,16 @@ void FSDPParamGroup::pre_forward() {
 }
 
 void FSDPParamGroup::post_forward(const c10::IValue& output) {
+  // Also runs when the forward (or a pre-hook) threw, with a None output (an always_call hook):
+  // the module gets its sharded parameters back and the count of running forwards stays right.
+  if (!in_forward_) return;
+  in_forward_ = false;
   --t_active_forwards;
   for (const FSDPParam& p : params_) nn::replace_parameter(*p.owner, p.name, p.sharded);
   // The root's parameters stay gathered: backward starts with them (as FSDP2 does).
   if (!reshard_after_forward_ || is_root_) return;
   reshard();
+  if (output.isNone()) return;  // no backward will come
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   for_each_tensor(output, [&](const at::Tensor& t) {
     if (t.defined() && t.requires_grad())

@@ -30,7 +30,8 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   /// reduce-scatters the whole group's gradients.
   void pre_forward();
   /// After it: the sharded parameters back in their slots; reshard if asked; make backward
-  /// unshard again before it needs the parameters (hooks on the output's tensors).
+  /// unshard again before it needs the parameters (hooks on the output's tensors). Also after a
+  /// forward that threw (`output` None): the slots and the running-forward count are restored.
   void post_forward(const c10::IValue& output);
 
   /// Gradients of the sharded parameters from those of the compute tensors (undefined: zero).
@@ -54,6 +55,7 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   DeviceMesh dp_mesh_;
   bool reshard_after_forward_;
   bool unsharded_ = false;
+  bool in_forward_ = false;  // between pre_forward and post_forward
   bool root_known_ = false, is_root_ = false;  // the root (outermost) group keeps its parameters after forward
 };
 

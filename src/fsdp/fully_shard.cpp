@@ -120,10 +120,13 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
     group->pre_forward();
     return c10::nullopt;
   });
-  platform::register_forward_hook(module, [group](nn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) -> c10::optional<c10::IValue> {
-    group->post_forward(out);
-    return c10::nullopt;
-  });
+  platform::register_forward_hook(
+      module,
+      [group](nn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) -> c10::optional<c10::IValue> {
+        group->post_forward(out);
+        return c10::nullopt;
+      },
+      /*always_call=*/true);
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto it = g_groups.begin(); it != g_groups.end();) it = it->second.expired() ? g_groups.erase(it) : std::next(it);
   g_groups.erase(&module);

@@ -47,9 +47,9 @@ HookHandle Module::register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwarg
   return HookHandle(alive_, this, id);
 }
 
-HookHandle Module::register_forward_hook(ForwardHook hook) {
+HookHandle Module::register_forward_hook(ForwardHook hook, bool always_call) {
   const uint64_t id = next_hook_id_++;
-  forward_hooks_.emplace_back(id, std::move(hook));
+  forward_hooks_.push_back({id, std::move(hook), always_call});
   return HookHandle(alive_, this, id);
 }
 
@@ -57,7 +57,7 @@ void Module::remove_hook(uint64_t id) {
   pre_hooks_.erase(std::remove_if(pre_hooks_.begin(), pre_hooks_.end(), [id](const PreHook& h) { return h.id == id; }),
                    pre_hooks_.end());
   forward_hooks_.erase(std::remove_if(forward_hooks_.begin(), forward_hooks_.end(),
-                                      [id](const auto& h) { return h.first == id; }),
+                                      [id](const PostHook& h) { return h.id == id; }),
                        forward_hooks_.end());
 }
 
@@ -81,13 +81,29 @@ void Module::run_forward_pre_hooks(std::vector<c10::IValue>& args, Kwargs& kwarg
 bool Module::run_forward_hooks(const std::vector<c10::IValue>& args, c10::IValue& output) {
   bool replaced = false;
   for (size_t i = 0; i < forward_hooks_.size(); ++i) {
-    auto hook = forward_hooks_[i].second;
+    auto hook = forward_hooks_[i].hook;
     if (auto r = hook(*this, args, output)) {
       output = std::move(*r);
       replaced = true;
     }
   }
   return replaced;
+}
+
+void Module::run_forward_hooks_after_exception(const std::vector<c10::IValue>& args) noexcept {
+  std::vector<ForwardHook> hooks;
+  for (const PostHook& h : forward_hooks_)
+    if (h.always_call) hooks.push_back(h.hook);
+  const c10::IValue none;
+  for (auto& hook : hooks) {
+    try {
+      hook(*this, args, none);
+    } catch (const std::exception& e) {
+      TORCH_WARN("forward hook with always_call=true of ", name(), " raised while handling an exception: ", e.what());
+    } catch (...) {
+      TORCH_WARN("forward hook with always_call=true of ", name(), " raised while handling an exception");
+    }
+  }
 }
 
 const at::Tensor& Module::parameter(const std::string& name) const {

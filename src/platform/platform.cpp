@@ -51,8 +51,8 @@ nn::HookHandle register_forward_pre_hook(torch::nn::Module& module, nn::ForwardP
       });
 }
 
-nn::HookHandle register_forward_hook(torch::nn::Module& module, nn::ForwardHook hook) {
-  return hookable(module, module.name()).register_forward_hook(std::move(hook));
+nn::HookHandle register_forward_hook(torch::nn::Module& module, nn::ForwardHook hook, bool always_call) {
+  return hookable(module, module.name()).register_forward_hook(std::move(hook), always_call);
 }
 
 }  // namespace platform

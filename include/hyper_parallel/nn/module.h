@@ -60,13 +60,18 @@ class Module : public torch::nn::Module {
   /// `m->register_forward_pre_hook([](Module&, const auto& args) { return c10::nullopt; });`
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwargs hook);
-  HookHandle register_forward_hook(ForwardHook hook);
+  /// With `always_call` (as PyTorch's), the hook also runs when a pre-hook or forward throws,
+  /// with a None output, before the exception propagates: the place to undo what a pre-hook did.
+  HookHandle register_forward_hook(ForwardHook hook, bool always_call = false);
   bool has_hooks() const { return !pre_hooks_.empty() || !forward_hooks_.empty(); }
 
   /// Runs the pre-hooks on the packed arguments (used by the call operator).
   void run_forward_pre_hooks(std::vector<c10::IValue>& args, Kwargs& kwargs);
   /// Runs the forward hooks; returns whether one replaced `output`.
   bool run_forward_hooks(const std::vector<c10::IValue>& args, c10::IValue& output);
+  /// Runs the always_call hooks after a pre-hook or forward threw (a hook that throws in turn is
+  /// reported as a warning: the first exception is the one that propagates).
+  void run_forward_hooks_after_exception(const std::vector<c10::IValue>& args) noexcept;
 
   /// The registered parameter `name` (the registry is the one source of truth: layers read their
   /// parameters through it on every call). c10::IndexError when there is none
@@ -116,7 +121,12 @@ class Module : public torch::nn::Module {
     ForwardPreHookWithKwargs with_kwargs;
   };
   std::vector<PreHook> pre_hooks_;
-  std::vector<std::pair<uint64_t, ForwardHook>> forward_hooks_;
+  struct PostHook {
+    uint64_t id;
+    ForwardHook hook;
+    bool always_call;
+  };
+  std::vector<PostHook> forward_hooks_;
   uint64_t next_hook_id_ = 1;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
   std::unordered_map<std::type_index, std::shared_ptr<void>> states_;
@@ -182,11 +192,18 @@ auto call_with_hooks(M& m, Args&&... args) -> std::decay_t<decltype(m.forward(st
   std::vector<c10::IValue> pos;
   Kwargs kw;
   (detail::pack(pos, kw, args), ...);
-  m.run_forward_pre_hooks(pos, kw);
-  constexpr size_t npos = (0 + ... + (detail::is_kwargs_v<Args> ? 0 : 1));
-  detail::check_arity(m, npos, pos.size());
-  auto unpacked = detail::unpack<Args...>(pos, kw, std::index_sequence_for<Args...>{});
-  std::decay_t<R> out = std::apply([&m](auto&&... a) -> decltype(auto) { return m.forward(a...); }, unpacked);
+  std::decay_t<R> out = [&]() -> std::decay_t<R> {
+    try {
+      m.run_forward_pre_hooks(pos, kw);
+      constexpr size_t npos = (0 + ... + (detail::is_kwargs_v<Args> ? 0 : 1));
+      detail::check_arity(m, npos, pos.size());
+      auto unpacked = detail::unpack<Args...>(pos, kw, std::index_sequence_for<Args...>{});
+      return std::apply([&m](auto&&... a) -> decltype(auto) { return m.forward(a...); }, unpacked);
+    } catch (...) {
+      m.run_forward_hooks_after_exception(pos);  // the arguments as the pre-hooks left them
+      throw;
+    }
+  }();
   c10::IValue out_value(out);
   if (m.run_forward_hooks(pos, out_value)) out = out_value.to<std::decay_t<R>>();
   return out;

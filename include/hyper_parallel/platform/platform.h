@@ -23,7 +23,7 @@ nn::Module& hookable(torch::nn::Module& module, const std::string& fqn);
 nn::HookHandle register_forward_pre_hook(torch::nn::Module& module, nn::ForwardPreHook hook);
 nn::HookHandle register_forward_pre_hook(torch::nn::Module& module, nn::ForwardPreHookWithKwargs hook,
                                          bool with_kwargs);
-nn::HookHandle register_forward_hook(torch::nn::Module& module, nn::ForwardHook hook);
+nn::HookHandle register_forward_hook(torch::nn::Module& module, nn::ForwardHook hook, bool always_call = false);
 
 /// e.g. "hyper_parallel::nn::LinearImpl" or "torch::nn::LinearImpl", for messages.
 std::string module_type_name(const torch::nn::Module& module);

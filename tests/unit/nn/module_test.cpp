@@ -92,6 +92,43 @@ TEST(ModuleHooks, KwargsAndTupleOutputs) {
   EXPECT_THROW(m(at::ones({2}), at::zeros({2}), hnn::Kwargs{}), c10::ValueError);
 }
 
+TEST(ModuleHooks, AlwaysCallHooksRunWhenForwardOrAPreHookThrows) {
+  hnn::Linear lin(3, 2);
+  std::vector<std::string> log;
+  bool fail_pre = false;
+  lin->register_forward_pre_hook([&](hnn::Module&, const std::vector<c10::IValue>&) {
+    log.push_back("pre");
+    if (fail_pre) throw c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "pre-hook failed");
+    return c10::optional<std::vector<c10::IValue>>();
+  });
+  lin->register_forward_hook([&](hnn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) {
+    log.push_back(out.isNone() ? "plain(None)" : "plain");
+    return c10::optional<c10::IValue>();
+  });
+  lin->register_forward_hook(
+      [&](hnn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) {
+        log.push_back(out.isNone() ? "always(None)" : "always");
+        return c10::optional<c10::IValue>();
+      },
+      /*always_call=*/true);
+  lin(at::ones({1, 3}));
+  EXPECT_EQ(log, (std::vector<std::string>{"pre", "plain", "always"}));
+  // A shape error inside forward: only the always_call hook runs, then the same exception.
+  log.clear();
+  EXPECT_THROW(lin(at::ones({1, 4})), c10::Error);
+  EXPECT_EQ(log, (std::vector<std::string>{"pre", "always(None)"}));
+  // A pre-hook that throws: likewise.
+  log.clear();
+  fail_pre = true;
+  EXPECT_THROW(lin(at::ones({1, 3})), c10::ValueError);
+  EXPECT_EQ(log, (std::vector<std::string>{"pre", "always(None)"}));
+  // An always_call hook that throws while handling: a warning; the first exception propagates.
+  lin->register_forward_hook([](hnn::Module&, const std::vector<c10::IValue>&, const c10::IValue&) -> c10::optional<c10::IValue> {
+    throw std::runtime_error("cleanup failed");
+  }, true);
+  EXPECT_THROW(lin(at::ones({1, 3})), c10::ValueError);
+}
+
 TEST(Layers, MatchTorchNnForwardAndBackward) {
   torch::manual_seed(0);
   at::Tensor x = at::randn({2, 3, 8}, at::requires_grad());
