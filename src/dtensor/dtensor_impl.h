@@ -3,6 +3,8 @@
 #include <c10/core/TensorImpl.h>
 #include <ATen/core/Tensor.h>
 
+#include <typeinfo>
+
 #include <memory>
 
 #include <hyper_parallel/dtensor/dtensor_spec.h>
@@ -51,7 +53,9 @@ inline DTensorImpl* dtensor_impl(const at::Tensor& t) {
   if (!t.defined()) return nullptr;
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (!impl->key_set().has(kDTensorKey)) return nullptr;
-  return dynamic_cast<DTensorImpl*>(impl);
+  // DTensorImpl is final: comparing the dynamic type is exact, and several times cheaper than a
+  // dynamic_cast (this runs for every tensor argument of every DTensor op).
+  return typeid(*impl) == typeid(DTensorImpl) ? static_cast<DTensorImpl*>(impl) : nullptr;
 }
 
 /// Wraps `local` (no autograd history of its own) with `spec`.

@@ -56,11 +56,10 @@ void visit_args(const c10::IValue* args, size_t nargs, Visitor& v) {
   }
 }
 
-/// A copy of the arguments with every tensor replaced by `fn(arg, elem, t)`.
+/// Appends to `out` a copy of the arguments with every tensor replaced by `fn(arg, elem, t)`.
 template <class Fn>
-torch::jit::Stack map_tensor_args(const c10::IValue* args, size_t nargs, Fn&& fn) {
-  torch::jit::Stack out;
-  out.reserve(nargs);
+void map_tensor_args_onto(torch::jit::Stack& out, const c10::IValue* args, size_t nargs, Fn&& fn) {
+  out.reserve(out.size() + nargs);
   for (size_t i = 0; i < nargs; ++i) {
     const c10::IValue& a = args[i];
     switch (arg_kind(a)) {
@@ -91,6 +90,13 @@ torch::jit::Stack map_tensor_args(const c10::IValue* args, size_t nargs, Fn&& fn
         break;
     }
   }
+}
+
+/// A copy of the arguments with every tensor replaced by `fn(arg, elem, t)`.
+template <class Fn>
+torch::jit::Stack map_tensor_args(const c10::IValue* args, size_t nargs, Fn&& fn) {
+  torch::jit::Stack out;
+  map_tensor_args_onto(out, args, nargs, std::forward<Fn>(fn));
   return out;
 }
 

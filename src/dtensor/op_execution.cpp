@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 
 #include "dtensor_impl.h"
 #include "op_args.h"
@@ -54,8 +55,12 @@ at::Tensor wrap(const at::Tensor& t, std::shared_ptr<const DTensorSpec>& spec, c
   return make_dtensor(t, spec);
 }
 
+// The call's global arguments, moved off the stack while the local op runs (no allocation for
+// the usual few).
+using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
+
 // Wraps the returns at the top of `stack`; `original` are the call's (global) arguments.
-void wrap_returns(const OpInfo& info, const Decision& d, const std::vector<c10::IValue>& original, torch::jit::Stack* stack) {
+void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& original, torch::jit::Stack* stack) {
   const size_t nret = info.schema().returns().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= nret);
   const size_t rbase = stack->size() - nret;
@@ -103,17 +108,20 @@ void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
   const size_t base = stack->size() - nargs;
   // The global arguments move off the stack and stay alive until the returns are wrapped (the
   // input specs in `info` point into them); from here on `info.arg()` is not read.
-  std::vector<c10::IValue> original(std::make_move_iterator(stack->begin() + static_cast<std::ptrdiff_t>(base)),
-                                    std::make_move_iterator(stack->end()));
+  OriginalArgs original(std::make_move_iterator(stack->begin() + static_cast<std::ptrdiff_t>(base)),
+                        std::make_move_iterator(stack->end()));
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
-    torch::jit::Stack local_args = map_tensor_args(original.data(), nargs, [&](size_t arg, int64_t elem, const at::Tensor& t) {
-      return local_of(t, d, info, arg, elem);
-    });
-    if (d.adjust_args) d.adjust_args(local_args);
-    for (auto& v : local_args) stack->push_back(std::move(v));
+    auto to_local = [&](size_t arg, int64_t elem, const at::Tensor& t) { return local_of(t, d, info, arg, elem); };
+    if (d.adjust_args) {
+      torch::jit::Stack local_args = map_tensor_args(original.data(), nargs, to_local);
+      d.adjust_args(local_args);
+      for (auto& v : local_args) stack->push_back(std::move(v));
+    } else {
+      map_tensor_args_onto(*stack, original.data(), nargs, to_local);
+    }
     if (d.handler) (*d.handler)(info.op(), stack, OpInfoAccess::mesh(info), d.handler_params);
     else if (d.kernel) d.kernel(info.op(), stack);
     else info.op().callBoxed(stack);

@@ -173,6 +173,7 @@ const DeviceMesh& OpInfoAccess::mesh(const OpInfo& info) {
 }
 
 void OpInfoAccess::add_input(OpInfo& info, size_t arg, int64_t elem, const DTensorSpec* spec) {
+  if (info.inputs_.empty()) info.inputs_.reserve(4);  // one allocation for the usual one to four
   info.inputs_.push_back({arg, elem, spec});
 }
 
@@ -187,7 +188,7 @@ namespace {
 struct InputCollector {
   OpInfo& info;
   const DeviceMesh& mesh;
-  std::vector<int64_t> key;
+  std::vector<int64_t>& key;
 
   bool tensor(size_t arg, int64_t elem, const at::Tensor& t) {
     if (!t.defined()) {
@@ -230,12 +231,15 @@ struct InputCollector {
 
 }  // namespace
 
-std::vector<int64_t> collect_inputs(OpInfo& info) {
-  InputCollector v{info, OpInfoAccess::mesh(info), {}};
-  v.key.reserve(64);
-  v.key.push_back(reinterpret_cast<int64_t>(&info.schema()));
+const std::vector<int64_t>& collect_inputs(OpInfo& info) {
+  // One buffer per thread, reused (a call allocates nothing for its key); propagate() copies it
+  // before anything could collect again on this thread.
+  thread_local std::vector<int64_t> key;
+  key.clear();
+  InputCollector v{info, OpInfoAccess::mesh(info), key};
+  key.push_back(reinterpret_cast<int64_t>(&info.schema()));
   visit_args(info.args(), info.num_args(), v);
-  return std::move(v.key);
+  return key;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,16 +416,17 @@ thread_local Cache t_cache;
 
 }  // namespace
 
-std::shared_ptr<const Decision> propagate(OpInfo& info, std::vector<int64_t> key) {
+std::shared_ptr<const Decision> propagate(OpInfo& info, const std::vector<int64_t>& collected_key) {
   const uint64_t version = g_registry_version.load(std::memory_order_relaxed);
   if (t_cache.version != version) {
     t_cache.map.clear();
     t_cache.version = version;
   }
-  auto it = t_cache.map.find(key);
+  auto it = t_cache.map.find(collected_key);
   if (it != t_cache.map.end()) return it->second;
   if (find_rule(info.op()) == nullptr && info.op().hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return nullptr;
+  std::vector<int64_t> key = collected_key;  // the per-thread buffer may be reused inside decide()
   auto d = decide(info);
   // Shapes that keep changing (variable sequence lengths) would grow the cache without bound.
   if (t_cache.map.size() >= 65536) t_cache.map.clear();

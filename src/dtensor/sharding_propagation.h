@@ -49,14 +49,15 @@ const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs);
 const ShardingRule* find_rule(const c10::OperatorHandle& op);
 
 /// Fills `info`'s inputs (DTensors, and plain tensors taken as Replicate under implicit
-/// replication) and returns the key of its decision. Throws for a plain tensor mixed with
+/// replication) and returns the key of its decision (a per-thread buffer, valid until the next
+/// call on this thread). Throws for a plain tensor mixed with
 /// DTensors outside implicit replication, and for DTensors on different meshes.
-std::vector<int64_t> collect_inputs(OpInfo& info);
+const std::vector<int64_t>& collect_inputs(OpInfo& info);
 
 /// The decision for `info`, whose key collect_inputs returned: from this thread's cache, else
 /// from the op's rule (checked against the schema and the meta run). nullptr for a composite op
 /// with no rule of its own: the caller decomposes it (it reaches DTensors undecomposed only when
 /// autograd is off for the call, as under c10::InferenceMode).
-std::shared_ptr<const Decision> propagate(OpInfo& info, std::vector<int64_t> key);
+std::shared_ptr<const Decision> propagate(OpInfo& info, const std::vector<int64_t>& key);
 
 }  // namespace hyper_parallel
