@@ -84,21 +84,20 @@ void prefetch(const void* p, size_t bytes) {
 #endif
 }
 
-// Reduced in blocks through a local accumulator, in rank order: `out` may be one of the inputs
-// (the caller's own data is read from its buffer, not from shared memory), and the local array
-// lets the compiler vectorise. 16-bit floats accumulate in fp32 and are rounded once.
+// Inlined into reduce() below, so that each of its target clones compiles them for its CPU.
 #define HP_ALWAYS_INLINE inline __attribute__((always_inline))
 
+// Reduced in rank order: `out` may be one of the inputs (the caller's own data is read from its
+// buffer, not from shared memory). 16-bit floats accumulate in fp32 and are rounded once.
 template <class E, class Op>
 HP_ALWAYS_INLINE void reduce_blocked(typename E::Stored* out, const typename E::Stored* const* in, int64_t g, size_t n, Op op) {
   using T = typename E::Stored;
   using A = typename E::Acc;
   if (g == 2) {
-    // One pass: the peer's bytes stream in without pause. `out` may be x0 or x1, but only
-    // element for element (never shifted), which ivdep promises the vectoriser; without it GCC
-    // checks for overlap and runs the scalar loop.
-    // In chunks, each asking for the next one's lines first: a loop that spends more
-    // instructions per byte (bf16 conversions) otherwise keeps too few cache lines in flight.
+    // One pass, in chunks that each ask for the next one's lines first (a loop that spends more
+    // instructions per byte, as bf16's conversions do, otherwise keeps too few cache lines in
+    // flight). `out` may be x0 or x1, but only element for element (never shifted), which ivdep
+    // promises the vectoriser; without it GCC checks for overlap and runs the scalar loop.
     constexpr size_t kChunk = 2048 / sizeof(T);
     for (size_t b = 0; b < n; b += kChunk) {
       const size_t m = std::min(kChunk, n - b);
@@ -112,6 +111,7 @@ HP_ALWAYS_INLINE void reduce_blocked(typename E::Stored* out, const typename E::
     }
     return;
   }
+  // More ranks: blocks through a local accumulator, which lets the compiler vectorise.
   constexpr size_t kBlock = 512;
   A acc[kBlock];
   for (size_t b = 0; b < n; b += kBlock) {
@@ -154,8 +154,8 @@ HP_ALWAYS_INLINE void reduce_typed(void* out, const void* const* in, int64_t g, 
 
 // The reductions are compiled for the baseline and for AVX2/AVX-512, chosen at load time by the
 // CPU: fp32 is bound by the peers' bytes, but converting bf16 is bound by instructions (twice as
-// fast with AVX2). Not in sanitizer builds: their runtime starts after ifunc resolvers run.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+// fast with AVX2). Not under AddressSanitizer: its runtime starts after ifunc resolvers run.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("default", "avx2", "arch=skylake-avx512")))
 #endif
 void reduce(void* out, const void* const* in, int64_t g, size_t n, c10::ScalarType t, ReduceOp op) {
