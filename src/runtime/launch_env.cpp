@@ -83,6 +83,7 @@ LaunchEnv read_launch_env() {
   HP_CHECK_T(c10::ValueError, p <= 65535, "environment variable MASTER_PORT=", p,
              " is not a TCP port (1..65535)");
   e.master_port = static_cast<int>(p);
+  if (auto id = env("HP_RDZV_ID")) e.rdzv_id = *id;
   return e;
 }
 

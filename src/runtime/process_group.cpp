@@ -293,6 +293,9 @@ void init_process_group(const InitOptions& options) {
                 " after a timeout of ", s.timeout.count() / 1000.0,
                 " s (HP_TIMEOUT_S): rank 0 is unreachable. Cause: ", cause);
   }
+  // Every key of this job under its rendezvous id: a rank of another job that reaches this store
+  // (the same MASTER_PORT) writes and waits under its own id, never as one of ours.
+  if (!s.env.rdzv_id.empty()) s.store = c10::make_intrusive<c10d::PrefixStore>("hp/job/" + s.env.rdzv_id + "/", s.store);
   s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
   std::vector<int64_t> all(static_cast<size_t>(s.env.world_size));
   for (int64_t r = 0; r < s.env.world_size; ++r) all[static_cast<size_t>(r)] = r;

@@ -4,6 +4,8 @@
 //   never-joins R        rank R never joins; the others try to and must fail with a timeout
 //   stop-in-collective R rank R stops itself (SIGSTOP) before an all_reduce the others enter
 //   exit-in-collective R rank R exits before an all_reduce the others enter
+//   late-sum D0 D1       rank 0 starts after D0 ms, the others after D1 ms; then 20 all_reduces
+//                        of (rank + 1) checked against the job's own sum; prints this job's id
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +44,23 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
     }
+    return 0;
+  }
+  if (mode == "late-sum" && argc > 3) {
+    namespace hp = hyper_parallel;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[rank == 0 ? 2 : 3])));
+    hp::init_process_group();
+    const int64_t n = hp::get_world_size();
+    for (int i = 0; i < 20; ++i) {
+      at::Tensor t = at::full({4}, static_cast<double>(rank + 1));
+      hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
+      if (t[0].item<double>() != static_cast<double>(n * (n + 1) / 2)) {
+        std::printf("rank %d: wrong sum %g\n", rank, t[0].item<double>());
+        return 4;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::printf("rank %d of job %s: sums right\n", rank, std::getenv("HP_JOB_ID"));
     return 0;
   }
   if (mode == "mismatched-all-reduce") {  // rank 0 reduces 4 elements, the others 8

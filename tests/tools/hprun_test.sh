@@ -108,5 +108,17 @@ HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-addr no-such-ho
 elapsed=$(( $(date +%s) - start ))
 grep -q "MASTER_ADDR 'no-such-host.invalid' does not resolve" "$OUT" || fail "an unresolvable MASTER_ADDR is not reported"
 [ $elapsed -lt 15 ] || fail "took ${elapsed}s to report an unresolvable MASTER_ADDR"
+# Two jobs on one MASTER_PORT, timed so that job B's rank 1 reaches job A's store while job A's
+# rank 0 still waits for its own rank 1: B's rank must not be taken for A's (A would run its
+# collectives with another job's process). A finishes with its own ranks; B fails naming the port.
+OUT_A=$(mktemp); OUT_B=$(mktemp)
+HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port $(( PORT + 2 )) "$PROBE" late-sum 0 4000 >"$OUT_A" 2>&1 &
+job_a=$!
+sleep 0.5
+HP_TIMEOUT_S=20 "$HPRUN" --nproc-per-node 2 --grace-s 1 --master-port $(( PORT + 2 )) "$PROBE" late-sum 1500 0 >"$OUT_B" 2>&1
+wait $job_a || { cat "$OUT_A"; fail "job A failed when another job's rank reached its rendezvous"; }
+[ "$(grep -c "of job $job_a: sums right" "$OUT_A")" -eq 2 ] || { cat "$OUT_A"; fail "job A's ranks did not both finish with their own sums"; }
+grep -q "is already in use" "$OUT_B" || { cat "$OUT_B"; fail "job B's port clash is not reported"; }
+rm -f "$OUT_A" "$OUT_B"
 [ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm after the port test: $(ls /dev/shm | grep '^hp_')"
 echo "hprun tests passed"

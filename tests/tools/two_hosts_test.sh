@@ -26,7 +26,7 @@ ip -n $NS_A link set hpva$$ up && ip -n $NS_B link set hpvb$$ up || fail "links 
 node() {
   local ns=$1 nr=$2 ifn=$3 host=$4 out=$5; shift 5
   ip netns exec "$ns" unshare --uts sh -c "hostname $host; GLOO_SOCKET_IFNAME=$ifn exec \"\$@\"" sh \
-    "$HPRUN" --nnodes 2 --node-rank "$nr" --nproc-per-node 2 --master-addr $ADDR_A --master-port "$PORT" "$@" \
+    "$HPRUN" --nnodes 2 --node-rank "$nr" --nproc-per-node 2 --master-addr $ADDR_A --master-port "$PORT" --rdzv-id "two-hosts-$$-$PORT" "$@" \
     >"$out" 2>&1
 }
 run_both() {  # run_both <tag> <program and args...>

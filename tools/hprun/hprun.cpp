@@ -35,6 +35,9 @@ struct Options {
   // Pin each local rank to its own share of the cores this launcher may use (DeepSpeed's
   // --bind_cores_to_rank): "auto" pins when there are at least as many cores as local ranks.
   std::string bind_cores = "auto";
+  // Namespaces this job's keys in the rendezvous store (torchrun's --rdzv-id), so that ranks of
+  // another job pointed at the same MASTER_PORT can never pose as ours. One node: made per job.
+  std::string rdzv_id;
   std::vector<std::string> cmd;
 };
 
@@ -58,7 +61,7 @@ void on_signal(int sig) { g_signal = sig; }
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "hprun: %s\nusage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
-               "             [--master-addr A] [--master-port P] [--grace-s S] [--bind-cores auto|1|0]\n"
+               "             [--master-addr A] [--master-port P] [--rdzv-id ID] [--grace-s S] [--bind-cores auto|1|0]\n"
                "             program [args...]\n",
                msg);
   std::exit(2);
@@ -91,6 +94,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--master-addr") o.master_addr = value;
     else if (flag == "--master-port") o.master_port = parse_int(flag, value.c_str(), 1);
     else if (flag == "--grace-s") o.grace_s = std::atof(value.c_str());
+    else if (flag == "--rdzv-id") o.rdzv_id = value;
     else if (flag == "--bind-cores") {
       if (value != "auto" && value != "1" && value != "0") usage("--bind-cores takes auto, 1 or 0");
       o.bind_cores = value;
@@ -210,6 +214,7 @@ std::vector<int> cores_to_bind(const Options& o) {
   setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
   if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
   setenv("HP_JOB_ID", job_id.c_str(), 1);
+  if (!o.rdzv_id.empty()) setenv("HP_RDZV_ID", o.rdzv_id.c_str(), 1);
   if (!cores.empty()) {
     // Local rank i gets the i-th contiguous share of the allowed cores.
     const size_t share = cores.size() / static_cast<size_t>(o.nproc);
@@ -375,6 +380,10 @@ int main(int argc, char** argv) {
 
   const std::vector<int> cores = cores_to_bind(o);
   const std::string job_id = std::to_string(::getpid());
+  // One node: this launcher starts every rank, so its own id names the job (with the time: a pid
+  // can come back). Several nodes must agree on one: --rdzv-id.
+  if (o.rdzv_id.empty() && o.nnodes == 1)
+    o.rdzv_id = job_id + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
   for (int i = 0; i < o.nproc; ++i)
     if (!launch_rank(o, i, job_id, cores, set_omp, ranks[static_cast<size_t>(i)])) return 2;

@@ -14,6 +14,9 @@ struct LaunchEnv {
   std::string master_addr;
   int master_port = 0;
   std::string launcher;  ///< "torchrun" (RANK/WORLD_SIZE, also hprun), "openmpi" or "slurm"
+  /// `HP_RDZV_ID` (hprun sets it): the job's keys in the rendezvous store live under it, so
+  /// ranks of another job pointed at the same MASTER_PORT cannot join this one. Empty: no prefix.
+  std::string rdzv_id;
 };
 
 /// Reads, in this order of preference, torchrun-style `RANK`/`WORLD_SIZE`/`LOCAL_RANK`, OpenMPI's
