@@ -90,15 +90,12 @@ class ShmFloor {
     sync();
     std::memcpy(out, data(2 * (1 - rank_) + k), bytes);
   }
-  // The data movement of one all-gather of `bytes` per rank into `out` (2 * bytes): as
-  // exchange(), and this rank's own piece copied into its place.
+  // The data movement of one all-gather of `bytes` per rank into `out` (2 * bytes): this rank's
+  // own piece copied into its place, then exchange() into the peer's place.
   void gather(const void* in, void* out, size_t bytes) {
-    const int64_t k = static_cast<int64_t>(phase_ % 2);
     auto* o = static_cast<unsigned char*>(out);
-    std::memcpy(data(2 * rank_ + k), in, bytes);
     std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
-    sync();
-    std::memcpy(o + static_cast<size_t>(1 - rank_) * bytes, data(2 * (1 - rank_) + k), bytes);
+    exchange(in, o + static_cast<size_t>(1 - rank_) * bytes, bytes);
   }
 
  private:

@@ -6,9 +6,9 @@
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <limits>
-#include <c10/core/InferenceMode.h>
 
 #include "shm_transport.h"
 
@@ -173,8 +173,10 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
   dim = wrap_dim(dim, local.dim(), "all_gather");
   const int64_t g = group.size();
   CommDebugMode::record("all_gather", nbytes(local));
-  fingerprint(group, [&] { return c10::str("all_gather dim ", dim, " full_size ", full_size ? *full_size : -1, " ", local.scalar_type(),
-                              " ", without_dim(local.sizes(), dim)); });
+  fingerprint(group, [&] {
+    return c10::str("all_gather dim ", dim, " full_size ", full_size ? *full_size : -1, " ", local.scalar_type(), " ",
+                    without_dim(local.sizes(), dim));
+  });
   const int64_t n = full_size ? *full_size : local.size(dim) * g;
   const int64_t padded = (n + g - 1) / g;
   const int64_t mine = chunk_size(n, g, group.rank());
@@ -226,10 +228,9 @@ at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
   ShmTransport* shm = shm_transport_of(group);
   // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
   // rounded once at the end otherwise). The shared-memory transport accumulates bf16 in float32
-  // itself and rounds once, the same bits, moving half the bytes (not for avg: the division
-  // must happen before that one rounding). Every buffer is in logical
-  // (row-major) order, whatever the caller's layout: ranks with different strides must still add
-  // matching elements.
+  // itself and rounds once, the same bits, moving half the bytes (not for avg: the division must
+  // happen before that one rounding). Every buffer is in logical (row-major) order, whatever the
+  // caller's layout: ranks with different strides must still add matching elements.
   at::Tensor buf;
   {
     const NormalTensors normal;
@@ -302,8 +303,10 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: split_dim and concat_dim must differ");
   const int64_t g = group.size();
   CommDebugMode::record("all_to_all", nbytes(local));
-  fingerprint(group, [&] { return c10::str("all_to_all split ", split_dim, " concat ", concat_dim, " ", local.scalar_type(), " ",
-                              without_dim(local.sizes(), concat_dim)); });
+  fingerprint(group, [&] {
+    return c10::str("all_to_all split ", split_dim, " concat ", concat_dim, " ", local.scalar_type(), " ",
+                    without_dim(local.sizes(), concat_dim));
+  });
   if (g == 1) return local.clone();
   const int64_t cn = concat_full_size ? *concat_full_size : local.size(concat_dim) * g;
   const int64_t cpad = (cn + g - 1) / g;
