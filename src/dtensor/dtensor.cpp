@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "dtensor_impl.h"
+#include "local_layout.h"
 #include "redistribute.h"
 
 namespace hyper_parallel {
@@ -96,6 +97,10 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     const DTensorImpl& in = impl_of(input, "redistribute");
     ctx->saved_data["src"] = capsule(in.spec_ptr());
     at::Tensor local = redistribute_local(in.local(), in.spec(), dst->placements);
+    // A new tensor, as PyTorch's: a local chunk of the source (Replicate -> Shard) is copied, and
+    // the data laid out as the global strides say (a gather builds it contiguous).
+    const auto strides = local_strides_like(dst->shape, dst->stride, local.sizes().vec());
+    if (local.is_alias_of(in.local()) || !has_layout(local, strides)) local = copy_with_layout(local, strides);
     return make_dtensor(std::move(local), std::move(dst));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

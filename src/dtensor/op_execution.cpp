@@ -8,11 +8,16 @@
 #include <c10/util/SmallVector.h>
 
 #include "dtensor_impl.h"
+#include "local_layout.h"
 #include "op_args.h"
 #include "redistribute.h"
 
 namespace hyper_parallel {
 namespace {
+
+// The call's global arguments, moved off the stack while the local op runs (no allocation for
+// the usual few).
+using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
 
 // A write into a view whose local data is a copy would be lost: refuse it (on every rank: the
 // flag comes from placements, which all ranks share).
@@ -39,6 +44,29 @@ at::Tensor local_of(const at::Tensor& t, const Decision& d, const OpInfo& info, 
   return redistribute_local(local, *info.inputs()[static_cast<size_t>(k)].spec, d.plans[static_cast<size_t>(k)]);
 }
 
+// Whether local result `t` shares data with the local of a DTensor argument of the call.
+bool aliases_an_input(const at::Tensor& t, const OpInfo& info, const OriginalArgs& original) {
+  for (const auto& in : info.inputs()) {
+    const c10::IValue& v = original[in.arg];
+    const at::Tensor& a = in.elem < 0 ? v.toTensor() : v.toTensorList().get(static_cast<size_t>(in.elem));
+    if (DTensorImpl* impl = dtensor_impl(a))
+      if (impl->local().defined() && t.is_alias_of(impl->local())) return true;
+  }
+  return false;
+}
+
+// A new (not a view, not written) return as the plain op gives it: sharing no data with the
+// inputs, and laid out as its global strides say, so later view decisions hold on every rank.
+// Both hold already for nearly every local op; a copy otherwise. `_unsafe_view` is exempt: its
+// schema declares no alias, but it is a view (of the fresh copy reshape() made) on plain tensors
+// too.
+at::Tensor as_new_result(at::Tensor t, const std::vector<int64_t>& strides, const OpInfo& info,
+                         const OriginalArgs& original, bool exempt) {
+  if (!t.defined() || exempt) return t;
+  if (has_layout(t, strides) && !aliases_an_input(t, info, original)) return t;
+  return copy_with_layout(t, strides);
+}
+
 // Wraps local result `t` with `spec`, whose dtype is corrected from `t` (once per decision).
 at::Tensor wrap(const at::Tensor& t, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& local_shape,
                 const OpInfo& info) {
@@ -54,10 +82,6 @@ at::Tensor wrap(const at::Tensor& t, std::shared_ptr<const DTensorSpec>& spec, c
   }
   return make_dtensor(t, spec);
 }
-
-// The call's global arguments, moved off the stack while the local op runs (no allocation for
-// the usual few).
-using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
 
 // Wraps the returns at the top of `stack`; `original` are the call's (global) arguments.
 void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& original, torch::jit::Stack* stack) {
@@ -80,21 +104,26 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
     // Under c10::InferenceMode a view of a normal tensor must be a normal tensor (autograd's view
     // tracking gives it the base's version counter), as libtorch's own views are.
     const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
-    auto wrap_output = [&](const at::Tensor& local, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& shape) {
+    const bool is_view = d.view_return_arg[r] >= 0;
+    auto wrap_output = [&](const at::Tensor& result, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& shape,
+                           const std::vector<int64_t>& strides) {
       c10::optional<c10::InferenceMode> normal;
       if (normal_view) normal.emplace(false);
+      const at::Tensor local = is_view ? result : as_new_result(result, strides, info, original, d.unsafe_view);
       at::Tensor w = wrap(local, spec, shape, info);
       if (base != nullptr && w.defined() && (d.view_base_moved[r] || base->is_copy_view() || !local.is_alias_of(base->local())))
         static_cast<DTensorImpl*>(w.unsafeGetTensorImpl())->set_copy_view(true);
       return w;
     };
     if (v.isTensor()) {
-      if (!d.outputs[r].empty() && d.outputs[r][0]) v = wrap_output(v.toTensor(), d.outputs[r][0], d.local_shapes[r][0]);
+      if (!d.outputs[r].empty() && d.outputs[r][0])
+        v = wrap_output(v.toTensor(), d.outputs[r][0], d.local_shapes[r][0], d.local_strides[r][0]);
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       TORCH_CHECK(l.size() == d.outputs[r].size(), "hyper_parallel: ", info.describe(), " returned ", l.size(),
                   " local tensors where the global op returns ", d.outputs[r].size());
-      for (size_t j = 0; j < l.size(); ++j) l.set(j, wrap_output(l.get(j), d.outputs[r][j], d.local_shapes[r][j]));
+      for (size_t j = 0; j < l.size(); ++j)
+        l.set(j, wrap_output(l.get(j), d.outputs[r][j], d.local_shapes[r][j], d.local_strides[r][j]));
       v = l;
     }
   }

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "dtensor_impl.h"
+#include "local_layout.h"
 #include "op_args.h"
 
 namespace hyper_parallel {
@@ -342,6 +343,7 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   const auto& rets = info.schema().returns();
   d.outputs.resize(rets.size());
   d.local_shapes.resize(rets.size());
+  d.local_strides.resize(rets.size());
   bool need_meta = false;
   for (size_t r = 0; r < rets.size(); ++r)
     need_meta = need_meta || (d.written_return_arg[r] < 0 && is_tensor_return(rets[r]) && s.output_shapes.empty());
@@ -351,6 +353,8 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
                  std::vector<int64_t> stride = {}, int64_t offset = 0) {
     auto spec = std::make_shared<const DTensorSpec>(mesh, pl, std::move(shape), dtype, std::move(stride), offset);
     d.local_shapes[r].push_back(spec->local_shape_and_offset(info.coordinate()).first);
+    d.local_strides[r].push_back(d.view_return_arg[r] >= 0 ? std::vector<int64_t>{}
+                                                           : local_strides_like(spec->shape, spec->stride, d.local_shapes[r].back()));
     d.outputs[r].push_back(std::move(spec));
   };
   auto add_meta = [&](size_t r, const Placements& pl, const at::Tensor& t) {
@@ -372,11 +376,15 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
       } else {
         d.outputs[r].push_back(nullptr);
         d.local_shapes[r].emplace_back();
+        d.local_strides[r].emplace_back();
       }
     } else {
       TORCH_INTERNAL_ASSERT(!is_list && shape_index < s.output_shapes.size(), "sharding rule of ", info.name(),
                             " gave no output shape for return ", r);
-      add(r, pl, s.output_shapes[shape_index], at::ScalarType::Undefined);
+      TORCH_INTERNAL_ASSERT(s.output_strides.empty() || shape_index < s.output_strides.size(), "sharding rule of ",
+                            info.name(), " gave no output strides for return ", r);
+      add(r, pl, s.output_shapes[shape_index], at::ScalarType::Undefined,
+          s.output_strides.empty() ? std::vector<int64_t>{} : s.output_strides[shape_index]);
     }
     ++shape_index;
   }
@@ -388,6 +396,7 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   resolve_inputs(info, s, *d);
   alias_returns(info, *d);
   output_specs(info, s, *d);
+  d->unsafe_view = info.op().operator_name().name == "aten::_unsafe_view";
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
   if (!s.handler.empty()) {

@@ -24,10 +24,14 @@ struct Decision {
   // Mutable: a return's dtype is learnt from the first local result when no meta run gave it.
   mutable std::vector<std::vector<std::shared_ptr<const DTensorSpec>>> outputs;
   std::vector<std::vector<std::vector<int64_t>>> local_shapes;
+  // Per return slot and element: the strides the local result of a new (not a view, not
+  // written) return must have to be laid out as its global strides say; empty: any layout.
+  std::vector<std::vector<std::vector<int64_t>>> local_strides;
   std::vector<int64_t> written_return_arg;  // per return slot: the argument it aliases, or -1
   std::vector<int64_t> view_return_arg;     // per return slot: the argument it is a view of, or -1
   std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
   std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
+  bool unsafe_view = false;                 // aten::_unsafe_view: a view its schema does not declare
   std::function<void(torch::jit::Stack&)> adjust_args;
   std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
   const OpHandler* handler = nullptr;  // registered handlers live as long as the process

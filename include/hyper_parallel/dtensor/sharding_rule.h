@@ -86,6 +86,9 @@ struct OpSharding {
   /// Global shapes of the tensor returns, for ops without a meta kernel; empty: the op runs once
   /// on meta tensors of the global shapes to find them.
   std::vector<std::vector<int64_t>> output_shapes;
+  /// Global strides of those returns, as the plain op would give them (one per output_shapes
+  /// entry; empty: contiguous). Ignored without output_shapes: the meta run gives the strides.
+  std::vector<std::vector<int64_t>> output_strides;
   /// Rewrites the local arguments (e.g. global sizes into local sizes) before the local op.
   std::function<void(torch::jit::Stack& local_args)> adjust_args;
   /// Replaces the local op with local computation: receives the stack with the local arguments,

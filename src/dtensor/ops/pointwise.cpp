@@ -2,6 +2,8 @@
 // activations and their backwards, the optimizer arithmetic).
 #include "pointwise.h"
 
+#include "../local_layout.h"
+
 namespace hyper_parallel {
 namespace ops {
 
@@ -160,6 +162,23 @@ Placements input_placements(const OpInfo& info, Linearity linearity, const Broad
   return want;
 }
 
+// The strides of a new result: a copy with a memory format (clone, _to_copy) keeps a dense
+// input's strides under Preserve and is contiguous otherwise; other ops lay it out as
+// TensorIterator does.
+std::vector<int64_t> output_strides(const OpInfo& info, const std::vector<int64_t>& shape) {
+  const auto& inputs = info.inputs();
+  if (const c10::IValue* format = arg_named(info, "memory_format")) {
+    const auto mf = format->isNone() ? at::MemoryFormat::Preserve : static_cast<at::MemoryFormat>(format->toInt());
+    const DTensorSpec& in = *inputs[0].spec;
+    if (mf == at::MemoryFormat::Preserve && !local_strides_like(in.shape, in.stride, in.shape).empty()) return in.stride;
+    if (mf == at::MemoryFormat::Preserve || mf == at::MemoryFormat::Contiguous) return contiguous_strides(shape);
+    return at::empty(shape, at::TensorOptions().device(at::kMeta).memory_format(mf)).strides().vec();
+  }
+  std::vector<OperandLayout> operands;
+  for (const auto& in : inputs) operands.push_back({&in.spec->shape, &in.spec->stride});
+  return elementwise_strides(shape, operands);
+}
+
 }  // namespace
 
 OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
@@ -172,9 +191,10 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   for (size_t k = 0; k < info.inputs().size(); ++k)
     s.input_placements.push_back(input_placements(info, linearity, b, out, k, written_input));
   s.output_placements.assign(info.schema().returns().size(), out);
-  // The broadcast shape, not a meta run: many pointwise ops (relu, _to_copy, where) have no meta
-  // kernel in libtorch 1.13.
+  // The broadcast shape and TensorIterator's strides, not a meta run: many pointwise ops (relu,
+  // _to_copy, where) have no meta kernel in C++.
   s.output_shapes.assign(info.schema().returns().size(), b.out_shape);
+  s.output_strides.assign(info.schema().returns().size(), output_strides(info, b.out_shape));
   return s;
 }
 

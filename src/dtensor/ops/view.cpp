@@ -3,6 +3,8 @@
 // as_strided (as autograd emits it).
 #include "rule_utils.h"
 
+#include "../local_layout.h"
+
 #include <numeric>
 
 namespace hyper_parallel {
@@ -227,7 +229,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
     const std::string what = info.describe();
     s.kernel = kernel_returning([=](const torch::jit::Stack& a) {
       const at::Tensor& self = a[0].toTensor();
-      HP_CHECK_T(c10::NotImplementedError, self.numel() == 0 || self.strides() == c10::IntArrayRef(global_stride),
+      HP_CHECK_T(c10::NotImplementedError, has_layout(self, global_stride),
                  "hyper_parallel: ", what, ": the local data is laid out with strides ", self.strides(),
                  " where the DTensor reports ", c10::IntArrayRef(global_stride), "; as_strided cannot be replayed");
       return self.as_strided(size, stride, self.storage_offset() + (offset - global_offset));
