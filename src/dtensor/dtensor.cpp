@@ -134,6 +134,7 @@ DTensor::DTensor(at::Tensor t) : at::Tensor(std::move(t)) {
 const DTensorSpec& DTensor::spec() const { return impl_of(*this, "spec()").spec(); }
 const Placements& DTensor::placements() const { return spec().placements; }
 const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
+bool DTensor::is_copy_view() const { return impl_of(*this, "is_copy_view()").is_copy_view(); }
 
 at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
   const DTensorImpl& impl = impl_of(*this, "to_local");
@@ -162,8 +163,13 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
                "redistribute: redistributing to ", dst[i].to_string(), " (mesh dim ", i, ", from ",
                impl.spec().placements[i].to_string(), ") is not supported; Partial placements "
                "come from ops (e.g. a Rowwise matmul), or build one with DTensor::from_local");
-  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this),
-                                       spec_with_placements(impl.spec(), std::move(dst))));
+  // A new tensor: laid out as clone() would lay it out (a dense layout is kept, a view's gaps and
+  // offset are not).
+  auto spec = std::make_shared<DTensorSpec>(impl.spec());
+  spec->placements = std::move(dst);
+  if (local_strides_like(spec->shape, spec->stride, spec->shape).empty()) spec->stride = contiguous_strides(spec->shape);
+  spec->storage_offset = 0;
+  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this), std::move(spec)));
 }
 
 DTensor DTensor::redistribute(const Placements& placements) const {

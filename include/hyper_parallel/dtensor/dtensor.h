@@ -28,6 +28,10 @@ class DTensor : public at::Tensor {
   const DTensorSpec& spec() const;
   const Placements& placements() const;
   const DeviceMesh& device_mesh() const;
+  /// Whether this is a view whose local data is a copy: making it needed communication (e.g.
+  /// `x.narrow(0, 1, 2)` of a Shard(0) `x`). It shares no data with its base, unlike the plain
+  /// view, so in-place writes into it are refused on every rank.
+  bool is_copy_view() const;
   /// This rank's shard as a plain tensor. Differentiable: the gradient flowing back becomes a
   /// DTensor with `grad_placements` (default: this tensor's placements, Partial as Replicate).
   at::Tensor to_local(c10::optional<Placements> grad_placements = c10::nullopt) const;
