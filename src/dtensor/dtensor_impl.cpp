@@ -21,6 +21,18 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
   set_storage_access_should_throw();
 }
 
+void DTensorImpl::set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
+  local_ = std::move(local);
+  spec_ = std::move(spec);
+  // An in-place view op changes metadata by definition; the flag guards .data/.detach() aliases
+  // against *other* metadata changes, which this is not.
+  const bool allow = allow_tensor_metadata_change();
+  set_allow_tensor_metadata_change(true);
+  set_sizes_and_strides(spec_->shape, spec_->stride);
+  storage_offset_ = spec_->storage_offset;
+  set_allow_tensor_metadata_change(allow);
+}
+
 template <class VersionCounter>
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_impl(VersionCounter&& vc, bool allow) const {
   auto r = c10::make_intrusive<DTensorImpl>(local_, spec_);

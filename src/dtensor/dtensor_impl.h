@@ -29,6 +29,9 @@ class DTensorImpl final : public c10::TensorImpl {
   /// dispatcher refuses it instead of losing it silently.
   bool is_copy_view() const { return copy_view_; }
   void set_copy_view(bool v) { copy_view_ = v; }
+  /// The new geometry after an in-place view op (squeeze_, t_, transpose_, unsqueeze_): the
+  /// reshaped local data and the spec with the new sizes and strides.
+  void set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,

@@ -91,8 +91,17 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
   for (size_t r = 0; r < nret; ++r) {
     c10::IValue& v = (*stack)[rbase + r];
     if (d.written_return_arg[r] >= 0) {
-      // The very same tensor (autograd's in-place wrappers return their own self anyway).
+      // The very same tensor (autograd's in-place wrappers return their own self anyway); an
+      // in-place view op gave it new sizes and strides, and its local data is the local result.
+      at::Tensor local = v.isTensor() ? v.toTensor() : at::Tensor();
       v = original[static_cast<size_t>(d.written_return_arg[r])];
+      if (d.inplace_view && local.defined() && !d.outputs[r].empty() && d.outputs[r][0]) {
+        DTensorImpl* self = dtensor_impl(v.toTensor());
+        TORCH_CHECK(local.sizes() == c10::IntArrayRef(d.local_shapes[r][0]), "hyper_parallel: ", info.describe(),
+                    " produced a local result of shape ", local.sizes(), " where ", c10::IntArrayRef(d.local_shapes[r][0]),
+                    " was expected (a sharding rule is wrong)");
+        self->set_local_and_spec(local, d.outputs[r][0]);
+      }
       continue;
     }
     // A view's local result must be a view of its base's local data; otherwise it is a copy.

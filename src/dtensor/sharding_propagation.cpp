@@ -344,9 +344,12 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   d.outputs.resize(rets.size());
   d.local_shapes.resize(rets.size());
   d.local_strides.resize(rets.size());
+  // An in-place view op (squeeze_, t_, ...) gives its written return a new geometry: the meta
+  // run says which.
+  d.inplace_view = info.op().hasTag(at::Tag::inplace_view);
   bool need_meta = false;
   for (size_t r = 0; r < rets.size(); ++r)
-    need_meta = need_meta || (d.written_return_arg[r] < 0 && is_tensor_return(rets[r]) && s.output_shapes.empty());
+    need_meta = need_meta || ((d.written_return_arg[r] < 0 || d.inplace_view) && is_tensor_return(rets[r]) && s.output_shapes.empty());
   const std::vector<c10::IValue> meta = need_meta ? run_on_meta(info) : std::vector<c10::IValue>{};
   const DeviceMesh& mesh = OpInfoAccess::mesh(info);
   auto add = [&](size_t r, const Placements& pl, std::vector<int64_t> shape, at::ScalarType dtype,
@@ -362,7 +365,7 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   };
   size_t shape_index = 0;
   for (size_t r = 0; r < rets.size(); ++r) {
-    if (d.written_return_arg[r] >= 0) { ++shape_index; continue; }
+    if (d.written_return_arg[r] >= 0 && !(d.inplace_view && need_meta)) { ++shape_index; continue; }
     if (!is_tensor_return(rets[r])) continue;
     TORCH_INTERNAL_ASSERT(r < s.output_placements.size(), "sharding rule of ", info.name(), " gave no placements for return ", r);
     const Placements& pl = s.output_placements[r];

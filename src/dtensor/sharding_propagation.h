@@ -32,6 +32,7 @@ struct Decision {
   std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
   std::vector<size_t> written_inputs;       // indices into OpInfo::inputs() the op writes
   bool unsafe_view = false;                 // aten::_unsafe_view: a view its schema does not declare
+  bool inplace_view = false;                // squeeze_, t_, ...: the written return gets a new geometry
   std::function<void(torch::jit::Stack&)> adjust_args;
   std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
   const OpHandler* handler = nullptr;  // registered handlers live as long as the process

@@ -75,20 +75,74 @@ OpSharding product(const OpInfo& info, size_t a_arg, size_t b_arg, bool batched,
   return s;
 }
 
+// Vector products, sharded as the matrix ones (what matmul with a 1-D operand and dot reach).
+// dot(a[k], b[k]): the contracted dim sharded on both -> Partial(sum).
+Placement dot_choice(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
+  const bool a_sum = pa.is_partial() && pa.reduce_op() == ReduceOp::SUM;
+  const bool b_sum = pb.is_partial() && pb.reduce_op() == ReduceOp::SUM;
+  if (pa.is_shard() || pb.is_shard()) { a = b = Shard(0); return Partial(); }
+  if (a_sum && !pb.is_partial()) { a = pa; b = Replicate(); return Partial(); }
+  if (b_sum && !pa.is_partial()) { a = Replicate(); b = pb; return Partial(); }
+  a = b = Replicate();
+  return Replicate();
+}
+
+// mv(m[n, k], v[k]): rows of m -> the result's dim 0; k sharded on both -> Partial(sum).
+Placement mv_choice(const Placement& pm, const Placement& pv, Placement& m, Placement& v) {
+  if (pm.is_shard(0)) { m = pm; v = Replicate(); return Shard(0); }
+  if (pm.is_shard(1) || pv.is_shard(0)) { m = Shard(1); v = Shard(0); return Partial(); }
+  const bool m_sum = pm.is_partial() && pm.reduce_op() == ReduceOp::SUM;
+  const bool v_sum = pv.is_partial() && pv.reduce_op() == ReduceOp::SUM;
+  if (m_sum && !pv.is_partial()) { m = pm; v = Replicate(); return Partial(); }
+  if (v_sum && !pm.is_partial()) { m = Replicate(); v = pv; return Partial(); }
+  m = v = Replicate();
+  return Replicate();
+}
+
+// outer(a[n], b[m]): a's shards -> dim 0, b's -> dim 1; one Partial(sum) factor stays Partial.
+Placement outer_choice(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
+  if (pa.is_shard()) { a = pa; b = Replicate(); return Shard(0); }
+  if (pb.is_shard()) { a = Replicate(); b = pb; return Shard(1); }
+  const bool a_sum = pa.is_partial() && pa.reduce_op() == ReduceOp::SUM;
+  const bool b_sum = pb.is_partial() && pb.reduce_op() == ReduceOp::SUM;
+  if (a_sum && !pb.is_partial()) { a = pa; b = Replicate(); return Partial(); }
+  if (b_sum && !pa.is_partial()) { a = Replicate(); b = pb; return Partial(); }
+  a = b = Replicate();
+  return Replicate();
+}
+
+using VectorChoice = Placement (*)(const Placement&, const Placement&, Placement&, Placement&);
+
+// The shapes are given: these ops have no meta kernel in C++.
+OpSharding vector_product(const OpInfo& info, VectorChoice choice, int64_t kind) {
+  const DTensorSpec* a = info.spec(0);
+  const DTensorSpec* b = info.spec(1);
+  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel: ", info.describe(), " needs both operands to be DTensors");
+  const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
+  Placements pa(nmesh), pb(nmesh), out(nmesh);
+  for (size_t i = 0; i < nmesh; ++i) out[i] = choice(a->placements[i], b->placements[i], pa[i], pb[i]);
+  HP_CHECK_T(c10::ValueError, kind != 0 || a->shape == b->shape, "hyper_parallel: ", info.describe(),
+             ": the vectors have different sizes");
+  OpSharding s;
+  s.input_placements = {pa, pb};
+  s.output_placements = {out};
+  if (kind == 0) s.output_shapes = {{}};
+  else if (kind == 1) s.output_shapes = {{a->shape[0]}};
+  else s.output_shapes = {{a->shape[0], b->shape[0]}};
+  return s;
+}
+
 struct Registrar {
   Registrar() {
     register_sharding_rule("aten::mm", [](const OpInfo& i) { return product(i, 0, 1, false, -1); });
     register_sharding_rule("aten::addmm", [](const OpInfo& i) { return product(i, 1, 2, false, 0); });
     register_sharding_rule("aten::bmm", [](const OpInfo& i) { return product(i, 0, 1, true, -1); });
     register_sharding_rule("aten::baddbmm", [](const OpInfo& i) { return product(i, 1, 2, true, 0); });
-    // Vector products: rare in models; computed replicated.
-    for (const char* n : {"aten::mv", "aten::dot", "aten::vdot", "aten::outer", "aten::ger"})
-      register_sharding_rule(n, [](const OpInfo& i) {
-        OpSharding s;
-        s.input_placements.assign(i.inputs().size(), replicate(i));
-        s.output_placements.assign(i.schema().returns().size(), replicate(i));
-        return s;
-      });
+    for (const char* n : {"aten::dot", "aten::vdot"})
+      register_sharding_rule(n, [](const OpInfo& i) { return vector_product(i, dot_choice, 0); });
+    register_sharding_rule("aten::mv", [](const OpInfo& i) { return vector_product(i, mv_choice, 1); });
+    for (const char* n : {"aten::outer", "aten::ger"})
+      register_sharding_rule(n, [](const OpInfo& i) { return vector_product(i, outer_choice, 2); });
   }
 } registrar;
 

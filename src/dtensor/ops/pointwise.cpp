@@ -4,6 +4,8 @@
 
 #include "../local_layout.h"
 
+#include <hyper_parallel/runtime/collectives.h>
+
 namespace hyper_parallel {
 namespace ops {
 
@@ -100,10 +102,12 @@ Placements output_placements(const OpInfo& info, Linearity linearity, const Broa
 // Partial mesh dim keep it; the others add zero (x + s = (x_0 + s) + x_1 + ...).
 std::function<void(torch::jit::Stack&)> zero_scalars_off_coordinate_0(const OpInfo& info, Linearity linearity,
                                                                       const Placements& out) {
+  // Only a sum counts the scalar once per rank; avg/max/min of x_r + s is the value plus s.
   bool keeps = true, partial_out = false;
   for (size_t i = 0; i < out.size(); ++i) {
-    partial_out = partial_out || out[i].is_partial();
-    if (out[i].is_partial() && info.coordinate()[i] != 0) keeps = false;
+    const bool sum = out[i].is_partial() && out[i].reduce_op() == ReduceOp::SUM;
+    partial_out = partial_out || sum;
+    if (sum && info.coordinate()[i] != 0) keeps = false;
   }
   if (!partial_out || keeps || (linearity != Linearity::Additive && linearity != Linearity::MaskedFill)) return nullptr;
   std::vector<size_t> scalar_operands;
@@ -147,14 +151,13 @@ Placements input_placements(const OpInfo& info, Linearity linearity, const Broad
     if (out[i].is_shard()) {
       want[i] = b.holds(k, out[i].dim()) ? Shard(out[i].dim() - (b.out_nd - in.ndim())) : Replicate();
     } else if (out[i].is_partial()) {
-      // Reached with a Partial written tensor too: a sum stays exact only if every addend is
-      // Partial (a replicated addend becomes Partial by zeros off coordinate 0) and factors
-      // are replicated.
-      HP_CHECK_T(c10::ValueError, linearity != Linearity::None && out[i].reduce_op() == ReduceOp::SUM,
-                 "hyper_parallel: ", info.describe(), " cannot update a ", out[i].to_string(),
-                 " tensor in place (the op is not linear); redistribute it to Replicate first");
+      // Reached with a Partial written tensor too (updated exactly, see in_place_on_partial):
+      // a sum stays exact only if every addend is Partial (a replicated addend becomes Partial
+      // by zeros off coordinate 0) and factors are replicated; avg/max/min get every other
+      // operand replicated.
       const bool carrier = written_input >= 0 ? static_cast<int64_t>(k) == written_input : in.placements[i].is_partial();
-      want[i] = linearity == Linearity::Additive || carrier ? Partial() : Replicate();
+      if (out[i].reduce_op() != ReduceOp::SUM) want[i] = carrier ? out[i] : Replicate();
+      else want[i] = linearity == Linearity::Additive || carrier ? Partial() : Replicate();
     } else {
       want[i] = Replicate();
     }
@@ -179,6 +182,51 @@ std::vector<int64_t> output_strides(const OpInfo& info, const std::vector<int64_
   return elementwise_strides(shape, operands);
 }
 
+// An in-place op on a Partial tensor keeps its placements (PyTorch refuses it). It is exact
+// without communication where the math allows: a sum under a linear op (scalars once), an avg
+// under a linear op, avg/max/min under adding, filling or copying a replicated value (every rank
+// applies it). Otherwise the value is reduced first, in place on every rank, the op applied to it,
+// and on a sum's mesh dims the ranks off coordinate 0 zeroed: the same Partial placements, the
+// exact value, and the views of the tensor (which share its local data) stay right too.
+// Returns the (mesh dim, reduce op) pairs to reduce first; empty when the op is exact as it is.
+std::vector<int64_t> in_place_on_partial(const OpInfo& info, Linearity linearity, int64_t written_input) {
+  if (written_input < 0 || info.written_arg() != 0) return {};
+  const DTensorSpec& self = *info.inputs()[static_cast<size_t>(written_input)].spec;
+  bool exact = true;
+  for (const auto& p : self.placements) {
+    if (!p.is_partial()) continue;
+    const ReduceOp op = p.reduce_op();
+    if (op == ReduceOp::SUM) exact = exact && linearity != Linearity::None;
+    else if (op == ReduceOp::AVG) exact = exact && linearity != Linearity::None;
+    else exact = exact && (linearity == Linearity::Additive || linearity == Linearity::MaskedFill);
+  }
+  // x.add_(y) with a Partial(max) y: the replicated y must be the value, which reduces y, not x.
+  std::vector<int64_t> params;
+  if (exact) return params;
+  for (size_t i = 0; i < self.placements.size(); ++i)
+    if (self.placements[i].is_partial()) {
+      params.push_back(static_cast<int64_t>(i));
+      params.push_back(static_cast<int64_t>(self.placements[i].reduce_op()));
+    }
+  return params;
+}
+
+// The op handler of in_place_on_partial: params are (mesh dim, reduce op) pairs.
+void reduce_first_in_place(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                           const std::vector<int64_t>& params) {
+  const size_t nargs = op.schema().arguments().size();
+  at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
+  const auto coord = *mesh.get_coordinate();
+  bool zero = false;
+  for (size_t k = 0; k + 1 < params.size(); k += 2) {
+    const auto reduce = static_cast<ReduceOp>(params[k + 1]);
+    all_reduce_(self, reduce, mesh.get_group(params[k]));
+    zero = zero || (reduce == ReduceOp::SUM && coord[static_cast<size_t>(params[k])] != 0);
+  }
+  op.callBoxed(stack);
+  if (zero) self.zero_();
+}
+
 }  // namespace
 
 OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
@@ -187,9 +235,22 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   const int64_t written_input = written >= 0 ? info.input_index(static_cast<size_t>(written)) : -1;
   const Placements out = output_placements(info, linearity, b, written_input);
   OpSharding s;
-  s.adjust_args = zero_scalars_off_coordinate_0(info, linearity, out);
-  for (size_t k = 0; k < info.inputs().size(); ++k)
-    s.input_placements.push_back(input_placements(info, linearity, b, out, k, written_input));
+  s.handler_params = in_place_on_partial(info, linearity, written_input);
+  if (!s.handler_params.empty()) {
+    // Reduced first: the other operands meet the whole value, so they are replicated there.
+    Placements as_replicated = out;
+    for (auto& p : as_replicated)
+      if (p.is_partial()) p = Replicate();
+    for (size_t k = 0; k < info.inputs().size(); ++k)
+      s.input_placements.push_back(static_cast<int64_t>(k) == written_input
+                                       ? info.inputs()[k].spec->placements
+                                       : input_placements(info, linearity, b, as_replicated, k, -1));
+    s.handler = "hp::reduce_first_in_place";
+  } else {
+    s.adjust_args = zero_scalars_off_coordinate_0(info, linearity, out);
+    for (size_t k = 0; k < info.inputs().size(); ++k)
+      s.input_placements.push_back(input_placements(info, linearity, b, out, k, written_input));
+  }
   s.output_placements.assign(info.schema().returns().size(), out);
   // The broadcast shape and TensorIterator's strides, not a meta run: many pointwise ops (relu,
   // _to_copy, where) have no meta kernel in C++.
@@ -244,6 +305,14 @@ const char* kNonLinear[] = {
     "aten::nan_to_num", "aten::fmod", "aten::remainder", "aten::atan2", "aten::square",
     "aten::logical_and_", "aten::logical_or_", "aten::logical_not_", "aten::elu_backward",
     "aten::softplus_backward", "aten::mish_backward", "aten::sgn_", "aten::bitwise_xor"};
+const char* kNonLinearInPlace[] = {
+    "aten::abs_", "aten::acos_", "aten::asin_", "aten::atan_", "aten::ceil_", "aten::cos_", "aten::cosh_",
+    "aten::erf_", "aten::exp_", "aten::expm1_", "aten::floor_", "aten::log_", "aten::log1p_", "aten::log2_",
+    "aten::reciprocal_", "aten::round_", "aten::rsqrt_", "aten::sigmoid_", "aten::sign_", "aten::sin_",
+    "aten::sinh_", "aten::sqrt_", "aten::tan_", "aten::tanh_", "aten::trunc_", "aten::hardtanh_",
+    "aten::leaky_relu_", "aten::elu_", "aten::square_", "aten::fmod_", "aten::remainder_", "aten::atan2_",
+    "aten::threshold_", "aten::nan_to_num_", "aten::bitwise_and_", "aten::bitwise_or_", "aten::bitwise_xor_",
+    "aten::bitwise_not_", "aten::lt_", "aten::le_", "aten::gt_", "aten::ge_", "aten::mish_"};
 // Linear in each operand when all operands are Partial(sum): x + y, x - y.
 const char* kAdditive[] = {"aten::add", "aten::add_", "aten::sub", "aten::sub_"};
 // Linear in one Partial operand when the others are replicated: x * c.
@@ -254,7 +323,12 @@ const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone",
 
 struct Registrar {
   Registrar() {
+    register_op_handler("hp::reduce_first_in_place", reduce_first_in_place);
     for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
+    // In-place forms of unary non-linear ops (where this libtorch has them).
+    for (auto n : kNonLinearInPlace)
+      if (c10::Dispatcher::singleton().findOp(c10::OperatorName(n, "")).has_value())
+        register_sharding_rule(n, rule(Linearity::None));
     for (auto n : kAdditive) register_sharding_rule(n, rule(Linearity::Additive));
     for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
     // Linear in the numerator: x / c.

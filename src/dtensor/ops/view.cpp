@@ -299,6 +299,7 @@ struct Registrar {
     register_sharding_rule("aten::unsqueeze_", unsqueeze_rule);
     register_sharding_rule("aten::squeeze", squeeze_rule);
     register_sharding_rule("aten::squeeze.dim", squeeze_rule);
+    register_sharding_rule("aten::squeeze_", squeeze_rule);
     register_sharding_rule("aten::select.int", select_rule);
     register_sharding_rule("aten::slice.Tensor", slice_rule);
     register_sharding_rule("aten::split.Tensor", [](const OpInfo& i) { return along_dim_rule(i, 2, false); });

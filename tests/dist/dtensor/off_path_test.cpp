@@ -271,3 +271,75 @@ TEST(OffPathDist, ScaledDotProductAttentionOnShardedHeads) {
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(dist[static_cast<size_t>(i)].grad(), plain[static_cast<size_t>(i)].grad())) << i;
   }
 }
+
+// Vector products with every placement of the operands: matmul with a 1-D operand (it
+// decomposes into squeeze_ of a product), dot, mv and outer, forward and gradients.
+TEST(OffPathDist, VectorProductsMatchPlain) {
+  const int64_t n = 5;  // uneven (and empty pieces on 4 ranks... not for 5 > 4)
+  const std::vector<P> pls{S0, R, Part};
+  for (const P& pa : pls)
+    for (const P& pb : pls) {
+      const std::string tag = hp::to_string(pa) + " x " + hp::to_string(pb);
+      check_same_as_plain("dot " + tag, {values({n}), values({n}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::dot(a[0], a[1]); });
+      check_same_as_plain("matmul 1-D @ 1-D " + tag, {values({n}), values({n}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::matmul(a[0], a[1]); });
+      check_same_as_plain("matmul 1-D @ 2-D " + tag, {values({n}), values({n, 3}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::matmul(a[0], a[1]); });
+      check_same_as_plain("matmul 2-D @ 1-D " + tag, {values({3, n}), values({n}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::matmul(a[0], a[1]); });
+      check_same_as_plain("mv " + tag, {values({n, 3}), values({3}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::mv(a[0], a[1]); });
+      check_same_as_plain("outer " + tag, {values({n}), values({3}, 3)}, {pa, pb},
+                          [](const std::vector<at::Tensor>& a) { return at::outer(a[0], a[1]); });
+    }
+}
+
+// In-place ops on Partial(avg/max/min/sum) tensors keep the placement and give the exact value:
+// without communication where the math allows (linear ops on sum/avg, adding, filling or copying
+// a replicated value on avg/max), reduced first otherwise (relu_ on a sum, mul_ by a negative
+// number on a max). Views of the tensor see the new values too.
+TEST(OffPathDist, InPlaceOnPartialIsExact) {
+  auto mesh = world_mesh();
+  const auto& g = mesh.get_group(0);
+  at::Tensor full = values({3, 4});
+  auto partial = [&](hp::ReduceOp op) {
+    at::Tensor piece;
+    switch (op) {
+      case hp::ReduceOp::SUM: piece = g.rank() == 0 ? full - 0.375 * (g.size() - 1) : at::full_like(full, 0.375); break;
+      case hp::ReduceOp::AVG: piece = full + (g.rank() == 0 ? 0.5 * (g.size() - 1) : -0.5); break;
+      case hp::ReduceOp::MAX: piece = full - 0.25 * g.rank(); break;
+      default: piece = full + 0.25 * g.rank(); break;  // MIN
+    }
+    return hp::DTensor::from_local(piece, mesh, {hp::Partial(op)});
+  };
+  using F = std::function<at::Tensor(at::Tensor)>;
+  const std::vector<std::pair<std::string, F>> ops{
+      {"relu_", [](at::Tensor t) { return t.relu_(); }},
+      {"mul_(2)", [](at::Tensor t) { return t.mul_(2.0); }},
+      {"mul_(-1.5)", [](at::Tensor t) { return t.mul_(-1.5); }},
+      {"add_(0.5)", [](at::Tensor t) { return t.add_(0.5); }},
+      {"fill_(1.5)", [](at::Tensor t) { return t.fill_(1.5); }},
+      {"zero_", [](at::Tensor t) { return t.zero_(); }},
+      {"neg_", [](at::Tensor t) { return t.neg_(); }},
+      {"exp_", [](at::Tensor t) { return t.exp_(); }},
+      {"div_(4)", [](at::Tensor t) { return t.div_(4.0); }},
+      {"copy_", [](at::Tensor t) { return t.copy_(t.detach().clone() * 0 + 2.5); }},
+  };
+  for (hp::ReduceOp op : {hp::ReduceOp::SUM, hp::ReduceOp::AVG, hp::ReduceOp::MAX, hp::ReduceOp::MIN}) {
+    for (const auto& [name, f] : ops) {
+      if (name == "copy_") continue;  // below, with a replicated source
+      hp::DTensor x = partial(op);
+      at::Tensor view = x.narrow(1, 1, 2);  // Partial views share the local data
+      at::Tensor expect = f(full.clone());
+      at::Tensor r = f(x);
+      EXPECT_TRUE(r.is_same(x)) << name;
+      EXPECT_EQ(x.placements(), P{hp::Partial(op)}) << name;
+      EXPECT_TRUE(close(x, expect)) << name << " on " << hp::Partial(op).to_string();
+      EXPECT_TRUE(close(view, expect.narrow(1, 1, 2))) << name << " on " << hp::Partial(op).to_string() << " (view)";
+    }
+    hp::DTensor x = partial(op);
+    x.copy_(hp::distribute_tensor(full * 3, mesh, R));
+    EXPECT_TRUE(close(x, full * 3)) << "copy_ on " << hp::Partial(op).to_string();
+  }
+}

@@ -55,6 +55,17 @@ hp::Placements random_placements(Rng& rng, const hp::DeviceMesh& mesh, int64_t n
     else if (r == 8) p.push_back(hp::Partial(hp::ReduceOp::AVG));
     else p.push_back(hp::Partial(hp::ReduceOp::MAX));
   }
+  // max does not commute with sum/avg: a value Partial(max) on one mesh dim and Partial(sum) on
+  // another depends on the order of the reductions. Such a tensor has no single meaning.
+  int64_t npartial = 0;
+  bool has_max = false;
+  for (const auto& x : p) {
+    npartial += x.is_partial();
+    has_max = has_max || (x.is_partial() && x.reduce_op() == hp::ReduceOp::MAX);
+  }
+  if (has_max && npartial > 1)
+    for (auto& x : p)
+      if (x.is_partial() && x.reduce_op() == hp::ReduceOp::MAX) x = hp::Replicate();
   return p;
 }
 
@@ -149,7 +160,7 @@ class Menu {
     using V = const std::vector<at::Tensor>&;
     const bool fp = x.is_floating_point();
     for (;;) {
-      switch (pick(rng_, 0, 22)) {
+      switch (pick(rng_, 0, 23)) {
         case 0: {
           const int64_t u = pick(rng_, 0, 5);
           const char* names[] = {"neg", "exp", "relu", "sigmoid", "abs", "tanh"};
@@ -351,6 +362,22 @@ class Menu {
           s.target = a;
           return s;
         }
+        case 23: {  // in-place view ops: new sizes and strides for the same tensor
+          const int64_t u = pick(rng_, 0, 2);
+          if (u == 0 && nd < 2) break;
+          if (u == 2 && (nd == 0 || x.size(d) != 1)) break;
+          const int64_t e = pick(rng_, 0, nd);
+          Step s{c10::str(u == 0 ? "t_(t" : u == 1 ? "unsqueeze_(t" : "squeeze_(t", a, ")"), u == 0 ? "transpose_" : u == 1 ? "unsqueeze_" : "squeeze_",
+                 [a, u, d, e](V t) {
+                   at::Tensor y = t[a];
+                   if (u == 0) return y.transpose_(0, 1);
+                   if (u == 1) return y.unsqueeze_(e);
+                   return y.squeeze_(d);
+                 }};
+          s.in_place = true;
+          s.target = a;
+          return s;
+        }
       }
     }
   }
@@ -415,6 +442,8 @@ std::string run_chain(uint64_t seed, const hp::DeviceMesh& mesh, Summary& summar
                            derr.empty() ? "(not this one)" : derr.substr(0, 400)));
     if (refusing > 0) {
       ++summary.refused[step.kind];
+      if (std::getenv("HP_OP_CHAINS_VERBOSE") != nullptr && hp::get_rank() == 0)
+        std::printf("refused: %s: %s\n", step.name.c_str(), derr.substr(0, 300).c_str());
       continue;  // refused on every rank, before changing anything: the plain twin skips it too
     }
     at::Tensor pres;
