@@ -2,6 +2,8 @@
 // index_select), and the ops that leave DTensor land (item, equal).
 #include "pointwise.h"
 
+#include "../local_layout.h"
+
 namespace hyper_parallel {
 namespace ops {
 namespace {
@@ -27,9 +29,19 @@ OpSharding new_rule(const OpInfo& info, bool strided) {
   s.output_placements = {out};
   s.output_shapes = {size};
   const std::vector<int64_t> local = local_shape(info, out, size);
-  s.adjust_args = [local, strided](torch::jit::Stack& args) {
+  // new_empty_strided (autograd's CopySlices makes its gradient buffer so) gets the given global
+  // strides, and a local piece laid out alike: the as_strided views autograd takes of it next
+  // address the elements the global strides say.
+  std::vector<int64_t> local_strides;
+  if (strided) {
+    const std::vector<int64_t> stride = int_list(info, 2);
+    s.output_strides = {stride};
+    local_strides = local_strides_like(size, stride, local);
+    if (local_strides.empty()) local_strides = contiguous_strides(local);
+  }
+  s.adjust_args = [local, strided, local_strides](torch::jit::Stack& args) {
     args[1] = c10::IValue(local);
-    if (strided) args[2] = c10::IValue(contiguous_strides(local));
+    if (strided) args[2] = c10::IValue(local_strides);
   };
   return s;
 }

@@ -191,3 +191,20 @@ TEST(AliasingDist, B5_CopyIntoAContiguousCopyOfASize1ShardedDim) {
   u_d.copy_(x.t().neg());
   EXPECT_TRUE(close(u_d, u_p));
 }
+
+// An in-place op on a view of a tensor transposed in place: autograd's CopySlices makes the
+// gradient buffer with new_empty_strided(base sizes, base strides) and views it with as_strided.
+// The buffer once came out contiguous whatever the strides asked, so the view addressed other
+// elements and the gradient was silently wrong (found by the op chains).
+TEST(AliasingDist, InPlaceOnAViewOfATransposedTensorHasThePlainGradient) {
+  for (const P& p : {P{hp::Replicate()}, P{hp::Partial()}}) {
+    check_same_as_plain("t_ / select / unsqueeze / narrow().mul_ on " + hp::to_string(p), {random({3, 3}, 5)}, {p},
+                        [](const std::vector<at::Tensor>& x) {
+                          at::Tensor a = x[0].clone();
+                          a.t_();
+                          at::Tensor u = a.select(0, 1).unsqueeze(0);
+                          u.narrow(1, 0, 1).mul_(0.5);
+                          return at::cat({a.flatten(), u.flatten() * 3});
+                        });
+  }
+}
