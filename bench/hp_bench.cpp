@@ -63,6 +63,44 @@ void dtensor_op_overhead(const hp::DeviceMesh& mesh) {
   }
 }
 
+// The same cases for callgrind, whose instruction counts are stable where these VMs' timings are
+// not: `valgrind --tool=callgrind hp_bench --instructions <add|linear|layer_norm> N`, then
+// callgrind_annotate --inclusive=yes; the inclusive counts of hp_bench_repeat_plain and
+// hp_bench_repeat_dtensor divided by N are the instructions per op (after 200 warm-up calls that
+// fill the rule cache).
+__attribute__((noinline, noipa)) void hp_bench_repeat_plain(const std::function<void()>& f, int n) {
+  for (int i = 0; i < n; ++i) f();
+}
+__attribute__((noinline, noipa)) void hp_bench_repeat_dtensor(const std::function<void()>& f, int n) {
+  for (int i = 0; i < n; ++i) f();
+}
+void dtensor_op_instructions(const hp::DeviceMesh& mesh, const std::string& op, int n) {
+  at::Tensor a = at::randn({8, 16}), b = at::randn({8, 16}), w = at::randn({16, 16}), bias = at::randn({16});
+  at::Tensor lw = at::randn({16}), lb = at::randn({16});
+  const hp::Placements R{hp::Replicate()}, S0{hp::Shard(0)};
+  auto da = hp::distribute_tensor(a, mesh, S0), db = hp::distribute_tensor(b, mesh, S0);
+  auto dw = hp::distribute_tensor(w, mesh, R), dbias = hp::distribute_tensor(bias, mesh, R);
+  auto dlw = hp::distribute_tensor(lw, mesh, R), dlb = hp::distribute_tensor(lb, mesh, R);
+  at::NoGradGuard no_grad;
+  std::function<void()> plain, dist;
+  if (op == "add") {
+    plain = [&] { at::add(a, b); };
+    dist = [&] { at::add(da, db); };
+  } else if (op == "linear") {
+    plain = [&] { at::linear(a, w, bias); };
+    dist = [&] { at::linear(da, dw, dbias); };
+  } else {
+    plain = [&] { at::layer_norm(a, {16}, lw, lb); };
+    dist = [&] { at::layer_norm(da, {16}, dlw, dlb); };
+  }
+  for (int i = 0; i < 200; ++i) {
+    plain();
+    dist();
+  }
+  hp_bench_repeat_plain(plain, n);
+  hp_bench_repeat_dtensor(dist, n);
+}
+
 // One Adam step on a small MLP's DTensor parameters vs the same parameters as plain tensors.
 void adam_step(const hp::DeviceMesh& mesh) {
   const std::string name = "adam_step";
@@ -195,6 +233,11 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   hp::init_process_group();
   auto mesh = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
+  if (argc > 3 && std::string(argv[1]) == "--instructions") {
+    dtensor_op_instructions(mesh, argv[2], std::atoi(argv[3]));
+    hp::destroy_process_group();
+    return 0;
+  }
   if (hp::get_rank() == 0)
     std::printf("{\"name\": \"environment\", \"blas\": \"%s\", \"intra_op_threads\": %d, \"world_size\": %lld}\n",
                 blas_in_use().c_str(), at::get_num_threads(), static_cast<long long>(hp::get_world_size()));

@@ -94,6 +94,22 @@ std::vector<int64_t> local_strides_like(const std::vector<int64_t>& shape, const
   return out;
 }
 
+LocalLayout local_layout_like(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                              const std::vector<int64_t>& local) {
+  LocalLayout l;
+  l.strides = local_strides_like(shape, stride, local);
+  if (l.strides.empty()) return l;
+  // Contiguous on every dim of size > 1 is what is_contiguous() checks.
+  l.contiguous = true;
+  int64_t expect = 1;
+  for (size_t k = local.size(); k-- > 0;) {
+    if (local[k] == 1) continue;
+    l.contiguous = l.contiguous && l.strides[k] == expect;
+    expect *= local[k];
+  }
+  return l;
+}
+
 bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
   if (strides.empty()) return true;
   const auto sizes = t.sizes();

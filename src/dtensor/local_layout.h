@@ -33,6 +33,19 @@ std::vector<int64_t> local_strides_like(const std::vector<int64_t>& shape, const
 /// is empty).
 bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides);
 
+/// The layout a local result must have: `strides` (empty: any), and whether they are contiguous
+/// ones, which a tensor's cached is_contiguous() answers at no cost.
+struct LocalLayout {
+  std::vector<int64_t> strides;
+  bool contiguous = false;
+};
+/// local_strides_like(...) of a piece of sizes `local`, as a LocalLayout.
+LocalLayout local_layout_like(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                              const std::vector<int64_t>& local);
+inline bool has_layout(const at::Tensor& t, const LocalLayout& layout) {
+  return layout.contiguous ? t.is_contiguous() : has_layout(t, layout.strides);
+}
+
 /// A copy of `t` with `strides` (contiguous when `strides` is empty).
 at::Tensor copy_with_layout(const at::Tensor& t, const std::vector<int64_t>& strides);
 

@@ -60,11 +60,11 @@ bool aliases_an_input(const at::Tensor& t, const OpInfo& info, const OriginalArg
 // Both hold already for nearly every local op; a copy otherwise. `_unsafe_view` is exempt: its
 // schema declares no alias, but it is a view (of the fresh copy reshape() made) on plain tensors
 // too.
-at::Tensor as_new_result(at::Tensor t, const std::vector<int64_t>& strides, const OpInfo& info,
+at::Tensor as_new_result(at::Tensor t, const LocalLayout& layout, const OpInfo& info,
                          const OriginalArgs& original, bool exempt) {
   if (!t.defined() || exempt) return t;
-  if (has_layout(t, strides) && !aliases_an_input(t, info, original)) return t;
-  return copy_with_layout(t, strides);
+  if (has_layout(t, layout) && !aliases_an_input(t, info, original)) return t;
+  return copy_with_layout(t, layout.strides);
 }
 
 // Wraps local result `t` with `spec`, whose dtype is corrected from `t` (once per decision).
@@ -115,7 +115,7 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
     const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
     const bool is_view = d.view_return_arg[r] >= 0;
     auto wrap_output = [&](const at::Tensor& result, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& shape,
-                           const std::vector<int64_t>& strides) {
+                           const LocalLayout& strides) {
       c10::optional<c10::InferenceMode> normal;
       if (normal_view) normal.emplace(false);
       const at::Tensor local = is_view ? result : as_new_result(result, strides, info, original, d.unsafe_view);

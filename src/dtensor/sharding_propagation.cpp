@@ -356,8 +356,8 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
                  std::vector<int64_t> stride = {}, int64_t offset = 0) {
     auto spec = std::make_shared<const DTensorSpec>(mesh, pl, std::move(shape), dtype, std::move(stride), offset);
     d.local_shapes[r].push_back(spec->local_shape_and_offset(info.coordinate()).first);
-    d.local_strides[r].push_back(d.view_return_arg[r] >= 0 ? std::vector<int64_t>{}
-                                                           : local_strides_like(spec->shape, spec->stride, d.local_shapes[r].back()));
+    d.local_strides[r].push_back(d.view_return_arg[r] >= 0 ? LocalLayout{}
+                                                           : local_layout_like(spec->shape, spec->stride, d.local_shapes[r].back()));
     d.outputs[r].push_back(std::move(spec));
   };
   auto add_meta = [&](size_t r, const Placements& pl, const at::Tensor& t) {

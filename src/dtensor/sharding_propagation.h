@@ -13,6 +13,8 @@
 #include <hyper_parallel/dtensor/redistribute_plan.h>
 #include <hyper_parallel/dtensor/sharding_rule.h>
 
+#include "local_layout.h"
+
 namespace hyper_parallel {
 
 struct Decision {
@@ -26,7 +28,7 @@ struct Decision {
   std::vector<std::vector<std::vector<int64_t>>> local_shapes;
   // Per return slot and element: the strides the local result of a new (not a view, not
   // written) return must have to be laid out as its global strides say; empty: any layout.
-  std::vector<std::vector<std::vector<int64_t>>> local_strides;
+  std::vector<std::vector<LocalLayout>> local_strides;
   std::vector<int64_t> written_return_arg;  // per return slot: the argument it aliases, or -1
   std::vector<int64_t> view_return_arg;     // per return slot: the argument it is a view of, or -1
   std::vector<bool> view_base_moved;        // per return slot: that argument is redistributed first
