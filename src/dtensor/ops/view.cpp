@@ -5,6 +5,7 @@
 
 #include "../local_layout.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace hyper_parallel {
@@ -212,6 +213,61 @@ OpSharding identity_rule(const OpInfo& info) {
   return single_input(info, in.placements, in.placements);
 }
 
+// as_strided(size, stride, offset) of a tensor with a dense global layout, read as the view of its
+// dims it is: a view dim of size > 1 is the base dim of the same stride, and the offset is a start
+// along each base dim (a base dim no view dim takes is selected at its start). nullopt when the
+// geometry is no such view (overlapping, or strides the base does not have).
+struct DimView {
+  std::vector<int64_t> base_dim;  // per view dim: the base dim, -1 for a view dim of size 1
+  std::vector<int64_t> start;     // per base dim
+};
+c10::optional<DimView> as_dim_view(const DTensorSpec& in, const std::vector<int64_t>& size,
+                                   const std::vector<int64_t>& stride, int64_t offset) {
+  if (local_strides_like(in.shape, in.stride, in.shape).empty() || size.size() != stride.size()) return c10::nullopt;
+  DimView v;
+  v.base_dim.assign(size.size(), -1);
+  std::vector<bool> taken(in.shape.size(), false);
+  for (size_t k = 0; k < size.size(); ++k) {
+    if (size[k] == 1) continue;
+    for (size_t b = 0; b < in.shape.size(); ++b)
+      if (!taken[b] && in.shape[b] > 1 && in.stride[b] == stride[k]) {
+        taken[b] = true;
+        v.base_dim[k] = static_cast<int64_t>(b);
+        break;
+      }
+    if (v.base_dim[k] < 0) return c10::nullopt;
+  }
+  // A sharded base dim of size 1 goes to a view dim of size 1 (its stride is arbitrary): the
+  // piece holding it (or nothing) stays where it is.
+  for (const auto& p : in.placements) {
+    if (!p.is_shard() || in.shape[static_cast<size_t>(p.dim())] != 1 || taken[static_cast<size_t>(p.dim())]) continue;
+    for (size_t k = 0; k < size.size(); ++k)
+      if (size[k] == 1 && v.base_dim[k] < 0) {
+        v.base_dim[k] = p.dim();
+        taken[static_cast<size_t>(p.dim())] = true;
+        break;
+      }
+  }
+  int64_t rel = offset - in.storage_offset;
+  if (rel < 0) return c10::nullopt;
+  std::vector<size_t> order;
+  for (size_t b = 0; b < in.shape.size(); ++b)
+    if (in.shape[b] > 1) order.push_back(b);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return in.stride[a] > in.stride[b]; });
+  v.start.assign(in.shape.size(), 0);
+  for (size_t b : order) {
+    v.start[b] = rel / in.stride[b];
+    rel %= in.stride[b];
+  }
+  if (rel != 0) return c10::nullopt;
+  for (size_t k = 0; k < size.size(); ++k)
+    if (v.base_dim[k] >= 0 && v.start[static_cast<size_t>(v.base_dim[k])] + size[k] > in.shape[static_cast<size_t>(v.base_dim[k])])
+      return c10::nullopt;
+  for (size_t b = 0; b < in.shape.size(); ++b)
+    if (v.start[b] >= std::max<int64_t>(in.shape[b], 1)) return c10::nullopt;
+  return v;
+}
+
 // as_strided reaches DTensors from autograd's in-place-on-view path (CopySlices, AsStridedBackward),
 // with the geometry the DTensors report (global sizes, strides and storage offsets). A tensor with
 // no Shard holds the whole tensor locally: the same geometry applies to its local data, offset
@@ -236,13 +292,42 @@ OpSharding as_strided_rule(const OpInfo& info) {
     });
     return s;
   }
-  HP_CHECK_T(c10::NotImplementedError, size == in.shape && stride == in.stride && offset == in.storage_offset,
-             "hyper_parallel: ", info.describe(), " with size ", c10::IntArrayRef(size), " stride ",
-             c10::IntArrayRef(stride), " offset ", offset,
-             " on a sharded DTensor is not supported (autograd replays an in-place op on a view of a "
-             "sharded DTensor this way: run the op out of place)");
-  OpSharding s = identity_rule(info);
-  s.kernel = kernel_returning([](const torch::jit::Stack& a) { return a[0].toTensor().alias(); });
+  // Sharded: the geometry must be a view of the base's dims that keeps every sharded dim whole
+  // (e.g. a transpose, or a narrow/select of an unsharded dim); its local version is the same
+  // view of the local piece, through the local piece's own strides.
+  const c10::optional<DimView> view = as_dim_view(in, size, stride, offset);
+  bool whole = view.has_value();
+  Placements out = in.placements;
+  for (size_t i = 0; whole && i < in.placements.size(); ++i) {
+    if (!in.placements[i].is_shard()) continue;
+    const int64_t b = in.placements[i].dim();
+    const auto k = std::find(view->base_dim.begin(), view->base_dim.end(), b);
+    whole = k != view->base_dim.end() && view->start[static_cast<size_t>(b)] == 0 &&
+            size[static_cast<size_t>(k - view->base_dim.begin())] == in.shape[static_cast<size_t>(b)];
+    if (whole) out[i] = Shard(k - view->base_dim.begin());
+  }
+  HP_CHECK_T(c10::NotImplementedError, whole, "hyper_parallel: ", info.describe(), " with size ", c10::IntArrayRef(size),
+             " stride ", c10::IntArrayRef(stride), " offset ", offset,
+             " on a sharded DTensor is not supported: it is not a view that keeps every sharded dim whole (autograd "
+             "replays an in-place op on a view of a sharded DTensor this way: run the op out of place, or "
+             "redistribute the tensor first)");
+  OpSharding s = single_input(info, in.placements, out);
+  const DimView v = *view;
+  std::vector<bool> sharded_dim(in.shape.size(), false);
+  for (const auto& p : in.placements)
+    if (p.is_shard()) sharded_dim[static_cast<size_t>(p.dim())] = true;
+  s.kernel = kernel_returning([v, size, sharded_dim](const torch::jit::Stack& a) {
+    const at::Tensor& self = a[0].toTensor();
+    std::vector<int64_t> lsize(size.size()), lstride(size.size(), 1);
+    int64_t loffset = self.storage_offset();
+    for (size_t b = 0; b < v.start.size(); ++b) loffset += v.start[b] * self.stride(static_cast<int64_t>(b));
+    for (size_t k = 0; k < size.size(); ++k) {
+      const int64_t b = v.base_dim[k];
+      lsize[k] = b < 0 ? 1 : sharded_dim[static_cast<size_t>(b)] ? self.size(b) : size[k];  // a sharded dim is whole
+      if (b >= 0) lstride[k] = self.stride(b);
+    }
+    return self.as_strided(lsize, lstride, loffset);
+  });
   return s;
 }
 

@@ -208,3 +208,35 @@ TEST(AliasingDist, InPlaceOnAViewOfATransposedTensorHasThePlainGradient) {
                         });
   }
 }
+
+// In-place ops on views of a sharded tensor, then backward: autograd replays them with
+// as_strided on the gradient of the base. A geometry that is a view keeping every sharded dim
+// whole (a transpose, a narrow or select of an unsharded dim) maps to the same view of the local
+// piece; others are refused on every rank, naming the geometry.
+TEST(AliasingDist, InPlaceOnViewsOfAShardedTensorHasThePlainGradient) {
+  const std::vector<std::pair<std::string, std::function<void(at::Tensor&)>>> writes{
+      {"transpose().add_", [](at::Tensor& a) { a.transpose(0, 1).add_(1.5); }},
+      {"narrow(1).mul_", [](at::Tensor& a) { a.narrow(1, 1, 2).mul_(-2.0); }},
+      {"select(1).relu_", [](at::Tensor& a) { a.select(1, 2).relu_(); }},
+      {"unsqueeze(0).mul_", [](at::Tensor& a) { a.unsqueeze(0).mul_(3.0); }},
+  };
+  for (const auto& [name, write] : writes) {
+    check_same_as_plain(name + " on Shard(0)", {random({5, 4}, 9)}, {P{hp::Shard(0)}},
+                        [write = write](const std::vector<at::Tensor>& x) {
+                          at::Tensor a = x[0] * 1;
+                          write(a);
+                          return a * a;
+                        });
+  }
+  // A narrow of the sharded dim needed the other ranks' rows: a copy view, whose write is refused
+  // on every rank.
+  auto x = hp::distribute_tensor(random({4, 4}, 2), world_mesh(), {hp::Shard(0)});
+  x.set_requires_grad(true);
+  at::Tensor a = x * 1;
+  EXPECT_THROW(
+      {
+        a.narrow(0, 1, 2).mul_(2.0);
+        (a * a).sum().backward();
+      },
+      c10::Error);
+}
