@@ -75,40 +75,36 @@ OpSharding product(const OpInfo& info, size_t a_arg, size_t b_arg, bool batched,
   return s;
 }
 
-// Vector products, sharded as the matrix ones (what matmul with a 1-D operand and dot reach).
-// dot(a[k], b[k]): the contracted dim sharded on both -> Partial(sum).
-Placement dot_choice(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
+// A product with one Partial(sum) factor and a factor that is not Partial stays Partial(sum)
+// (it is linear in each factor); anything else is computed replicated.
+Placement one_partial_factor(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
   const bool a_sum = pa.is_partial() && pa.reduce_op() == ReduceOp::SUM;
   const bool b_sum = pb.is_partial() && pb.reduce_op() == ReduceOp::SUM;
-  if (pa.is_shard() || pb.is_shard()) { a = b = Shard(0); return Partial(); }
   if (a_sum && !pb.is_partial()) { a = pa; b = Replicate(); return Partial(); }
   if (b_sum && !pa.is_partial()) { a = Replicate(); b = pb; return Partial(); }
   a = b = Replicate();
   return Replicate();
+}
+
+// Vector products, sharded as the matrix ones (what matmul with a 1-D operand and dot reach).
+// dot(a[k], b[k]): the contracted dim sharded on both -> Partial(sum).
+Placement dot_choice(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
+  if (pa.is_shard() || pb.is_shard()) { a = b = Shard(0); return Partial(); }
+  return one_partial_factor(pa, pb, a, b);
 }
 
 // mv(m[n, k], v[k]): rows of m -> the result's dim 0; k sharded on both -> Partial(sum).
 Placement mv_choice(const Placement& pm, const Placement& pv, Placement& m, Placement& v) {
   if (pm.is_shard(0)) { m = pm; v = Replicate(); return Shard(0); }
   if (pm.is_shard(1) || pv.is_shard(0)) { m = Shard(1); v = Shard(0); return Partial(); }
-  const bool m_sum = pm.is_partial() && pm.reduce_op() == ReduceOp::SUM;
-  const bool v_sum = pv.is_partial() && pv.reduce_op() == ReduceOp::SUM;
-  if (m_sum && !pv.is_partial()) { m = pm; v = Replicate(); return Partial(); }
-  if (v_sum && !pm.is_partial()) { m = Replicate(); v = pv; return Partial(); }
-  m = v = Replicate();
-  return Replicate();
+  return one_partial_factor(pm, pv, m, v);
 }
 
-// outer(a[n], b[m]): a's shards -> dim 0, b's -> dim 1; one Partial(sum) factor stays Partial.
+// outer(a[n], b[m]): a's shards -> dim 0, b's -> dim 1.
 Placement outer_choice(const Placement& pa, const Placement& pb, Placement& a, Placement& b) {
   if (pa.is_shard()) { a = pa; b = Replicate(); return Shard(0); }
   if (pb.is_shard()) { a = Replicate(); b = pb; return Shard(1); }
-  const bool a_sum = pa.is_partial() && pa.reduce_op() == ReduceOp::SUM;
-  const bool b_sum = pb.is_partial() && pb.reduce_op() == ReduceOp::SUM;
-  if (a_sum && !pb.is_partial()) { a = pa; b = Replicate(); return Partial(); }
-  if (b_sum && !pa.is_partial()) { a = Replicate(); b = pb; return Partial(); }
-  a = b = Replicate();
-  return Replicate();
+  return one_partial_factor(pa, pb, a, b);
 }
 
 using VectorChoice = Placement (*)(const Placement&, const Placement&, Placement&, Placement&);

@@ -395,6 +395,16 @@ class Menu {
   std::vector<Pair>& constants_;
 };
 
+// Runs `op` into `out`; its error message, or "".
+std::string attempt(const Op& op, const std::vector<at::Tensor>& args, at::Tensor& out) {
+  try {
+    out = op(args);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 struct Summary {
   int64_t chains = 0, steps = 0, backward_checked = 0;
   std::map<std::string, int64_t> refused, backward_refused;
@@ -429,13 +439,8 @@ std::string run_chain(uint64_t seed, const hp::DeviceMesh& mesh, Summary& summar
       d.push_back(t.dist);
       p.push_back(t.plain);
     }
-    std::string derr;
-    at::Tensor dres;
-    try {
-      dres = step.op(d);
-    } catch (const std::exception& e) {
-      derr = e.what();
-    }
+    at::Tensor dres, pres;
+    const std::string derr = attempt(step.op, d, dres);
     const int64_t refusing = count_ranks(!derr.empty());
     if (refusing > 0 && refusing < hp::get_world_size())
       return fail(c10::str(step.name, " raised on ", refusing, " of ", hp::get_world_size(), " ranks only: ",
@@ -446,13 +451,7 @@ std::string run_chain(uint64_t seed, const hp::DeviceMesh& mesh, Summary& summar
         std::printf("refused: %s: %s\n", step.name.c_str(), derr.substr(0, 300).c_str());
       continue;  // refused on every rank, before changing anything: the plain twin skips it too
     }
-    at::Tensor pres;
-    std::string perr;
-    try {
-      pres = step.op(p);
-    } catch (const std::exception& e) {
-      perr = e.what();
-    }
+    const std::string perr = attempt(step.op, p, pres);
     if (!perr.empty()) return fail(c10::str(step.name, ": the DTensor accepted what plain tensors refuse: ", perr.substr(0, 400)));
     program << step.name;
     ++summary.steps;
@@ -476,30 +475,23 @@ std::string run_chain(uint64_t seed, const hp::DeviceMesh& mesh, Summary& summar
     if (std::string why = compare(live); !why.empty()) return fail(why);
   }
   // Gradients: through sum(t * w) over the live floating tensors.
-  std::string derr, perr;
-  try {
-    at::Tensor loss;
-    for (size_t k = 0; k < live.size(); ++k) {
-      if (!live[k].dist.requires_grad()) continue;
-      at::Tensor full = hp::DTensor(live[k].dist).full_tensor();
-      at::Tensor term = (full * values(full.sizes(), static_cast<int64_t>(k))).sum();
-      loss = loss.defined() ? loss + term : term;
+  auto backward = [&](bool dist) -> std::string {
+    try {
+      at::Tensor loss;
+      for (size_t k = 0; k < live.size(); ++k) {
+        const at::Tensor& t = dist ? live[k].dist : live[k].plain;
+        if (!t.requires_grad()) continue;
+        const at::Tensor full = dist ? hp::DTensor(t).full_tensor() : t;
+        at::Tensor term = (full * values(full.sizes(), static_cast<int64_t>(k))).sum();
+        loss = loss.defined() ? loss + term : term;
+      }
+      if (loss.defined()) loss.backward();
+    } catch (const std::exception& e) {
+      return e.what();
     }
-    if (loss.defined()) loss.backward();
-  } catch (const std::exception& e) {
-    derr = e.what();
-  }
-  try {
-    at::Tensor loss;
-    for (size_t k = 0; k < live.size(); ++k) {
-      if (!live[k].plain.requires_grad()) continue;
-      at::Tensor term = (live[k].plain * values(live[k].plain.sizes(), static_cast<int64_t>(k))).sum();
-      loss = loss.defined() ? loss + term : term;
-    }
-    if (loss.defined()) loss.backward();
-  } catch (const std::exception& e) {
-    perr = e.what();
-  }
+    return "";
+  };
+  const std::string derr = backward(true), perr = backward(false);
   const int64_t refusing = count_ranks(!derr.empty());
   if (refusing > 0 && refusing < hp::get_world_size())
     return fail(c10::str("backward raised on ", refusing, " of ", hp::get_world_size(), " ranks only: ",
