@@ -151,7 +151,7 @@ Placements input_placements(const OpInfo& info, Linearity linearity, const Broad
     if (out[i].is_shard()) {
       want[i] = b.holds(k, out[i].dim()) ? Shard(out[i].dim() - (b.out_nd - in.ndim())) : Replicate();
     } else if (out[i].is_partial()) {
-      // Reached with a Partial written tensor too (updated exactly, see in_place_on_partial):
+      // Reached with a Partial written tensor too (written exactly, see partial_write):
       // a sum stays exact only if every addend is Partial (a replicated addend becomes Partial
       // by zeros off coordinate 0) and factors are replicated; avg/max/min get every other
       // operand replicated.
@@ -182,27 +182,32 @@ std::vector<int64_t> output_strides(const OpInfo& info, const std::vector<int64_
   return elementwise_strides(shape, operands);
 }
 
-// An in-place op on a Partial tensor keeps its placements (PyTorch refuses it). It is exact
-// without communication where the math allows: a sum under a linear op (scalars once), an avg
-// under a linear op, avg/max/min under adding, filling or copying a replicated value (every rank
-// applies it). Otherwise the value is reduced first, in place on every rank, the op applied to it,
-// and on a sum's mesh dims the ranks off coordinate 0 zeroed: the same Partial placements, the
-// exact value, and the views of the tensor (which share its local data) stay right too.
-// Returns the (mesh dim, reduce op) pairs to reduce first; empty when the op is exact as it is.
-std::vector<int64_t> in_place_on_partial(const OpInfo& info, Linearity linearity, int64_t written_input) {
-  if (written_input < 0 || info.written_arg() != 0) return {};
+// An op that writes a Partial tensor keeps its placements.
+// - In place (PyTorch refuses it): exact without communication where the math allows (a sum or
+//   an avg under a linear op, scalars counted once; avg/max/min under adding, filling or copying
+//   a replicated value: every rank applies it). Otherwise the value is reduced first, in place on
+//   every rank, the op applied to it, and on a sum's mesh dims the ranks off coordinate 0 zeroed:
+//   the same placements, the exact value, and the tensor's views (which share its local data)
+//   stay right too.
+// - out=: the old value does not matter. Under avg/max/min every rank computing the whole value
+//   is exact, and so is a sum of Partial addends; otherwise every rank computes the whole value
+//   and the ranks off coordinate 0 of a sum's mesh dims zero it.
+// Returns the handler's parameters (the written argument, whether to reduce it first, then its
+// (mesh dim, reduce op) pairs); empty when the op is exact as it is.
+std::vector<int64_t> partial_write(const OpInfo& info, Linearity linearity, int64_t written_input) {
+  if (written_input < 0) return {};
   const DTensorSpec& self = *info.inputs()[static_cast<size_t>(written_input)].spec;
+  const bool in_place = info.written_arg() == 0;
   bool exact = true;
   for (const auto& p : self.placements) {
     if (!p.is_partial()) continue;
     const ReduceOp op = p.reduce_op();
-    if (op == ReduceOp::SUM) exact = exact && linearity != Linearity::None;
-    else if (op == ReduceOp::AVG) exact = exact && linearity != Linearity::None;
+    if (!in_place) exact = exact && (op != ReduceOp::SUM || linearity == Linearity::Additive);
+    else if (op == ReduceOp::SUM || op == ReduceOp::AVG) exact = exact && linearity != Linearity::None;
     else exact = exact && (linearity == Linearity::Additive || linearity == Linearity::MaskedFill);
   }
-  // x.add_(y) with a Partial(max) y: the replicated y must be the value, which reduces y, not x.
-  std::vector<int64_t> params;
-  if (exact) return params;
+  if (exact) return {};
+  std::vector<int64_t> params{info.written_arg(), in_place ? 1 : 0};
   for (size_t i = 0; i < self.placements.size(); ++i)
     if (self.placements[i].is_partial()) {
       params.push_back(static_cast<int64_t>(i));
@@ -211,20 +216,21 @@ std::vector<int64_t> in_place_on_partial(const OpInfo& info, Linearity linearity
   return params;
 }
 
-// The op handler of in_place_on_partial: params are (mesh dim, reduce op) pairs.
-void reduce_first_in_place(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
-                           const std::vector<int64_t>& params) {
+// The op handler of partial_write.
+void write_partial(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                   const std::vector<int64_t>& params) {
   const size_t nargs = op.schema().arguments().size();
-  at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
+  at::Tensor written = (*stack)[stack->size() - nargs + static_cast<size_t>(params[0])].toTensor();
+  const bool reduce_first = params[1] != 0;
   const auto coord = *mesh.get_coordinate();
   bool zero = false;
-  for (size_t k = 0; k + 1 < params.size(); k += 2) {
+  for (size_t k = 2; k + 1 < params.size(); k += 2) {
     const auto reduce = static_cast<ReduceOp>(params[k + 1]);
-    all_reduce_(self, reduce, mesh.get_group(params[k]));
+    if (reduce_first) all_reduce_(written, reduce, mesh.get_group(params[k]));
     zero = zero || (reduce == ReduceOp::SUM && coord[static_cast<size_t>(params[k])] != 0);
   }
   op.callBoxed(stack);
-  if (zero) self.zero_();
+  if (zero) written.zero_();
 }
 
 }  // namespace
@@ -235,9 +241,9 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
   const int64_t written_input = written >= 0 ? info.input_index(static_cast<size_t>(written)) : -1;
   const Placements out = output_placements(info, linearity, b, written_input);
   OpSharding s;
-  s.handler_params = in_place_on_partial(info, linearity, written_input);
+  s.handler_params = partial_write(info, linearity, written_input);
   if (!s.handler_params.empty()) {
-    // Reduced first: the other operands meet the whole value, so they are replicated there.
+    // The op computes the whole value: the other operands are replicated there.
     Placements as_replicated = out;
     for (auto& p : as_replicated)
       if (p.is_partial()) p = Replicate();
@@ -245,7 +251,7 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
       s.input_placements.push_back(static_cast<int64_t>(k) == written_input
                                        ? info.inputs()[k].spec->placements
                                        : input_placements(info, linearity, b, as_replicated, k, -1));
-    s.handler = "hp::reduce_first_in_place";
+    s.handler = "hp::write_partial";
   } else {
     s.adjust_args = zero_scalars_off_coordinate_0(info, linearity, out);
     for (size_t k = 0; k < info.inputs().size(); ++k)
@@ -323,7 +329,7 @@ const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone",
 
 struct Registrar {
   Registrar() {
-    register_op_handler("hp::reduce_first_in_place", reduce_first_in_place);
+    register_op_handler("hp::write_partial", write_partial);
     for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
     // In-place forms of unary non-linear ops (where this libtorch has them).
     for (auto n : kNonLinearInPlace)

@@ -343,3 +343,26 @@ TEST(OffPathDist, InPlaceOnPartialIsExact) {
     EXPECT_TRUE(close(x, full * 3)) << "copy_ on " << hp::Partial(op).to_string();
   }
 }
+
+// out= variants writing into a Partial tensor: its old value does not matter, the result must be
+// the op's value under the out tensor's placements (every rank computes it whole; a sum keeps it
+// on coordinate 0 only).
+TEST(OffPathDist, OutVariantsIntoPartialAreExact) {
+  auto mesh = world_mesh();
+  at::Tensor a = values({3, 4}), b = values({3, 4}, 5);
+  for (hp::ReduceOp op : {hp::ReduceOp::SUM, hp::ReduceOp::AVG, hp::ReduceOp::MAX}) {
+    const P part{hp::Partial(op)};
+    auto da = hp::distribute_tensor(a, mesh, R), db = hp::distribute_tensor(b, mesh, R);
+    auto fresh = [&] { return hp::DTensor::from_local(at::full({3, 4}, 7.0), mesh, part); };
+    hp::DTensor out = fresh();
+    at::exp_out(out, da);
+    EXPECT_EQ(out.placements(), part);
+    EXPECT_TRUE(close(out, a.exp())) << "exp_out into " << hp::to_string(part);
+    out = fresh();
+    at::mul_out(out, da, db);
+    EXPECT_TRUE(close(out, a * b)) << "mul_out into " << hp::to_string(part);
+    out = fresh();
+    at::add_out(out, da, db);
+    EXPECT_TRUE(close(out, a + b)) << "add_out into " << hp::to_string(part);
+  }
+}
