@@ -167,7 +167,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
   // offset are not).
   auto spec = std::make_shared<DTensorSpec>(impl.spec());
   spec->placements = std::move(dst);
-  if (local_strides_like(spec->shape, spec->stride, spec->shape).empty()) spec->stride = contiguous_strides(spec->shape);
+  if (!is_dense(spec->shape, spec->stride)) spec->stride = contiguous_strides(spec->shape);
   spec->storage_offset = 0;
   return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this), std::move(spec)));
 }

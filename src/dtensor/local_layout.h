@@ -29,6 +29,12 @@ std::vector<int64_t> elementwise_strides(const std::vector<int64_t>& shape, cons
 std::vector<int64_t> local_strides_like(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
                                         const std::vector<int64_t>& local);
 
+/// Whether a tensor of `shape`/`stride` is dense and non-overlapping, with an element (what
+/// clone() keeps under MemoryFormat::Preserve).
+inline bool is_dense(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
+  return !local_strides_like(shape, stride, shape).empty();
+}
+
 /// Whether `t` has `strides` on every dim of size > 1 (always, when `t` is empty or `strides`
 /// is empty).
 bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides);

@@ -310,6 +310,10 @@ void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
 void alias_returns(const OpInfo& info, Decision& d) {
   const auto& rets = info.schema().returns();
   const auto& args = info.schema().arguments();
+  // squeeze_, t_, ...: the written return gets new sizes and strides.
+  d.inplace_view = info.op().hasTag(at::Tag::inplace_view);
+  // Its schema declares no alias, but it is a view of its input on plain tensors too.
+  d.unsafe_view = info.op().operator_name().name == "aten::_unsafe_view";
   d.written_return_arg.assign(rets.size(), -1);
   d.view_return_arg.assign(rets.size(), -1);
   d.view_base_moved.assign(rets.size(), false);
@@ -344,9 +348,7 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   d.outputs.resize(rets.size());
   d.local_shapes.resize(rets.size());
   d.local_strides.resize(rets.size());
-  // An in-place view op (squeeze_, t_, ...) gives its written return a new geometry: the meta
-  // run says which.
-  d.inplace_view = info.op().hasTag(at::Tag::inplace_view);
+  // An in-place view op's written return gets a new geometry: the meta run says which.
   bool need_meta = false;
   for (size_t r = 0; r < rets.size(); ++r)
     need_meta = need_meta || ((d.written_return_arg[r] < 0 || d.inplace_view) && is_tensor_return(rets[r]) && s.output_shapes.empty());
@@ -399,7 +401,6 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   resolve_inputs(info, s, *d);
   alias_returns(info, *d);
   output_specs(info, s, *d);
-  d->unsafe_view = info.op().operator_name().name == "aten::_unsafe_view";
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
   if (!s.handler.empty()) {

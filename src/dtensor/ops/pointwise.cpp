@@ -173,7 +173,7 @@ std::vector<int64_t> output_strides(const OpInfo& info, const std::vector<int64_
   if (const c10::IValue* format = arg_named(info, "memory_format")) {
     const auto mf = format->isNone() ? at::MemoryFormat::Preserve : static_cast<at::MemoryFormat>(format->toInt());
     const DTensorSpec& in = *inputs[0].spec;
-    if (mf == at::MemoryFormat::Preserve && !local_strides_like(in.shape, in.stride, in.shape).empty()) return in.stride;
+    if (mf == at::MemoryFormat::Preserve && is_dense(in.shape, in.stride)) return in.stride;
     if (mf == at::MemoryFormat::Preserve || mf == at::MemoryFormat::Contiguous) return contiguous_strides(shape);
     return at::empty(shape, at::TensorOptions().device(at::kMeta).memory_format(mf)).strides().vec();
   }

@@ -223,7 +223,7 @@ struct DimView {
 };
 c10::optional<DimView> as_dim_view(const DTensorSpec& in, const std::vector<int64_t>& size,
                                    const std::vector<int64_t>& stride, int64_t offset) {
-  if (local_strides_like(in.shape, in.stride, in.shape).empty() || size.size() != stride.size()) return c10::nullopt;
+  if (!is_dense(in.shape, in.stride) || size.size() != stride.size()) return c10::nullopt;
   DimView v;
   v.base_dim.assign(size.size(), -1);
   std::vector<bool> taken(in.shape.size(), false);
