@@ -21,6 +21,14 @@ inline ArgKind arg_kind(const c10::IValue& v) {
   return ArgKind::Other;
 }
 
+/// The tensor an argument holds: the argument itself (`elem` -1), or element `elem` of its
+/// Tensor[] or generic list (Tensor?[] of index_put).
+inline at::Tensor tensor_arg(const c10::IValue& v, int64_t elem) {
+  if (elem < 0) return v.toTensor();
+  if (v.isTensorList()) return v.toTensorList().get(static_cast<size_t>(elem));
+  return v.toListRef()[static_cast<size_t>(elem)].toTensor();
+}
+
 /// Calls, in argument order, `v.tensor(arg, elem, t)` for every tensor (elem -1 outside a list;
 /// undefined tensors included), `v.list(arg, size)` before a list's elements and
 /// `v.value(ivalue)` for every other argument and non-tensor list element. `tensor` may return

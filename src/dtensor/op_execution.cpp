@@ -24,8 +24,7 @@ using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
 void check_written_views(const OpInfo& info, const Decision& d) {
   for (size_t k : d.written_inputs) {
     const auto& in = info.inputs()[k];
-    const c10::IValue& v = info.arg(in.arg);
-    const at::Tensor& t = in.elem < 0 ? v.toTensor() : v.toTensorList().get(static_cast<size_t>(in.elem));
+    const at::Tensor t = tensor_arg(info.arg(in.arg), in.elem);
     DTensorImpl* impl = dtensor_impl(t);
     HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel: ",
                info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
@@ -47,8 +46,7 @@ at::Tensor local_of(const at::Tensor& t, const Decision& d, const OpInfo& info, 
 // Whether local result `t` shares data with the local of a DTensor argument of the call.
 bool aliases_an_input(const at::Tensor& t, const OpInfo& info, const OriginalArgs& original) {
   for (const auto& in : info.inputs()) {
-    const c10::IValue& v = original[in.arg];
-    const at::Tensor& a = in.elem < 0 ? v.toTensor() : v.toTensorList().get(static_cast<size_t>(in.elem));
+    const at::Tensor a = tensor_arg(original[in.arg], in.elem);
     if (DTensorImpl* impl = dtensor_impl(a))
       if (impl->local().defined() && t.is_alias_of(impl->local())) return true;
   }

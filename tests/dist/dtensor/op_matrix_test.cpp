@@ -95,6 +95,17 @@ const std::vector<OpCase>& op_table() {
     unary("clone", [](const at::Tensor& x) { return x.clone(); });
     unary("x.add_(2.5)", [](const at::Tensor& x) { return (x * 1).add_(2.5); });
     unary("x.mul_(3)", [](const at::Tensor& x) { return (x * 1).mul_(3); });
+    unary("x.exp_()", [](const at::Tensor& x) { return (x * 1).exp_(); });
+    unary("x.relu_()", [](const at::Tensor& x) { return (x * 1).relu_(); });
+    unary("squeeze_", [](const at::Tensor& x) {
+      at::Tensor y = (x * 1).unsqueeze(1);
+      return y.squeeze_(1);
+    });
+    unary("t_", [](const at::Tensor& x) {
+      at::Tensor y = x * 1;
+      return y.t_();
+    });
+    unary("x.t().contiguous().neg_()", [](const at::Tensor& x) { return x.t().contiguous().neg_(); });
     unary("zero_", [](const at::Tensor& x) { return (x * 1).zero_(); }, false);
     unary("fill_", [](const at::Tensor& x) { return (x * 1).fill_(1.5); }, false);
     unary("masked_fill", [](const at::Tensor& x) { return x.masked_fill(x > 0.2, 0.0); });
@@ -203,6 +214,13 @@ const std::vector<OpCase>& op_table() {
     c.push_back({"addmm", {{4}, {N, 3}, {3, 4}}, [](V a) { return at::addmm(a[0], a[1], a[2]); }});
     c.push_back({"bmm", {{2, N, 3}, {2, 3, 2}}, [](V a) { return at::bmm(a[0], a[1]); }});
     c.push_back({"matmul 3d", {{2, N, 3}, {3, 2}}, [](V a) { return at::matmul(a[0], a[1]); }});
+    // vector products (matmul with a 1-D operand decomposes into them, or into squeeze_ of mm)
+    c.push_back({"dot", {{N}, {N}}, [](V a) { return at::dot(a[0], a[1]); }});
+    c.push_back({"mv", {{N, 3}, {3}}, [](V a) { return at::mv(a[0], a[1]); }});
+    c.push_back({"mv (N inner)", {{3, N}, {N}}, [](V a) { return at::mv(a[0], a[1]); }});
+    c.push_back({"outer", {{N}, {3}}, [](V a) { return at::outer(a[0], a[1]); }});
+    c.push_back({"matmul 1-D @ 2-D", {{N}, {N, 3}}, [](V a) { return at::matmul(a[0], a[1]); }});
+    c.push_back({"matmul 2-D @ 1-D", {{N, 3}, {3}}, [](V a) { return at::matmul(a[0], a[1]); }});
     // losses and embedding
     c.push_back({"mse_loss", {{N, 3}, {N, 3}}, [](V a) { return at::mse_loss(a[0], a[1]); }});
     c.push_back({"cross_entropy", {{N, 3}}, [](V a) {
