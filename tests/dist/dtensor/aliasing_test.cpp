@@ -27,8 +27,8 @@ at::Tensor eight() { return at::arange(1, 9, at::kFloat).reshape({4, 2}); }
 }
 }  // namespace
 
-// A: Replicate -> Shard takes a copy of the local chunk, never a view of the source's data.
-TEST(AliasingDist, A_ReplicateToShardDoesNotAliasTheSource) {
+// Replicate -> Shard takes a copy of the local chunk, never a view of the source's data.
+TEST(AliasingDist, ReplicateToShardDoesNotAliasTheSource) {
   if (ws() < 2) GTEST_SKIP();
   auto mesh = world_mesh();
   for (int64_t dim : {0, 1}) {
@@ -49,7 +49,7 @@ TEST(AliasingDist, A_ReplicateToShardDoesNotAliasTheSource) {
   EXPECT_TRUE(close(x, eight().reshape({1, 4, 2})));
 }
 
-TEST(AliasingDist, A_ReplicateToShardOnEitherDimOfA2x2MeshDoesNotAlias) {
+TEST(AliasingDist, ReplicateToShardOnEitherDimOfA2x2MeshDoesNotAlias) {
   if (ws() != 4) GTEST_SKIP();
   auto mesh = mesh_2x2();
   for (const P& target : {P{hp::Shard(0), hp::Replicate()}, P{hp::Replicate(), hp::Shard(0)},
@@ -63,7 +63,7 @@ TEST(AliasingDist, A_ReplicateToShardOnEitherDimOfA2x2MeshDoesNotAlias) {
 }
 
 // distribute_tensor never hands out a view of the caller's tensor either.
-TEST(AliasingDist, A_DistributeTensorCopies) {
+TEST(AliasingDist, DistributeTensorCopies) {
   auto mesh = world_mesh();
   for (const P& p : {P{hp::Shard(0)}, P{hp::Replicate()}}) {
     for (c10::optional<int64_t> src : {c10::optional<int64_t>{}, c10::optional<int64_t>{0}}) {
@@ -75,8 +75,8 @@ TEST(AliasingDist, A_DistributeTensorCopies) {
   }
 }
 
-// B: a pointwise result keeps its input's layout, as the plain op does.
-TEST(AliasingDist, B_PointwiseResultsKeepTheInputLayout) {
+// A pointwise result keeps its input's layout, as the plain op does.
+TEST(AliasingDist, PointwiseResultsKeepTheInputLayout) {
   auto mesh = world_mesh();
   at::Tensor plain = eight();
   auto x = hp::distribute_tensor(plain, mesh, {hp::Shard(0)});
@@ -90,8 +90,8 @@ TEST(AliasingDist, B_PointwiseResultsKeepTheInputLayout) {
   if (local.size(0) > 1 && local.size(1) > 1) EXPECT_FALSE(local.is_contiguous());
 }
 
-// B1: contiguous() of a non-contiguous result copies, as on plain tensors.
-TEST(AliasingDist, B1_ContiguousOfATransposedResultCopies) {
+// contiguous() of a non-contiguous result copies, as on plain tensors.
+TEST(AliasingDist, ContiguousOfATransposedResultCopies) {
   auto mesh = world_mesh();
   at::Tensor plain = eight();
   auto x = hp::distribute_tensor(plain, mesh, {hp::Shard(0)});
@@ -103,8 +103,8 @@ TEST(AliasingDist, B1_ContiguousOfATransposedResultCopies) {
   EXPECT_TRUE(same_layout_and_values(c_d, c_p));
 }
 
-// B2: contiguous() / reshape() of a result whose transpose is contiguous are views, as on plain.
-TEST(AliasingDist, B2_ViewsOfAContiguousTransposeShareData) {
+// contiguous() / reshape() of a result whose transpose is contiguous are views, as on plain.
+TEST(AliasingDist, ViewsOfAContiguousTransposeShareData) {
   auto mesh = world_mesh();
   at::Tensor plain = eight();
   auto x = hp::distribute_tensor(plain, mesh, {hp::Shard(0)});
@@ -126,9 +126,9 @@ TEST(AliasingDist, B2_ViewsOfAContiguousTransposeShareData) {
   }
 }
 
-// B3: a reshape that copies on plain tensors copies on DTensors, so a later in-place op on the
+// A reshape that copies on plain tensors copies on DTensors, so a later in-place op on the
 // source does not reach it, and the gradient is the plain one (2x2 mesh, x a Shard(0) leaf).
-TEST(AliasingDist, B3_GradientThroughAReshapeCopyIsThePlainOne) {
+TEST(AliasingDist, GradientThroughAReshapeCopyIsThePlainOne) {
   const bool two_d = ws() == 4;
   auto mesh = two_d ? mesh_2x2() : world_mesh();
   const P pl = two_d ? P{hp::Shard(0), hp::Replicate()} : P{hp::Shard(0)};
@@ -151,9 +151,9 @@ TEST(AliasingDist, B3_GradientThroughAReshapeCopyIsThePlainOne) {
   EXPECT_TRUE(close(xd.grad(), xp.grad()));
 }
 
-// B4: an in-place op on contiguous() of an op's result leaves the result (saved for backward)
+// An in-place op on contiguous() of an op's result leaves the result (saved for backward)
 // alone when the plain contiguous() copies.
-TEST(AliasingDist, B4_InPlaceOnAContiguousCopyKeepsSavedTensors) {
+TEST(AliasingDist, InPlaceOnAContiguousCopyKeepsSavedTensors) {
   auto mesh = world_mesh();
   at::Tensor w = at::arange(8, at::kFloat).reshape({2, 4}) - 3;
   auto run = [&](const at::Tensor& x) {
@@ -172,9 +172,9 @@ TEST(AliasingDist, B4_InPlaceOnAContiguousCopyKeepsSavedTensors) {
   EXPECT_TRUE(close(xd.grad(), xp.grad()));
 }
 
-// B5: a size-1 sharded dim: contiguous() copies on every rank alike, and copy_ into it works on
+// A size-1 sharded dim: contiguous() copies on every rank alike, and copy_ into it works on
 // every rank (before, only the rank holding the data raised libtorch's overlap error).
-TEST(AliasingDist, B5_CopyIntoAContiguousCopyOfASize1ShardedDim) {
+TEST(AliasingDist, CopyIntoAContiguousCopyOfASize1ShardedDim) {
   auto mesh = world_mesh();
   at::Tensor plain = at::arange(1, 5, at::kFloat).reshape({1, 4});
   auto x = hp::distribute_tensor(plain, mesh, {hp::Shard(0)});
