@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "shm_transport.h"
+#include "torch_compat.h"
 
 namespace hyper_parallel {
 
@@ -90,6 +91,23 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// 2.x: Gloo and NCCL are c10d::Backends behind a c10d::ProcessGroup that routes each device type to
+// its backend. 1.13: the backend class is the process group.
+template <typename BackendT>
+c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                        int size, c10::intrusive_ptr<BackendT> backend,
+                                                        c10::DeviceType device, bool nccl) {
+#if HP_TORCH_AT_LEAST(2, 0)
+  const auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  pg->setDefaultBackend(type);
+  pg->setBackend(device, type, c10::intrusive_ptr<c10d::Backend>(std::move(backend)));
+  return pg;
+#else
+  return backend;
+#endif
+}
+
 // The one place that maps a device type to a c10d backend.
 c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const State& s,
                                                     const c10::intrusive_ptr<c10d::Store>& store,
@@ -97,13 +115,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const State& s,
   if (s.device_type == "cpu") {
     auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);
     opts->devices.push_back(gloo_device(s.env.master_addr));
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts),
+                            c10::DeviceType::CPU, false);
   }
 #ifdef USE_C10D_NCCL
   if (s.device_type == "cuda") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = s.timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+    return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts),
+                            c10::DeviceType::CUDA, true);
   }
 #endif
   HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend for device type '",

@@ -1,6 +1,7 @@
-// Scaled dot-product attention on DTensors. libtorch 1.13 decomposes
-// aten::_scaled_dot_product_attention above autograd into math that builds plain tensors of its
-// own (the causal mask), which cannot meet DTensors. Attention is independent per batch entry and
+// Scaled dot-product attention on DTensors. libtorch decomposes it above autograd (1.13:
+// aten::_scaled_dot_product_attention into math; 2.x: aten::scaled_dot_product_attention into
+// math or a fused kernel) and the math builds plain tensors of its own (the causal mask), which
+// cannot meet DTensors. Attention is independent per batch entry and
 // per head, so with q/k/v sharded on those dims (as Colwise q/k/v projections leave them) each rank
 // runs it on its local heads: no collective, forward or backward. This kernel takes the op's place
 // at the Autograd keys; plain tensors get libtorch's own math, unchanged.
@@ -10,15 +11,20 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "../../runtime/torch_compat.h"
+#if HP_TORCH_AT_LEAST(2, 0)
+#include <ATen/ops/scaled_dot_product_attention_native.h>
+#endif
+
 namespace hyper_parallel {
 namespace ops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                        const c10::optional<at::Tensor>& attn_mask, double dropout_p,
-                                        bool need_attn_weights, bool is_causal) {
-  const bool dist = is_dtensor(query) || is_dtensor(key) || is_dtensor(value);
-  if (!dist) return at::_scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, need_attn_weights, is_causal);
+// Redistributes q/k/v (and the mask) for a local attention, runs `local` on the local tensors and
+// wraps its outputs: the attention output and, when `local` gives them, the attention weights.
+template <typename Local>
+std::pair<at::Tensor, at::Tensor> sdpa_on_dtensors(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                                   const c10::optional<at::Tensor>& attn_mask, Local local) {
   HP_CHECK_T(c10::ValueError, is_dtensor(query) && is_dtensor(key) && is_dtensor(value),
              "hyper_parallel: scaled_dot_product_attention needs query, key and value all DTensors or all plain");
   const DTensor q(query), k(key), v(value);
@@ -46,8 +52,7 @@ std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tenso
                m.sizes(), " over dims that ", to_string(want), " shards is not supported; give a [L, S] mask");
     mask = m;
   }
-  auto [out, weights] = at::_scaled_dot_product_attention_math(lq.to_local(), lk.to_local(), lv.to_local(), mask,
-                                                               dropout_p, need_attn_weights, is_causal);
+  auto [out, weights] = local(lq.to_local(), lk.to_local(), lv.to_local(), mask);
   std::vector<int64_t> out_shape = query.sizes().vec();
   out_shape.back() = value.size(-1);
   at::Tensor dout = DTensor::from_local(out, mesh, want, false, out_shape);
@@ -62,14 +67,48 @@ std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tenso
   return {dout, dweights};
 }
 
+#if HP_TORCH_AT_LEAST(2, 0)
+// 2.x: the public op chooses a kernel (math, or flash attention on CPU and CUDA) from the inputs.
+// Plain tensors take that same path; DTensors run it on their local heads.
+at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                const c10::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                c10::optional<double> scale, bool enable_gqa) {
+  if (!is_dtensor(query) && !is_dtensor(key) && !is_dtensor(value))
+    return at::native::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  return sdpa_on_dtensors(query, key, value, attn_mask,
+                          [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& m) {
+                            return std::pair<at::Tensor, at::Tensor>(
+                                at::scaled_dot_product_attention(q, k, v, m, dropout_p, is_causal, scale, enable_gqa), at::Tensor());
+                          })
+      .first;
+}
+constexpr const char* kSdpaOp = "scaled_dot_product_attention";
+#else
+// 1.13: the op decomposes into math that also returns the attention weights when asked.
+std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const c10::optional<at::Tensor>& attn_mask, double dropout_p,
+                                        bool need_attn_weights, bool is_causal) {
+  if (!is_dtensor(query) && !is_dtensor(key) && !is_dtensor(value))
+    return at::_scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, need_attn_weights, is_causal);
+  auto [out, weights] = sdpa_on_dtensors(
+      query, key, value, attn_mask,
+      [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& m) {
+        auto r = at::_scaled_dot_product_attention_math(q, k, v, m, dropout_p, need_attn_weights, is_causal);
+        return std::pair<at::Tensor, at::Tensor>(std::get<0>(r), std::get<1>(r));
+      });
+  return {out, weights};
+}
+constexpr const char* kSdpaOp = "_scaled_dot_product_attention";
+#endif
+
 }  // namespace
 }  // namespace ops
 }  // namespace hyper_parallel
 
 // At the Autograd keys, where libtorch's decomposition would run (CPU; CUDA alike for a CUDA build).
 TORCH_LIBRARY_IMPL(aten, AutogradCPU, m) {
-  m.impl("_scaled_dot_product_attention", TORCH_FN(hyper_parallel::ops::sdpa));
+  m.impl(hyper_parallel::ops::kSdpaOp, TORCH_FN(hyper_parallel::ops::sdpa));
 }
 TORCH_LIBRARY_IMPL(aten, AutogradCUDA, m) {
-  m.impl("_scaled_dot_product_attention", TORCH_FN(hyper_parallel::ops::sdpa));
+  m.impl(hyper_parallel::ops::kSdpaOp, TORCH_FN(hyper_parallel::ops::sdpa));
 }

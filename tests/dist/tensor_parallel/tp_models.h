@@ -8,14 +8,15 @@
 #include <hyper_parallel/hyper_parallel.h>
 
 #include "../dtensor/test_util.h"
+#include "../../../src/runtime/torch_compat.h"
 
 namespace tp_test {
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
 /// Collects the warnings raised in its scope.
-struct WarningCapture : c10::WarningHandler {
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
+struct WarningCapture : hyper_parallel::compat::WarningMessageHandler {
+  void on_warning(const std::string& msg) override { messages.push_back(msg); }
   bool contains(const std::string& s) const {
     for (const auto& m : messages)
       if (m.find(s) != std::string::npos) return true;
