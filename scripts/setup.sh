@@ -1,19 +1,42 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages hyper_parallel needs (idempotent; as root or through sudo),
-# then configures and builds into ./build. Usage: scripts/setup.sh [extra cmake args]
+# Installs what hyper_parallel needs, then configures and builds it. Idempotent: packages already
+# there, a venv that already holds the pinned torch and an existing build are reused.
+#
+#   scripts/setup.sh [extra cmake args]       PyTorch 2.11 from its pip wheel, in a venv -> ./build
+#   HP_TORCH=system scripts/setup.sh          Debian 12's libtorch-dev 1.13.1 -> ./build-system
+#   HP_TORCH=/path/to/libtorch scripts/setup.sh   a libtorch you have (e.g. pytorch.org's zip) -> ./build
+#
+# Environment: HP_VENV (the venv, default ./.venv), HP_BUILD_DIR (the build folder),
+# HP_PYTHON (the interpreter that makes the venv, default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+HP_TORCH=${HP_TORCH:-pip}
+HP_VENV=${HP_VENV:-$PWD/.venv}
+
 PACKAGES=(
   build-essential cmake ninja-build
-  libtorch-dev          # PyTorch 1.13.1 (CPU) with c10d
-  libgloo-dev           # Gloo headers for c10d's ProcessGroupGloo
+  libgloo-dev           # Gloo headers for c10d's ProcessGroupGloo (neither libtorch ships them)
   libgtest-dev          # tests
   libbenchmark-dev
-  libopenblas0-openmp   # takes over libblas.so.3: ~10x faster matmuls than the reference BLAS
   gnuplot-nox           # the demo plots its loss curves to PNG when gnuplot is there
   iproute2              # the two-host test joins two network namespaces with a veth pair
 )
+case "$HP_TORCH" in
+  system)
+    PACKAGES+=(
+      libtorch-dev          # PyTorch 1.13.1 (CPU) with c10d
+      libopenblas0-openmp   # takes over libblas.so.3: ~10x faster matmuls than the reference BLAS
+    )
+    BUILD_DIR=${HP_BUILD_DIR:-build-system} ;;
+  pip)
+    PACKAGES+=(python3-venv)
+    BUILD_DIR=${HP_BUILD_DIR:-build} ;;
+  *)
+    [ -d "$HP_TORCH" ] || { echo "setup: HP_TORCH must be 'pip', 'system' or a libtorch folder; got '$HP_TORCH'" >&2; exit 2; }
+    BUILD_DIR=${HP_BUILD_DIR:-build} ;;
+esac
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,9 +47,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# libtorch calls BLAS through libblas.so.3; report which implementation that resolves to.
-blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
-echo "setup: libblas.so.3 -> $blas"
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+case "$HP_TORCH" in
+  system)
+    # Debian's libtorch calls BLAS through libblas.so.3; report which implementation that is.
+    blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
+    echo "setup: Debian's libtorch 1.13.1; libblas.so.3 -> $blas"
+    cmake_args+=(-DCMAKE_PREFIX_PATH=/usr) ;;
+  pip)
+    # Debian's pip is externally managed (PEP 668): the wheel goes into a venv. pip keeps its
+    # download cache (~/.cache/pip), so a second venv does not fetch the 2.7 GB again.
+    if ! "$HP_VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.11.0')" 2>/dev/null; then
+      [ -x "$HP_VENV/bin/python" ] || "${HP_PYTHON:-python3}" -m venv "$HP_VENV"
+      "$HP_VENV/bin/python" -m pip install -q -r scripts/requirements.txt
+    fi
+    torch_root=$("$HP_VENV/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
+    echo "setup: $("$HP_VENV/bin/python" -c "import torch; print('torch', torch.__version__)") from $torch_root"
+    # The torch root, not torch.utils.cmake_prefix_path: with the root first, torch's config finds
+    # the wheel's own libraries before any libtorch on the system paths.
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_root")
+    # The wheel is a CUDA build: its CMake config needs the CUDA toolkit, even to build for the CPU.
+    [ -x /usr/local/cuda/bin/nvcc ] && cmake_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc) ;;
+  *)
+    echo "setup: libtorch from $HP_TORCH"
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$HP_TORCH") ;;
+esac
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-cmake --build build
+cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" "$@" >/dev/null
+cmake --build "$BUILD_DIR"

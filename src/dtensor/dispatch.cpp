@@ -6,6 +6,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <hyper_parallel/runtime/errors.h>
+
+#include <memory>
+
 #include "dtensor_impl.h"
 #include "op_execution.h"
 #include "sharding_propagation.h"
@@ -39,10 +43,36 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   execute(info, *d, stack);
 }
 
+// The fallback is registered when the library loads, unless another library in the process took
+// kDTensorKey first (upstream has begun to use `Fake` for a C++ FakeTensor): the dispatcher would
+// refuse a second fallback by aborting the load with a message about dispatch keys. Instead the
+// load succeeds and making a DTensor raises a clear error.
+struct FallbackRegistration {
+  std::unique_ptr<torch::Library> library;
+  bool taken_by_another = false;
+  FallbackRegistration() {
+    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kDTensorKey)) {
+      taken_by_another = true;
+      return;
+    }
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
+    library->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor_fallback>());
+  }
+};
+
+const FallbackRegistration& registration() {
+  static const FallbackRegistration r;
+  return r;
+}
+[[maybe_unused]] const bool registered_at_load = (registration(), true);
+
 }  // namespace
+
+void check_dtensor_key_is_ours() {
+  TORCH_CHECK(!registration().taken_by_another, "hyper_parallel: another library in this process registered a fallback for ",
+           "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",
+           "key's fallback (src/dtensor/dtensor_impl.h, kDTensorKey), so none can be made. Load only one of the two.");
+}
+
 }  // namespace hyper_parallel
 
-TORCH_LIBRARY_IMPL(_, Fake, m) {
-  static_assert(hyper_parallel::kDTensorKey == c10::DispatchKey::Fake, "the fallback registration must name kDTensorKey");
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&hyper_parallel::dtensor_fallback>());
-}

@@ -19,6 +19,7 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
   set_sizes_and_strides(spec_->shape, spec_->stride);
   storage_offset_ = spec_->storage_offset;
   set_storage_access_should_throw();
+  check_dtensor_key_is_ours();
 }
 
 void DTensorImpl::set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {

@@ -14,7 +14,12 @@ namespace hyper_parallel {
 /// The dispatch key whose boxed fallback receives every aten op on DTensors. `Fake` is unused by
 /// libtorch's C++ runtime in 1.13 and sits where Python's __torch_dispatch__ does: below autograd
 /// and after CompositeImplicitAutograd decompositions. The only place that names the key.
+/// In 2.11 `Fake` is still unused by libtorch's C++ code, in the same place; upstream has begun to use
+/// it for a C++ FakeTensor, so the registration checks that no one else took it (dispatch.cpp).
 constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::Fake;
+
+/// Throws, naming the key, when another library registered kDTensorKey's fallback before ours.
+void check_dtensor_key_is_ours();
 
 /// Reports the global sizes and strides, holds the local shard, has no storage.
 class DTensorImpl final : public c10::TensorImpl {
