@@ -59,5 +59,7 @@ void run_tp_benchmarks(const std::string& filter);
 void run_collective_benchmarks(const std::string& filter);
 /// fully_shard against DDP-style replication (fsdp_benchmarks.cpp), on every rank of a 2- or 4-rank job.
 void run_fsdp_benchmarks(const std::string& filter);
+/// Our side of bench/vs_pytorch.py (vs_pytorch_cases.cpp), on every rank of a job started by hprun.
+void run_vs_pytorch_cases();
 
 }  // namespace hp_bench

@@ -1,5 +1,6 @@
 // hp_bench: prints one JSON object per line: name, value, unit and, where a baseline is measured
-// in the same run, baseline and ratio. Usage: hp_bench [name-filter]
+// in the same run, baseline and ratio. Usage: hp_bench [name-filter]; hp_bench --vs-pytorch runs
+// our side of bench/vs_pytorch.py (as a rank of a job that script starts).
 // Single-process benchmarks run on a 1-rank job it sets up itself when not started by hprun.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -214,6 +215,13 @@ void collective_benchmarks(const char* self) {
 int main(int argc, char** argv) {
   // A rank of the tp benchmarks (--worker) or of the collective benchmarks (--collectives).
   const std::string mode = argc > 2 ? argv[1] : "";
+  if (argc > 1 && std::string(argv[1]) == "--vs-pytorch") {  // a rank of bench/vs_pytorch.py's job
+    at::set_num_threads(1);
+    hp::init_process_group();
+    hp_bench::run_vs_pytorch_cases();
+    hp::destroy_process_group();
+    return 0;
+  }
   if (mode == "--worker" || mode == "--collectives" || mode == "--fsdp") {
     at::set_num_threads(1);
     hp::init_process_group();

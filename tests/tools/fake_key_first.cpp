@@ -1,6 +1,7 @@
 // A library that takes the dispatch key hyper_parallel's DTensors use, as another library that
 // registers its own fallback there would (a C++ FakeTensor, say). Loaded ahead of hyper_parallel by
 // the dtensor_key_taken test.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 namespace {
