@@ -5,11 +5,7 @@
 #include <hyper_parallel/runtime/process_group.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -23,8 +19,8 @@
 #include <random>
 #include <thread>
 
+#include "c10d_backends.h"
 #include "shm_transport.h"
-#include "torch_compat.h"
 
 namespace hyper_parallel {
 
@@ -83,58 +79,6 @@ const State& initialized_state() {
   return s;
 }
 
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (master_addr == "127.0.0.1" || master_addr == "localhost")
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
-// 2.x: Gloo and NCCL are c10d::Backends behind a c10d::ProcessGroup that routes each device type to
-// its backend. 1.13: the backend class is the process group.
-template <typename BackendT>
-c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                        int size, c10::intrusive_ptr<BackendT> backend,
-                                                        c10::DeviceType device, bool nccl) {
-#if HP_TORCH_AT_LEAST(2, 0)
-  const auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
-  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  pg->setDefaultBackend(type);
-  pg->setBackend(device, type, c10::intrusive_ptr<c10d::Backend>(std::move(backend)));
-  return pg;
-#else
-  return backend;
-#endif
-}
-
-// The one place that maps a device type to a c10d backend.
-c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const State& s,
-                                                    const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size) {
-  if (s.device_type == "cpu") {
-    auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);
-    opts->devices.push_back(gloo_device(s.env.master_addr));
-    return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts),
-                            c10::DeviceType::CPU, false);
-  }
-#ifdef USE_C10D_NCCL
-  if (s.device_type == "cuda") {
-    auto opts = c10d::ProcessGroupNCCL::Options::create();
-    opts->timeout = s.timeout;
-    return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts),
-                            c10::DeviceType::CUDA, true);
-  }
-#endif
-  HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend for device type '",
-             s.device_type, "' in this libtorch build (available: cpu -> gloo",
-#ifdef USE_C10D_NCCL
-             ", cuda -> nccl",
-#endif
-             ")");
-  return {};
-}
-
 std::string message_of(const std::exception& e) {
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
@@ -185,8 +129,8 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
   impl->prefix = prefix;
   try {
-    impl->pg = make_backend(s, store, static_cast<int>(impl->rank),
-                            static_cast<int>(ranks.size()));
+    impl->pg = make_c10d_process_group(s.device_type, store, static_cast<int>(impl->rank),
+                                       static_cast<int>(ranks.size()), s.timeout, s.env.master_addr);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "hyper_parallel: creating the process group of ranks [", join(ranks),
                 "] failed on rank ", s.env.rank, " after a timeout of ", s.timeout.count() / 1000.0,
