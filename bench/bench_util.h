@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+namespace qwen3 {
+struct Config;
+}
+
 namespace hp_bench {
 
 /// Median over `reps` repetitions of the mean time per call of `fn`, in microseconds.
@@ -59,6 +63,9 @@ void run_tp_benchmarks(const std::string& filter);
 void run_collective_benchmarks(const std::string& filter);
 /// fully_shard against DDP-style replication (fsdp_benchmarks.cpp), on every rank of a 2- or 4-rank job.
 void run_fsdp_benchmarks(const std::string& filter);
+/// The Qwen3 decoder layer the layer benchmarks run: hidden 256, intermediate 768, 8 heads, 4 kv
+/// heads, head_dim 32, one layer (tp_benchmarks.cpp).
+qwen3::Config decoder_layer_config();
 /// Our side of bench/vs_pytorch.py (vs_pytorch_cases.cpp), on every rank of a job started by hprun.
 void run_vs_pytorch_cases();
 

@@ -19,6 +19,7 @@
 #include <hyper_parallel/nn/layers.h>
 
 #include "bench_util.h"
+#include "op_cases.h"
 
 namespace hp = hyper_parallel;
 using hp_bench::emit;
@@ -42,25 +43,11 @@ std::string blas_in_use() {
 void dtensor_op_overhead(const hp::DeviceMesh& mesh) {
   const std::string name = "dtensor_op_overhead";
   if (!wanted(name)) return;
-  auto R = hp::Placements{hp::Replicate()};
-  auto S0 = hp::Placements{hp::Shard(0)};
-  at::Tensor a = at::randn({8, 16}), b = at::randn({8, 16}), w = at::randn({16, 16}), bias = at::randn({16});
-  at::Tensor lw = at::randn({16}), lb = at::randn({16});
-  auto da = hp::distribute_tensor(a, mesh, S0), db = hp::distribute_tensor(b, mesh, S0);
-  auto dw = hp::distribute_tensor(w, mesh, R), dbias = hp::distribute_tensor(bias, mesh, R);
-  auto dlw = hp::distribute_tensor(lw, mesh, R), dlb = hp::distribute_tensor(lb, mesh, R);
+  hp_bench::OpCases ops(mesh);
   at::NoGradGuard no_grad;
-  struct Case {
-    const char* op;
-    std::function<void()> plain, dist;
-  } cases[] = {
-      {"add", [&] { at::add(a, b); }, [&] { at::add(da, db); }},
-      {"linear", [&] { at::linear(a, w, bias); }, [&] { at::linear(da, dw, dbias); }},
-      {"layer_norm", [&] { at::layer_norm(a, {16}, lw, lb); }, [&] { at::layer_norm(da, {16}, dlw, dlb); }},
-  };
-  for (auto& c : cases) {
+  for (const auto& c : ops.cases) {
     const auto [p, d] = time_pair(c.plain, c.dist, 4000);
-    emit(name, std::string("\"op\": \"") + c.op + "\", \"shape\": [8, 16], ", d - p, "us", p, d / p);
+    emit(name, "\"op\": \"" + c.op + "\", \"shape\": [8, 16], ", d - p, "us", p, d / p);
   }
 }
 
@@ -76,30 +63,16 @@ __attribute__((noinline, noipa)) void hp_bench_repeat_dtensor(const std::functio
   for (int i = 0; i < n; ++i) f();
 }
 void dtensor_op_instructions(const hp::DeviceMesh& mesh, const std::string& op, int n) {
-  at::Tensor a = at::randn({8, 16}), b = at::randn({8, 16}), w = at::randn({16, 16}), bias = at::randn({16});
-  at::Tensor lw = at::randn({16}), lb = at::randn({16});
-  const hp::Placements R{hp::Replicate()}, S0{hp::Shard(0)};
-  auto da = hp::distribute_tensor(a, mesh, S0), db = hp::distribute_tensor(b, mesh, S0);
-  auto dw = hp::distribute_tensor(w, mesh, R), dbias = hp::distribute_tensor(bias, mesh, R);
-  auto dlw = hp::distribute_tensor(lw, mesh, R), dlb = hp::distribute_tensor(lb, mesh, R);
+  hp_bench::OpCases ops(mesh);
   at::NoGradGuard no_grad;
-  std::function<void()> plain, dist;
-  if (op == "add") {
-    plain = [&] { at::add(a, b); };
-    dist = [&] { at::add(da, db); };
-  } else if (op == "linear") {
-    plain = [&] { at::linear(a, w, bias); };
-    dist = [&] { at::linear(da, dw, dbias); };
-  } else {
-    plain = [&] { at::layer_norm(a, {16}, lw, lb); };
-    dist = [&] { at::layer_norm(da, {16}, dlw, dlb); };
-  }
+  auto c = std::find_if(ops.cases.begin(), ops.cases.end(), [&](const auto& k) { return k.op == op; });
+  TORCH_CHECK(c != ops.cases.end(), "hp_bench --instructions: no case '", op, "' (add, linear, layer_norm)");
   for (int i = 0; i < 200; ++i) {
-    plain();
-    dist();
+    c->plain();
+    c->dist();
   }
-  hp_bench_repeat_plain(plain, n);
-  hp_bench_repeat_dtensor(dist, n);
+  hp_bench_repeat_plain(c->plain, n);
+  hp_bench_repeat_dtensor(c->dist, n);
 }
 
 // One Adam step on a small MLP's DTensor parameters vs the same parameters as plain tensors.

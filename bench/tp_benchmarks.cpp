@@ -96,7 +96,9 @@ void tp_mlp_vs_manual(const std::string& filter) {
          m / 1000, o / m);
 }
 
-qwen3::Config block_config() {
+}  // namespace
+
+qwen3::Config decoder_layer_config() {
   qwen3::Config c;
   c.hidden_size = 256;
   c.intermediate_size = 768;
@@ -106,6 +108,8 @@ qwen3::Config block_config() {
   c.head_dim = 32;
   return c;
 }
+
+namespace {
 constexpr int64_t kBatch = 2, kSeq = 128;
 
 // The Megatron-style layer: a plain DecoderLayer holding this rank's heads and MLP columns, with
@@ -123,7 +127,7 @@ void tp_block(const std::string& filter) {
   if (!want_block && !want_eff && !want_comm && !want_bytes) return;
   const int64_t tp = hp::get_world_size();
   auto mesh = hp::init_device_mesh("cpu", {tp}, {"tp"});
-  const qwen3::Config c = block_config();
+  const qwen3::Config c = decoder_layer_config();
   at::Tensor w = at::randn({kBatch, kSeq, c.hidden_size});
   at::Tensor x = at::randn({kBatch, kSeq, c.hidden_size}).requires_grad_(true);
 
@@ -265,7 +269,7 @@ void run_tp_benchmarks(const std::string& filter) {
 // The same layer step in this process alone (for tp2_vs_single_2threads).
 double single_block_step_ms(int threads) {
   at::set_num_threads(threads);
-  const qwen3::Config c = block_config();
+  const qwen3::Config c = decoder_layer_config();
   at::manual_seed(1);
   qwen3::CausalLM model(c);
   auto& layer = *model->layers[0]->as<qwen3::DecoderLayerImpl>();

@@ -9,6 +9,7 @@
 
 #include "bench_util.h"
 #include "mlp.h"
+#include "op_cases.h"
 #include "model.h"
 #include "parallelize.h"
 
@@ -24,21 +25,11 @@ void print(const std::string& name, double value, const char* unit) {
 // add, linear and layer_norm on [8, 16] Shard(0) activations and replicated weights, on a rule-cache
 // hit, minus the same op on the plain [8, 16] tensors: what the DTensor adds to one op call.
 void op_overhead(const hp::DeviceMesh& mesh) {
-  const hp::Placements R{hp::Replicate()}, S0{hp::Shard(0)};
-  at::Tensor a = at::randn({8, 16}), b = at::randn({8, 16}), w = at::randn({16, 16}), bias = at::randn({16});
-  at::Tensor lw = at::randn({16}), lb = at::randn({16});
-  auto da = hp::distribute_tensor(a, mesh, S0), db = hp::distribute_tensor(b, mesh, S0);
-  auto dw = hp::distribute_tensor(w, mesh, R), dbias = hp::distribute_tensor(bias, mesh, R);
-  auto dlw = hp::distribute_tensor(lw, mesh, R), dlb = hp::distribute_tensor(lb, mesh, R);
+  OpCases ops(mesh);
   at::NoGradGuard no_grad;
-  const std::vector<std::tuple<const char*, std::function<void()>, std::function<void()>>> cases{
-      {"add", [&] { at::add(a, b); }, [&] { at::add(da, db); }},
-      {"linear", [&] { at::linear(a, w, bias); }, [&] { at::linear(da, dw, dbias); }},
-      {"layer_norm", [&] { at::layer_norm(a, {16}, lw, lb); }, [&] { at::layer_norm(da, {16}, dlw, dlb); }},
-  };
-  for (const auto& [op, plain, dist] : cases) {
-    const auto [p, d] = time_pair(plain, dist, 2000, 11);
-    print(std::string("op_overhead_") + op, d - p, "us");
+  for (const auto& c : ops.cases) {
+    const auto [p, d] = time_pair(c.plain, c.dist, 2000, 11);
+    print("op_overhead_" + c.op, d - p, "us");
   }
 }
 
@@ -80,13 +71,7 @@ void mlp_step(const hp::DeviceMesh& mesh) {
 // [2, 128, 256], TP over the world, forward and backward of sum(y * w), with and without sequence
 // parallelism.
 void decoder_layer_step(const hp::DeviceMesh& mesh) {
-  qwen3::Config c;
-  c.hidden_size = 256;
-  c.intermediate_size = 768;
-  c.num_layers = 1;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.head_dim = 32;
+  const qwen3::Config c = decoder_layer_config();
   const int64_t tp = hp::get_world_size(), rank = hp::get_rank();
   at::Tensor x = at::randn({2, 128, c.hidden_size}), w = at::randn({2, 128, c.hidden_size});
   for (bool sp : {false, true}) {
