@@ -4,6 +4,7 @@
 // Single-process benchmarks run on a 1-rank job it sets up itself when not started by hprun.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <torch/optim.h>
 
 #include <algorithm>
@@ -31,12 +32,18 @@ std::string g_filter;
 
 bool wanted(const std::string& name) { return g_filter.empty() || name.find(g_filter) != std::string::npos; }
 
+// The BLAS that CPU matmuls run on: the one libtorch was built with (the wheel links MKL in), or
+// for Debian's libtorch the library libblas.so.3 resolves to in this process.
 std::string blas_in_use() {
+  const std::string config = at::show_config();
+  const size_t at = config.find("BLAS_INFO=");
+  const std::string built = at == std::string::npos ? "" : config.substr(at + 10, config.find_first_of(", \n", at + 10) - at - 10);
+  if (built == "mkl") return "mkl (linked into libtorch)";
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line))
-    if (line.find("blas") != std::string::npos) return line.substr(line.find('/'));
-  return "unknown";
+    if (line.find("libblas") != std::string::npos || line.find("openblas") != std::string::npos) return line.substr(line.find('/'));
+  return built.empty() ? "unknown" : built;
 }
 
 // DTensor op vs the same op on plain tensors, on a rule-cache hit.
