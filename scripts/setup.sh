@@ -57,17 +57,16 @@ case "$HP_TORCH" in
   pip)
     # Debian's pip is externally managed (PEP 668): the wheel goes into a venv. pip keeps its
     # download cache (~/.cache/pip), so a second venv does not fetch the 2.7 GB again.
-    if ! "$HP_VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.11.0')" 2>/dev/null; then
-      [ -x "$HP_VENV/bin/python" ] || "${HP_PYTHON:-python3}" -m venv "$HP_VENV"
-      "$HP_VENV/bin/python" -m pip install -q -r scripts/requirements.txt
-    fi
+    [ -x "$HP_VENV/bin/python" ] || "${HP_PYTHON:-python3}" -m venv "$HP_VENV"
+    # A no-op (no download) when the venv already holds the pinned versions.
+    "$HP_VENV/bin/python" -m pip install -q -r scripts/requirements.txt
     torch_root=$("$HP_VENV/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
     echo "setup: $("$HP_VENV/bin/python" -c "import torch; print('torch', torch.__version__)") from $torch_root"
     # The torch root, not torch.utils.cmake_prefix_path: with the root first, torch's config finds
     # the wheel's own libraries before any libtorch on the system paths.
     cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_root")
     # The wheel is a CUDA build: its CMake config needs the CUDA toolkit, even to build for the CPU.
-    [ -x /usr/local/cuda/bin/nvcc ] && cmake_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc) ;;
+    if [ -x /usr/local/cuda/bin/nvcc ]; then cmake_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc); fi ;;
   *)
     echo "setup: libtorch from $HP_TORCH"
     cmake_args+=(-DCMAKE_PREFIX_PATH="$HP_TORCH") ;;
