@@ -6,8 +6,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <hyper_parallel/runtime/errors.h>
-
 #include <memory>
 
 #include "dtensor_impl.h"
@@ -70,8 +68,8 @@ const FallbackRegistration& registration() {
 
 void check_dtensor_key_is_ours() {
   TORCH_CHECK(!registration().taken_by_another, "hyper_parallel: another library in this process registered a fallback for ",
-           "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",
-           "key's fallback (src/dtensor/dtensor_impl.h, kDTensorKey), so none can be made. Load only one of the two.");
+              "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",
+              "key's fallback (src/dtensor/dtensor_impl.h, kDTensorKey), so none can be made. Load only one of the two.");
 }
 
 }  // namespace hyper_parallel
