@@ -53,7 +53,8 @@ case "$HP_TORCH" in
     # Debian's libtorch calls BLAS through libblas.so.3; report which implementation that is.
     blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
     echo "setup: Debian's libtorch 1.13.1; libblas.so.3 -> $blas"
-    cmake_args+=(-DCMAKE_PREFIX_PATH=/usr) ;;
+    cmake_args+=(-DCMAKE_PREFIX_PATH=/usr)
+    torch_dir=/usr/lib/x86_64-linux-gnu/cmake/Torch ;;
   pip)
     # Debian's pip is externally managed (PEP 668): the wheel goes into a venv. pip keeps its
     # download cache (~/.cache/pip), so a second venv does not fetch the 2.7 GB again.
@@ -65,12 +66,21 @@ case "$HP_TORCH" in
     # The torch root, not torch.utils.cmake_prefix_path: with the root first, torch's config finds
     # the wheel's own libraries before any libtorch on the system paths.
     cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_root")
+    torch_dir=$torch_root/share/cmake/Torch
     # The wheel is a CUDA build: its CMake config needs the CUDA toolkit, even to build for the CPU.
     if [ -x /usr/local/cuda/bin/nvcc ]; then cmake_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc); fi ;;
   *)
     echo "setup: libtorch from $HP_TORCH"
-    cmake_args+=(-DCMAKE_PREFIX_PATH="$HP_TORCH") ;;
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$HP_TORCH")
+    torch_dir=$HP_TORCH/share/cmake/Torch ;;
 esac
+
+# A build folder configured against another libtorch keeps that one (CMake caches where it found
+# torch and its libraries): configure it afresh instead.
+if [ -f "$BUILD_DIR/CMakeCache.txt" ] && ! grep -qxF "Torch_DIR:PATH=$torch_dir" "$BUILD_DIR/CMakeCache.txt"; then
+  echo "setup: $BUILD_DIR was configured against another libtorch ($(grep -m1 '^Torch_DIR:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)); configuring it afresh"
+  rm -f "$BUILD_DIR/CMakeCache.txt"
+fi
 
 cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" "$@" >/dev/null
 cmake --build "$BUILD_DIR"
