@@ -1,7 +1,7 @@
 #pragma once
 // The differences between the libtorch versions we build against (Debian's 1.13.1 and the 2.11 pip
 // wheel) that more than one file meets, kept here so that those files are written once. Each entry
-// says how the versions differ. (The c10d backend wrapping is in process_group.cpp and the attention
+// says how the versions differ. (The c10d backend wrapping is in c10d_backends.cpp and the attention
 // kernel's schema in dtensor/ops/attention.cpp: each is met in that one place.)
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
