@@ -88,6 +88,7 @@ void adam_step(const hp::DeviceMesh& mesh) {
   if (!wanted(name)) return;
   const int64_t h = 256;
   std::vector<at::Tensor> plain{at::randn({4 * h, h}), at::randn({4 * h}), at::randn({h, 4 * h}), at::randn({h})};
+  for (at::Tensor& t : plain) t = t.to(at::Device(mesh.device_type()));
   const hp::Placements pl[] = {{hp::Shard(0)}, {hp::Shard(0)}, {hp::Shard(1)}, {hp::Replicate()}};
   std::vector<at::Tensor> dist;
   for (size_t k = 0; k < plain.size(); ++k) {
@@ -219,8 +220,12 @@ int main(int argc, char** argv) {
     setenv("MASTER_PORT", "29731", 1);
   }
   at::set_num_threads(1);
-  hp::init_process_group();
-  auto mesh = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
+  // HP_BENCH_DEVICE=cuda: the op overheads, Adam and module calls on the GPU (scripts/gpu_check.sh).
+  const char* bench_device = std::getenv("HP_BENCH_DEVICE");
+  hp::InitOptions init;
+  if (bench_device != nullptr && *bench_device != '\0') init.device_type = bench_device;
+  hp::init_process_group(init);
+  auto mesh = hp::init_device_mesh(init.device_type, {hp::get_world_size()}, {"tp"});
   if (argc > 3 && std::string(argv[1]) == "--instructions") {
     dtensor_op_instructions(mesh, argv[2], std::atoi(argv[3]));
     hp::destroy_process_group();

@@ -20,6 +20,9 @@ struct OpCases {
   explicit OpCases(const hyper_parallel::DeviceMesh& mesh) {
     namespace hp = hyper_parallel;
     const hp::Placements R{hp::Replicate()}, S0{hp::Shard(0)};
+    // On the mesh's device, plain and distributed alike (an accelerator's current device).
+    const at::Device device(mesh.device_type());
+    for (at::Tensor* t : {&a, &b, &w, &bias, &lw, &lb}) *t = t->to(device);
     da = hp::distribute_tensor(a, mesh, S0), db = hp::distribute_tensor(b, mesh, S0);
     dw = hp::distribute_tensor(w, mesh, R), dbias = hp::distribute_tensor(bias, mesh, R);
     dlw = hp::distribute_tensor(lw, mesh, R), dlb = hp::distribute_tensor(lb, mesh, R);

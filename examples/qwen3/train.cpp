@@ -30,12 +30,14 @@ struct Args {
   bool sequence_parallel = true, loss_parallel = false;
   std::string text = "/usr/share/common-licenses/GPL-3";
   std::string csv = "qwen3_losses.csv";
+  std::string device = "cpu";
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::cerr << "qwen3_train: " << msg << "\n"
             << "flags: --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
-            << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n";
+            << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
+            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n";
   std::exit(2);
 }
 
@@ -67,6 +69,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--loss-parallel") a.loss_parallel = num() != 0;
     else if (f == "--text") a.text = v;
     else if (f == "--csv") a.csv = v;
+    else if (f == "--device") a.device = v;
     else usage("unknown flag " + f);
   }
   return a;
@@ -98,11 +101,14 @@ std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step,
 std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& tp, bool verbose) {
   at::manual_seed(a.seed);
   qwen3::CausalLM model(a.config);
+  const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
+  model->to(device);
   if (tp) qwen3::parallelize_qwen3_tp(*model, *tp, a.sequence_parallel, a.loss_parallel);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   std::vector<double> losses;
   for (int64_t step = 0; step < a.steps; ++step) {
-    auto [x, y] = batch_at(data, step, a);
+    auto [x_host, y_host] = batch_at(data, step, a);
+    const at::Tensor x = x_host.to(device), y = y_host.to(device);
     hp::CommDebugMode comm;
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor loss = qwen3::causal_lm_loss(model(x), y);
@@ -125,9 +131,11 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
 
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
-  hp::init_process_group();
+  hp::InitOptions init;
+  init.device_type = a.device;
+  hp::init_process_group(init);
   const bool chief = hp::get_rank() == 0;
-  auto tp = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
+  auto tp = hp::init_device_mesh(a.device, {hp::get_world_size()}, {"tp"});
   at::Tensor data = load_bytes(a.text);
   if (chief)
     std::printf("qwen3: %lld layers, hidden %lld, heads %lld/%lld kv, %lld parameters; text %s (%lld bytes); tp=%lld, "

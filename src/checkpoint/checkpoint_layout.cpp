@@ -3,7 +3,7 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/module.h>
-#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -188,7 +188,7 @@ void fault_point(const char* point, int64_t rank) {
   if (want == spec) ::raise(SIGKILL);
 }
 
-// Every rank's verdict on a step, agreed with one small all_reduce: nobody commits or loads
+// Every rank's verdict on a step, agreed with one small control exchange: nobody commits or loads
 // alone. On failure every rank raises, naming the failed ranks and the first one's reason.
 void agree(bool distributed, const std::string& my_error, const char* what, const std::string& tail) {
   if (!distributed) {
@@ -196,24 +196,13 @@ void agree(bool distributed, const std::string& my_error, const char* what, cons
     return;
   }
   const Group g = world_group();
-  const at::Device dev(g.device_type());
-  at::Tensor failed = at::zeros({g.size()}, at::kLong);
-  failed[g.rank()] = my_error.empty() ? 0 : 1;
-  failed = failed.to(dev);
-  all_reduce_(failed, ReduceOp::SUM, g);
-  failed = failed.cpu();
+  const auto verdicts = control_all_gather(g, {my_error.empty() ? 0 : 1});
   std::vector<int64_t> bad;
   for (int64_t r = 0; r < g.size(); ++r)
-    if (failed[r].item<int64_t>() != 0) bad.push_back(r);
+    if (verdicts[static_cast<size_t>(r)][0] != 0) bad.push_back(r);
   if (bad.empty()) return;
   // The first failed rank's message reaches everyone (truncated to 2 KiB).
-  constexpr int64_t kMsg = 2048;
-  at::Tensor msg = at::zeros({kMsg}, at::kByte);
-  if (g.rank() == bad[0]) std::memcpy(msg.data_ptr(), my_error.data(), std::min<size_t>(my_error.size(), kMsg - 1));
-  msg = msg.to(dev);
-  broadcast_(msg, bad[0], g);
-  msg = msg.cpu();
-  const std::string first(static_cast<const char*>(msg.data_ptr()));
+  const std::string first = control_broadcast_string(g, my_error.substr(0, 2047), bad[0]);
   TORCH_CHECK(false, what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", first, tail);
 }
 

@@ -3,6 +3,7 @@
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/process_group.h>
 
 #include <ATen/ATen.h>
@@ -59,10 +60,8 @@ Generation open_generation(const std::string& dir) {
 
 // Rank 0's generation number and id, on every rank.
 Generation broadcast_generation(Generation gen) {
-  at::Tensor hdr = at::tensor({gen.seq, static_cast<int64_t>(gen.id)}, at::kLong).to(at::Device(world_group().device_type()));
-  broadcast_(hdr, 0, world_group());
-  hdr = hdr.cpu();
-  return {hdr[0].item<int64_t>(), static_cast<uint64_t>(hdr[1].item<int64_t>())};
+  const auto hdr = control_broadcast(world_group(), {gen.seq, static_cast<int64_t>(gen.id)}, 0);
+  return {hdr[0], static_cast<uint64_t>(hdr[1])};
 }
 
 // Step 2 on each writing rank: its pieces with checksums (.pt), then the .meta file naming them.

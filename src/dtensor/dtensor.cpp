@@ -4,6 +4,7 @@
 #include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -204,18 +205,23 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
     // dims must agree. One all_gather of the shapes per mesh dimension.
     for (int64_t i = 0; i < mesh.ndim(); ++i) {
       const Group& g = mesh.get_group(i);
-      at::Tensor mine = at::tensor(local.sizes().vec(), at::kLong).unsqueeze(0).to(local.device());
-      at::Tensor all = all_gather(mine, 0, g).cpu();
+      const auto all = control_all_gather(g, local.sizes().vec());
       const Placement& p = spec->placements[static_cast<size_t>(i)];
       if (p.is_shard() && !shape && spec->mesh_dims_sharding(p.dim()).size() == 1) {
         // Uneven shards: the global size is the sum of the pieces.
-        spec->shape[static_cast<size_t>(p.dim())] = all.select(1, p.dim()).sum().item<int64_t>();
+        int64_t total = 0;
+        for (const auto& s : all) total += s[static_cast<size_t>(p.dim())];
+        spec->shape[static_cast<size_t>(p.dim())] = total;
       }
       for (int64_t d = 0; d < local.dim(); ++d) {
         if (p.is_shard(d)) continue;
-        at::Tensor col = all.select(1, d);
-        HP_CHECK_T(c10::ValueError, (col == col[0]).all().item<bool>(), "DTensor::from_local(run_check): local shapes ",
-                   all, " differ in dim ", d, ", which mesh dim ", i, " does not shard");
+        bool same = true;
+        for (const auto& s : all) same = same && s[static_cast<size_t>(d)] == all[0][static_cast<size_t>(d)];
+        if (same) continue;
+        std::string shapes;
+        for (const auto& s : all) shapes += c10::str(shapes.empty() ? "" : ", ", c10::IntArrayRef(s));
+        HP_CHECK_T(c10::ValueError, false, "DTensor::from_local(run_check): local shapes ", shapes, " differ in dim ", d,
+                   ", which mesh dim ", i, " does not shard");
       }
     }
     auto [expect, offset] = spec->local_shape_and_offset(*mesh.get_coordinate());
@@ -253,15 +259,19 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
     for (int64_t i = 0; i < mesh.ndim(); ++i) check_agreement(mesh.get_group(i), "distribute_tensor", d);
   }
   at::NoGradGuard no_grad;
+  // As PyTorch does: a tensor on another device type than the mesh's goes to this rank's device
+  // of the mesh first (the current device of an accelerator, set by init_process_group).
+  const c10::Device mesh_device(mesh.device_type());
+  const at::Tensor source = tensor.is_meta() || tensor.device().type() == mesh_device.type() ? tensor : tensor.to(mesh_device);
   at::Tensor local;
   if (tensor.is_meta()) {
     // Meta tensors have no values: nothing to send, only the local shape matters.
     local = at::empty(spec->local_shape(), tensor.options());
   } else if (!src_data_rank) {
-    local = local_piece_of_whole(tensor.detach(), mesh.shape(), coord, spec->placements).clone(at::MemoryFormat::Contiguous);
+    local = local_piece_of_whole(source.detach(), mesh.shape(), coord, spec->placements).clone(at::MemoryFormat::Contiguous);
   } else {
     const int64_t src = *src_data_rank;
-    local = tensor.detach().contiguous();
+    local = source.detach().contiguous();
     for (size_t i = 0; i < spec->placements.size(); ++i) {
       const Placement& p = spec->placements[i];
       const Group& g = mesh.get_group(static_cast<int64_t>(i));

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <map>
 
@@ -28,9 +29,10 @@ struct UnshardGroupFn : torch::autograd::Function<UnshardGroupFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto group = c10::static_intrusive_pointer_cast<FSDPParamGroup>(ctx->saved_data["group"].toCapsule());
-    variable_list out{at::Tensor()};  // the group argument
-    for (at::Tensor& g : group->reduce_grads(grads)) out.push_back(std::move(g));
-    return out;
+    group->reduce_grads(grads);
+    // The sharded gradients reach .grad at the end of the backward pass (reduce_grads), not
+    // through autograd: undefined here.
+    return variable_list(grads.size() + 1);
   }
 };
 
@@ -76,7 +78,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh
   reshard();  // sharded until the first forward
 }
 
-void FSDPParamGroup::unshard() {
+void FSDPParamGroup::issue_unshard() {
   if (unsharded_) return;
   at::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
@@ -85,15 +87,28 @@ void FSDPParamGroup::unshard() {
     s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
     s->set_nbytes(bytes);
     for (size_t k : b.params) params_[k].copy_in(b.send);
-    const at::Tensor rows = all_gather(b.send, 0, dp_mesh_.get_group()).view({dp_mesh_.size(0), b.row_numel});
+    b.gather = all_gather_async(b.send, 0, dp_mesh_.get_group());
+  }
+  unsharded_ = true;
+  gather_pending_ = true;
+}
+
+void FSDPParamGroup::unshard() {
+  issue_unshard();
+  if (!gather_pending_) return;
+  gather_pending_ = false;
+  at::NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    const at::Tensor rows = b.gather.wait().view({dp_mesh_.size(0), b.row_numel});
+    b.gather = Work();
     // Writing the storage must not count as a modification of the tensors autograd saved.
     at::AutoDispatchBelowADInplaceOrView no_version_bump;
     for (size_t k : b.params) params_[k].copy_out(rows);
   }
-  unsharded_ = true;
 }
 
 void FSDPParamGroup::reshard() {
+  if (gather_pending_) unshard();  // the transport may still write the storage
   for (Bucket& b : buckets_) b.storage.storage().unsafeGetStorageImpl()->reset();
   unsharded_ = false;
 }
@@ -112,8 +127,9 @@ void FSDPParamGroup::pre_forward() {
   ++t_active_forwards;
   in_forward_ = true;
   unshard();
+  // Issued before this group computes; the prefetched group's own pre_forward completes it.
   for (const auto& w : forward_prefetch)
-    if (auto g = w.lock()) g->unshard();
+    if (auto g = w.lock()) g->issue_unshard();
   std::vector<at::Tensor> sharded;
   for (const FSDPParam& p : params_) sharded.push_back(p.sharded);
   const variable_list compute = UnshardGroupFn::apply(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this), at::TensorList(sharded));
@@ -140,9 +156,9 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
   });
 }
 
-std::vector<at::Tensor> FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
+void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
-  std::vector<at::Tensor> out(params_.size());
+  if (reduce_pending_) finish_reduce_grads();  // a second backward through the same forward
   for (Bucket& b : buckets_) {
     b.grad_rows.zero_();
     for (size_t k : b.params) {
@@ -156,11 +172,30 @@ std::vector<at::Tensor> FSDPParamGroup::reduce_grads(const std::vector<at::Tenso
       }
       p.pack_grad(g, b.grad_rows);
     }
-    const at::Tensor row = reduce_scatter(b.grad_rows.view({-1}), ReduceOp::AVG, 0, dp_mesh_.get_group());
-    for (size_t k : b.params) out[k] = params_[k].unpack_grad(row);
+    b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), ReduceOp::AVG, 0, dp_mesh_.get_group());
   }
+  reduce_pending_ = true;
   reshard();  // backward is done with this group's parameters
-  return out;
+  c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    if (auto g = self.lock()) g->finish_reduce_grads();
+  });
+}
+
+void FSDPParamGroup::finish_reduce_grads() {
+  if (!reduce_pending_) return;
+  reduce_pending_ = false;
+  at::NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    const at::Tensor row = b.reduce.wait();
+    b.reduce = Work();
+    for (size_t k : b.params) {
+      at::Tensor g = params_[k].unpack_grad(row);
+      at::Tensor& grad = params_[k].sharded.mutable_grad();
+      if (!grad.defined()) grad = std::move(g);
+      else grad.add_(g);
+    }
+  }
 }
 
 }  // namespace fsdp

@@ -1,6 +1,8 @@
 #pragma once
 // The parameters one fully_shard call manages (internal): gathered with one all-gather and
 // their gradients reduced with one reduce-scatter per dtype, through persistent flat buffers.
+// Both are asynchronous: the next group's all-gather is issued before this group computes, and
+// a group's reduce-scatter runs while the backward of the groups before it computes.
 // The compute tensors share a persistent storage per dtype that reshard() frees and unshard()
 // refills, so tensors autograd saved in forward read the refilled data in backward.
 #include <ATen/core/Tensor.h>
@@ -8,6 +10,8 @@
 #include <torch/custom_class.h>
 
 #include <vector>
+
+#include <hyper_parallel/runtime/collectives.h>
 
 #include "fsdp_param.h"
 
@@ -19,9 +23,11 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, bool reshard_after_forward);
 
   /// Gathers every parameter into its compute storage (one all-gather per dtype); nothing when
-  /// already unsharded.
+  /// already unsharded. Completes a gather that issue_unshard() started.
   void unshard();
-  /// Frees the compute storage; nothing when already sharded.
+  /// Starts the all-gathers and returns (a prefetch); unshard() completes them.
+  void issue_unshard();
+  /// Frees the compute storage (after completing a gather in flight); nothing when sharded.
   void reshard();
   bool is_unsharded() const { return unsharded_; }
 
@@ -34,8 +40,12 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   /// forward that threw (`output` None): the slots and the running-forward count are restored.
   void post_forward(const c10::IValue& output);
 
-  /// Gradients of the sharded parameters from those of the compute tensors (undefined: zero).
-  std::vector<at::Tensor> reduce_grads(const std::vector<at::Tensor>& grads);
+  /// Starts the reduce-scatter of the compute tensors' gradients (undefined: zero) and has the
+  /// end of the backward pass complete it and accumulate the sharded parameters' .grad, so that
+  /// it overlaps the backward of the groups before this one (as FSDP2 does).
+  void reduce_grads(const std::vector<at::Tensor>& grads);
+  /// Completes the reduce-scatters in flight and accumulates the sharded gradients.
+  void finish_reduce_grads();
 
   const std::vector<FSDPParam>& params() const { return params_; }
   /// Groups whose all-gather is issued right after this group's in pre_forward.
@@ -49,12 +59,16 @@ class FSDPParamGroup : public torch::CustomClassHolder {
     at::Tensor send;            // [row_numel]: this rank's pieces
     at::Tensor storage;         // [compute_numel]: the compute tensors' storage (freed when sharded)
     at::Tensor grad_rows;       // [dp, row_numel]: the reduce-scatter input
+    Work gather;                // the all-gather in flight (issue_unshard)
+    Work reduce;                // the reduce-scatter in flight (reduce_grads)
   };
   std::vector<FSDPParam> params_;
   std::vector<Bucket> buckets_;
   DeviceMesh dp_mesh_;
   bool reshard_after_forward_;
-  bool unsharded_ = false;
+  bool unsharded_ = false;    // compute storage allocated (its all-gather may be in flight)
+  bool gather_pending_ = false;
+  bool reduce_pending_ = false;
   bool in_forward_ = false;  // between pre_forward and post_forward
   bool root_known_ = false, is_root_ = false;  // the root (outermost) group keeps its parameters after forward
 };

@@ -1,5 +1,5 @@
 #include <hyper_parallel/mesh/device_mesh.h>
-#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -185,14 +185,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     for (int64_t i = 0; i < mesh_shape[d]; ++i) peers.push_back(base + i * st[d]);
     m->groups.push_back(new_group(peers));
   }
-  Group world = world_group();
-  // On the collectives' device (an accelerator backend cannot move host tensors).
-  const at::Device device = world.device_type() == "cpu" ? at::Device(at::kCPU)
-                                                         : at::Device(world.device_type() + ":" + std::to_string(get_local_rank()));
-  at::Tensor seed = at::full({1}, static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed()),
-                             at::TensorOptions().dtype(at::kLong).device(device));
-  broadcast_(seed, 0, world);
-  m->seed = static_cast<uint64_t>(seed.item<int64_t>());
+  // Rank 0's seed on every rank (a control message: the mesh's setup, not the model's traffic).
+  const int64_t seed = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed());
+  m->seed = static_cast<uint64_t>(control_broadcast(world_group(), {seed}, 0)[0]);
   return DeviceMesh(std::move(m));
 }
 

@@ -1,4 +1,4 @@
-// The one place that maps a device type to a c10d backend, and the only file that includes c10d's
+// The one place that creates c10d backends, and the only file that includes c10d's
 // Gloo (and NCCL) headers. Gloo's headers come from Debian's libgloo-dev (2022), while the Gloo
 // inside the 2.x wheel's libtorch is from 2025: this file uses no Gloo type by value (a Device only
 // through the shared_ptr libtorch hands out) and is built with hidden visibility, so no inline Gloo
@@ -46,28 +46,30 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::ProcessGroup> make_c10d_process_group(const std::string& device_type,
+c10::intrusive_ptr<c10d::ProcessGroup> make_c10d_process_group(const std::string& backend,
                                                                const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                                int size, std::chrono::milliseconds timeout,
                                                                const std::string& master_addr) {
-  if (device_type == "cpu") {
+  if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(gloo_device(master_addr));
     return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts),
                             c10::DeviceType::CPU, false);
   }
 #ifdef USE_C10D_NCCL
-  if (device_type == "cuda") {
+  if (backend == "nccl") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
-    opts->timeout = timeout;
+    // Later than ours: the NCCL transport's watcher reports a missing rank at `timeout`, before
+    // NCCL's watchdog would end the process without naming it.
+    opts->timeout = timeout * 2 + std::chrono::milliseconds(60000);
     return as_process_group(store, rank, size, c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts),
                             c10::DeviceType::CUDA, true);
   }
 #endif
-  HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend for device type '",
-             device_type, "' in this libtorch build (available: cpu -> gloo",
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend '", backend,
+             "' in this libtorch build (available: gloo for cpu",
 #ifdef USE_C10D_NCCL
-             ", cuda -> nccl",
+             ", nccl for cuda",
 #endif
              ")");
   return {};

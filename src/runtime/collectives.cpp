@@ -1,5 +1,6 @@
+// The device-agnostic front of the collectives: arguments, CommDebugMode, uneven pieces, block
+// layouts, staging across devices and the emulations a transport's capabilities call for.
 #include <hyper_parallel/runtime/agreement.h>
-#include <hyper_parallel/runtime/c10d_interop.h>
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
@@ -10,7 +11,7 @@
 
 #include <limits>
 
-#include "shm_transport.h"
+#include "group_impl.h"
 
 namespace hyper_parallel {
 namespace {
@@ -67,20 +68,6 @@ at::Tensor concat_blocks(const at::Tensor& blocks, int64_t dim, const std::vecto
   return at::cat(parts, dim);
 }
 
-// Gloo moves only float/double/half and the integer types. Collectives that only move bytes
-// send other dtypes reinterpreted as a supported type of the same width.
-at::ScalarType wire_type(at::ScalarType t) {
-  switch (t) {
-    case at::kBFloat16: return at::kHalf;  // same width; only copied, never added
-    case at::kBool: return at::kByte;
-    default: return t;
-  }
-}
-at::Tensor as_wire(const at::Tensor& t) {
-  const auto w = wire_type(t.scalar_type());
-  return w == t.scalar_type() ? t : t.view(w);
-}
-
 // Integer averages are refused (PyTorch's Gloo rejects them; NCCL floors): no rounding
 // convention is silently chosen for the caller.
 void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
@@ -93,15 +80,16 @@ void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
 ReduceOp bool_op(ReduceOp op) { return op == ReduceOp::MIN ? ReduceOp::MIN : ReduceOp::MAX; }
 
 // Tensors handed to the backend are written on its own threads, outside the caller's
-// c10::InferenceMode: they must be normal tensors, not inference tensors.
+// c10::InferenceMode: they must be normal tensors, not inference tensors (also those made when
+// a Work completes; only the copy into an in-place target runs in the caller's mode).
 struct NormalTensors {
   c10::InferenceMode guard{false};
 };
 
 // HP_DEBUG_COLLECTIVES=1 (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL): before each collective
 // the ranks compare what they are about to do (one small all_gather), so a mismatch raises on
-// every rank instead of aborting inside Gloo or hanging. The shared-memory transport checks this
-// always, for free, at its first synchronisation.
+// every rank instead of aborting inside a backend or hanging. The shared-memory transport checks
+// this always, for free, at its first synchronisation.
 // `describe` builds the description only then: formatting sizes costs more than a small collective.
 template <class Describe>
 void fingerprint(const Group& g, const Describe& describe) {
@@ -118,43 +106,143 @@ std::string without_dim(at::IntArrayRef sizes, int64_t dim) {
   return c10::str(c10::IntArrayRef(v));
 }
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM:
-    case ReduceOp::AVG:  // Gloo has no AVG: sum, then divide
-      return c10d::ReduceOp::SUM;
-    case ReduceOp::MAX:
-      return c10d::ReduceOp::MAX;
-    case ReduceOp::MIN:
-      return c10d::ReduceOp::MIN;
+
+// `t` as the group's transport moves it: on its device. A host transport stages a tensor of an
+// accelerator through host memory (the caller's device gets the result back); anything else is
+// refused, naming the op and both devices.
+void check_device(const at::Tensor& t, const Transport& tr, const char* what) {
+  if (t.device().type() == tr.device_type()) return;
+  HP_CHECK_T(c10::ValueError, tr.device_type() == c10::DeviceType::CPU && t.device().type() != c10::DeviceType::Meta,
+             "hyper_parallel::", what, ": a tensor on ", t.device(), " cannot go through this group's ", tr.name(),
+             " transport, which moves ", c10::DeviceTypeName(tr.device_type(), true),
+             " tensors; move the tensor there or create the process group for its device");
+}
+at::Tensor on_transport(const at::Tensor& t, const Transport& tr, const char* what) {
+  check_device(t, tr, what);
+  return t.device().type() == tr.device_type() ? t : t.to(c10::DeviceType::CPU);
+}
+
+// `result` back on the caller's device.
+at::Tensor back_to(const at::Tensor& result, const c10::Device& device) {
+  return result.device() == device ? result : result.to(device);
+}
+
+int64_t padded_numel_of(at::IntArrayRef sizes, int64_t dim, int64_t padded) {
+  int64_t n = padded;
+  for (size_t k = 0; k < sizes.size(); ++k)
+    if (static_cast<int64_t>(k) != dim) n *= sizes[k];
+  return n;
+}
+
+// A reduction on transport `tr`: of `in` in place-like (all_reduce; rows == 1) or of the rows of
+// `in` ([g, m]; reduce_scatter: the result is the reduction of row `rank`). `in` is contiguous,
+// on the transport's device. Emulates what the transport lacks, the same for every transport:
+// - bool: bytes, max for or, min for and;
+// - 16-bit floats it cannot add, and averages of them it cannot take: in fp32, rounded once;
+// - avg: a sum, then a division;
+// - max/min whose NaN could vanish: a flag per element travels along and marks the NaN;
+// - no reduce_scatter: an all_to_all, then a local reduction (torch's max/min keep a NaN).
+// Returns what yields the result (flat, in `in`'s dtype) once the collective completed.
+std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, ReduceOp op, bool scatter, int64_t g) {
+  const at::ScalarType dtype = in.scalar_type();
+  const TransportCapabilities caps = tr.capabilities();
+  const bool is_bool = dtype == at::kBool;
+  at::Tensor buf = is_bool ? in.view(at::kByte) : in;
+  if (is_bool) op = bool_op(op);
+  const bool on_wire = !scatter || caps.reduce_scatter;  // the transport itself reduces
+  const bool is_16bit = dtype == at::kBFloat16 || dtype == at::kHalf;
+  const bool widen = on_wire && is_16bit && (!caps.reduce_16bit || (op == ReduceOp::AVG && !caps.average));
+  if (widen) buf = buf.to(at::kFloat);
+  const bool divide = op == ReduceOp::AVG && !caps.average;
+  const ReduceOp wire_op = divide ? ReduceOp::SUM : op;
+  const bool flags = on_wire && (wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) &&
+                     at::isFloatingType(buf.scalar_type()) && !caps.nan_max_min;
+  const int64_t rows = scatter ? g : 1;
+  const int64_t m = buf.numel() / rows;
+  if (flags) {
+    const at::Tensor r = buf.view({rows, m});
+    at::Tensor f = r.isnan().to(buf.scalar_type());
+    if (wire_op == ReduceOp::MIN) f.neg_();
+    buf = at::cat({r, f}, 1);  // [rows, 2m]: a block is its values, then its flags
   }
-  return c10d::ReduceOp::SUM;
-}
-
-void gloo_all_reduce(at::Tensor& buf, ReduceOp op, const Group& group) {
-  std::vector<at::Tensor> ts{buf};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
-  wait_collective(group, "all_reduce", c10d_group(group)->allreduce(ts, opts));
-}
-
-// Gloo's max/min compare with `<` and keep one operand, so a NaN on one rank can vanish from the
-// result (silently, depending on the order). NaN must win, as in torch.maximum and the
-// shared-memory transport: each rank appends a flag per element (1 for max, -1 for min, where
-// it holds a NaN), reduced by the same call, and the flagged elements become NaN.
-void gloo_max_min_keeping_nan(at::Tensor& buf, ReduceOp op, const Group& group) {
-  const at::Tensor flat = buf.reshape({-1});
-  at::Tensor flags = flat.isnan().to(buf.scalar_type());
-  if (op == ReduceOp::MIN) flags.neg_();
-  at::Tensor both = at::cat({flat, flags});
-  gloo_all_reduce(both, op, group);
-  const int64_t n = flat.numel();
-  at::Tensor values = both.narrow(0, 0, n);
-  values.masked_fill_(both.narrow(0, n, n).ne(0), std::numeric_limits<double>::quiet_NaN());
-  buf.copy_(values.view(buf.sizes()));
+  at::Tensor out;
+  Completion done;
+  if (!scatter) {
+    done = tr.all_reduce(buf, wire_op);
+    out = buf;
+  } else if (caps.reduce_scatter) {
+    out = at::empty({buf.numel() / g}, buf.options());
+    done = tr.reduce_scatter(buf, out, wire_op);
+  } else {
+    out = at::empty_like(buf);
+    done = tr.all_to_all(buf, out);
+  }
+  return [=]() mutable {
+    const NormalTensors normal;
+    if (done) done();
+    if (scatter && !caps.reduce_scatter) {
+      const at::Tensor recv = out.view({g, m});
+      switch (wire_op) {
+        // Summed in the buffer's dtype (torch.sum would promote integers to int64); bf16/fp16
+        // accumulate in fp32 inside the kernel and round once.
+        case ReduceOp::SUM: out = recv.sum(0, false, recv.scalar_type()); break;
+        case ReduceOp::AVG: out = recv.sum(0, false, recv.scalar_type()); break;
+        case ReduceOp::MAX: out = std::get<0>(recv.max(0)); break;
+        case ReduceOp::MIN: out = std::get<0>(recv.min(0)); break;
+      }
+    }
+    if (flags) {
+      const at::Tensor both = out.view({2, m});
+      out = both[0].masked_fill(both[1].ne(0), std::numeric_limits<double>::quiet_NaN());
+    }
+    if (divide || (op == ReduceOp::AVG && !on_wire)) out = out.div_(g);
+    if (widen) out = out.to(dtype);
+    if (is_bool) out = out.view(at::kBool);
+    return out.view({-1});
+  };
 }
 
 }  // namespace
+
+Work Work::completed(at::Tensor result) {
+  Work w;
+  w.result_ = std::move(result);
+  return w;
+}
+
+Work& Work::operator=(Work&& o) noexcept {
+  if (this != &o) {
+    if (finish_) {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        TORCH_WARN("hyper_parallel: a collective replaced before it was waited for failed: ", e.what());
+      }
+    }
+    finish_ = std::move(o.finish_);
+    result_ = std::move(o.result_);
+    o.finish_ = nullptr;
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (!finish_) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    TORCH_WARN("hyper_parallel: a collective destroyed before it was waited for failed: ", e.what());
+  }
+}
+
+at::Tensor Work::wait() {
+  if (finish_) {
+    auto f = std::move(finish_);
+    finish_ = nullptr;
+    result_ = f();
+  }
+  return result_;
+}
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -166,8 +254,7 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
-                      c10::optional<int64_t> full_size) {
+Work all_gather_async(const at::Tensor& local, int64_t dim, const Group& group, c10::optional<int64_t> full_size) {
   check_group(group, "all_gather");
   const NormalTensors normal;
   dim = wrap_dim(dim, local.dim(), "all_gather");
@@ -183,75 +270,66 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group,
   HP_CHECK_T(c10::ValueError, local.size(dim) == mine, "hyper_parallel::all_gather: rank ",
              group.rank(), " holds ", local.size(dim), " elements along dim ", dim,
              " but torch.chunk of ", n, " over ", g, " ranks gives it ", mine);
-  if (g == 1) return local.clone();
-  // Nothing to move (every piece is empty on every rank: n == 0 or another dim is 0); Gloo
-  // divides by the element count and would crash.
-  int64_t padded_numel = padded;
-  for (int64_t k = 0; k < local.dim(); ++k) if (k != dim) padded_numel *= local.size(k);
-  if (padded_numel == 0)
-    return at::empty(with_size(local.sizes(), dim, n), local.options());
-  at::Tensor input = local.contiguous();
+  if (g == 1) return Work::completed(local.clone());
+  // Nothing to move (every piece is empty on every rank: n == 0 or another dim is 0).
+  if (padded_numel_of(local.sizes(), dim, padded) == 0)
+    return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
+  Transport& tr = transport_of(group);
+  at::Tensor input = on_transport(local, tr, "all_gather").contiguous();
   if (mine != padded) {
-    at::Tensor p = at::zeros(with_size(local.sizes(), dim, padded), local.options());
-    if (mine > 0) p.narrow(dim, 0, mine).copy_(local);
+    at::Tensor p = at::zeros(with_size(input.sizes(), dim, padded), input.options());
+    if (mine > 0) p.narrow(dim, 0, mine).copy_(input);
     input = p;
-  }
-  ShmTransport* shm = shm_transport_of(group);
-  if (shm != nullptr && dim == 0 && padded * g == n) {
-    // Even pieces along dim 0: the blocks are the result, laid out as it is; no reshape.
-    at::Tensor out = at::empty(with_size(input.sizes(), 0, n), input.options());
-    shm->all_gather(input.data_ptr(), out.data_ptr(), static_cast<size_t>(nbytes(input)));
-    return out;
   }
   auto shape = input.sizes().vec();
   shape.insert(shape.begin(), g);
   at::Tensor blocks = at::empty(shape, input.options());
-  if (shm != nullptr) {
-    shm->all_gather(input.data_ptr(), blocks.data_ptr(), static_cast<size_t>(nbytes(input)));
-    return concat_blocks(blocks, dim, chunk_sizes(n, g));
-  }
-  at::Tensor wire_blocks = as_wire(blocks);
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int64_t j = 0; j < g; ++j) outputs[0].push_back(wire_blocks[j]);
-  std::vector<at::Tensor> inputs{as_wire(input)};
-  wait_collective(group, "all_gather", c10d_group(group)->allgather(outputs, inputs));
-  return concat_blocks(blocks, dim, chunk_sizes(n, g));
+  Completion done = tr.all_gather(input, blocks);
+  const c10::Device device = local.device();
+  return Work([=] {
+    const NormalTensors normal;
+    if (done) done();
+    // Even pieces along dim 0: the blocks are the result, laid out as it is.
+    at::Tensor out = dim == 0 && padded * g == n ? blocks.view(with_size(input.sizes(), 0, n))
+                                                 : concat_blocks(blocks, dim, chunk_sizes(n, g));
+    return back_to(out, device);
+  });
 }
 
-at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
+at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group, c10::optional<int64_t> full_size) {
+  return all_gather_async(local, dim, group, full_size).wait();
+}
+
+Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_group(group, "all_reduce");
   check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
   CommDebugMode::record("all_reduce", nbytes(tensor));
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
-  if (group.size() == 1 || tensor.numel() == 0) return tensor;
-  const bool is_bool = tensor.scalar_type() == at::kBool;
-  ShmTransport* shm = shm_transport_of(group);
-  // Gloo cannot add bfloat16: reduce in float32 (exact for the sum of two bf16 values, and
-  // rounded once at the end otherwise). The shared-memory transport accumulates bf16 in float32
-  // itself and rounds once, the same bits, moving half the bytes (not for avg: the division must
-  // happen before that one rounding). Every buffer is in logical (row-major) order, whatever the
-  // caller's layout: ranks with different strides must still add matching elements.
+  if (group.size() == 1 || tensor.numel() == 0) return Work::completed(tensor);
+  Transport& tr = transport_of(group);
+  // Every buffer is in logical (row-major) order, whatever the caller's layout: ranks with
+  // different strides must still add matching elements.
   at::Tensor buf;
   {
     const NormalTensors normal;
-    if (is_bool) buf = tensor.contiguous().view(at::kByte);
-    else if (tensor.scalar_type() == at::kBFloat16 && (shm == nullptr || op == ReduceOp::AVG))
-      buf = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat)).copy_(tensor);
-    else buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : tensor.contiguous();
-    if (buf.is_inference()) buf = at::empty_like(buf).copy_(buf);
+    buf = on_transport(tensor, tr, "all_reduce");
+    buf = buf.is_contiguous() && !buf.is_inference() ? buf : at::empty(buf.sizes(), buf.options()).copy_(buf);
   }
-  // Neither transport averages: sum, then divide below.
-  const ReduceOp wire_op = is_bool ? bool_op(op) : op == ReduceOp::AVG ? ReduceOp::SUM : op;
-  if (shm != nullptr) {
-    shm->all_reduce(buf.data_ptr(), buf.numel(), buf.scalar_type(), wire_op);
-  } else if ((wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) && at::isFloatingType(buf.scalar_type())) {
-    gloo_max_min_keeping_nan(buf, wire_op, group);
-  } else {
-    gloo_all_reduce(buf, wire_op, group);
+  std::function<at::Tensor()> finish;
+  {
+    const NormalTensors normal;
+    finish = reduce_on(tr, buf, op, false, group.size());
   }
-  if (op == ReduceOp::AVG) buf.div_(group.size());
-  if (is_bool) buf = buf.view(at::kBool);
-  if (!buf.is_same(tensor)) tensor.copy_(buf);
+  at::Tensor target = tensor;
+  return Work([finish = std::move(finish), target]() mutable {
+    const at::Tensor out = finish();
+    if (out.data_ptr() != target.data_ptr() || !target.is_contiguous()) target.copy_(out.view(target.sizes()));
+    return target;
+  });
+}
+
+at::Tensor& all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group) {
+  all_reduce_async(tensor, op, group).wait();
   return tensor;
 }
 
@@ -260,7 +338,7 @@ at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group)
   return all_reduce_(out, op, group);
 }
 
-at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
+Work reduce_scatter_async(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
   check_group(group, "reduce_scatter");
   const NormalTensors normal;
   check_reduce_dtype(op, input.scalar_type(), "reduce_scatter");
@@ -268,29 +346,23 @@ at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, con
   const int64_t g = group.size();
   CommDebugMode::record("reduce_scatter", nbytes(input));
   fingerprint(group, [&] { return c10::str("reduce_scatter ", reduce_op_name(op), " dim ", dim, " ", input.scalar_type(), " ", input.sizes()); });
-  if (g == 1) return input.clone();
+  if (g == 1) return Work::completed(input.clone());
   const int64_t mine = chunk_size(input.size(dim), g, group.rank());
-  if (input.numel() == 0) return at::empty(with_size(input.sizes(), dim, mine), input.options());
-  at::Tensor send = stack_pieces(input, dim, g);
-  at::Tensor recv = at::empty_like(send);
-  at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
-  std::vector<int64_t> splits;  // empty: equal splits along dim 0
-  if (ShmTransport* shm = shm_transport_of(group))
-    shm->all_to_all(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(nbytes(send) / g));
-  else
-    wait_collective(group, "reduce_scatter", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
-  at::Tensor reduced;
-  const auto dtype = recv.scalar_type();
-  const ReduceOp rop = dtype == at::kBool ? bool_op(op) : op;
-  switch (rop) {
-    // Summed in the input's dtype (torch.sum would promote integers to int64); bf16/fp16
-    // accumulate in fp32 inside the kernel and round once.
-    case ReduceOp::SUM: reduced = recv.sum(0, false, dtype); break;
-    case ReduceOp::AVG: reduced = recv.sum(0, false, dtype).div_(g); break;
-    case ReduceOp::MAX: reduced = std::get<0>(recv.max(0)); break;
-    case ReduceOp::MIN: reduced = std::get<0>(recv.min(0)); break;
-  }
-  return mine == reduced.size(dim) ? reduced : reduced.narrow(dim, 0, mine).contiguous();
+  if (input.numel() == 0) return Work::completed(at::empty(with_size(input.sizes(), dim, mine), input.options()));
+  Transport& tr = transport_of(group);
+  const at::Tensor send = stack_pieces(on_transport(input, tr, "reduce_scatter"), dim, g);  // [g, padded piece]
+  std::function<at::Tensor()> finish = reduce_on(tr, send, op, true, g);
+  const auto piece = send.sizes().slice(1).vec();
+  const c10::Device device = input.device();
+  return Work([=] {
+    const NormalTensors normal;
+    const at::Tensor reduced = finish().view(piece);
+    return back_to(mine == reduced.size(dim) ? reduced : reduced.narrow(dim, 0, mine).contiguous(), device);
+  });
+}
+
+at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, int64_t dim, const Group& group) {
+  return reduce_scatter_async(input, op, dim, group).wait();
 }
 
 at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat_dim,
@@ -314,30 +386,25 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: rank ", group.rank(), " holds ", local.size(concat_dim),
              " elements along concat dim ", concat_dim, " but torch.chunk of ", cn, " over ", g,
              " ranks gives it ", chunk_size(cn, g, group.rank()));
-  int64_t padded_numel = cpad;
-  for (int64_t k = 0; k < local.dim(); ++k) if (k != concat_dim) padded_numel *= local.size(k);
-  if (padded_numel == 0) {
+  if (padded_numel_of(local.sizes(), concat_dim, cpad) == 0) {
     // Nothing moves on any rank (the empty dim is the same everywhere, or concat is empty).
     auto shape = with_size(local.sizes(), concat_dim, cn);
     shape[static_cast<size_t>(split_dim)] = chunk_size(local.size(split_dim), g, group.rank());
     return at::empty(shape, local.options());
   }
-  at::Tensor src = local;
-  if (local.size(concat_dim) != cpad) {  // uneven: pad every peer's piece to the same shape
-    src = at::zeros(with_size(local.sizes(), concat_dim, cpad), local.options());
-    if (local.size(concat_dim) > 0) src.narrow(concat_dim, 0, local.size(concat_dim)).copy_(local);
+  Transport& tr = transport_of(group);
+  at::Tensor src = on_transport(local, tr, "all_to_all");
+  if (src.size(concat_dim) != cpad) {  // uneven: pad every peer's piece to the same shape
+    at::Tensor p = at::zeros(with_size(src.sizes(), concat_dim, cpad), src.options());
+    if (src.size(concat_dim) > 0) p.narrow(concat_dim, 0, src.size(concat_dim)).copy_(src);
+    src = p;
   }
   at::Tensor send = stack_pieces(src, split_dim, g);
   at::Tensor recv = at::empty_like(send);
-  at::Tensor wire_send = as_wire(send), wire_recv = as_wire(recv);
-  std::vector<int64_t> splits;
-  if (ShmTransport* shm = shm_transport_of(group))
-    shm->all_to_all(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(nbytes(send) / g));
-  else
-    wait_collective(group, "all_to_all", c10d_group(group)->alltoall_base(wire_recv, wire_send, splits, splits));
+  if (Completion done = tr.all_to_all(send, recv)) done();
   const int64_t my_split = chunk_size(local.size(split_dim), g, group.rank());
   if (my_split != recv.size(split_dim + 1)) recv = recv.narrow(split_dim + 1, 0, my_split);
-  return concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous();
+  return back_to(concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous(), local.device());
 }
 
 at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
@@ -347,19 +414,14 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   CommDebugMode::record("broadcast", nbytes(tensor));
   fingerprint(group, [&] { return c10::str("broadcast src ", src, " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0) return tensor;
+  Transport& tr = transport_of(group);
   at::Tensor buf;
   {
     const NormalTensors normal;
-    buf = tensor.is_contiguous() && !tensor.is_inference() ? tensor : at::empty(tensor.sizes(), tensor.options()).copy_(tensor);
+    buf = on_transport(tensor, tr, "broadcast");
+    buf = buf.is_contiguous() && !buf.is_inference() ? buf : at::empty(buf.sizes(), buf.options()).copy_(buf);
   }
-  if (ShmTransport* shm = shm_transport_of(group)) {
-    shm->broadcast(buf.data_ptr(), static_cast<size_t>(nbytes(buf)), src);
-  } else {
-    std::vector<at::Tensor> ts{as_wire(buf)};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = src;
-    wait_collective(group, "broadcast", c10d_group(group)->broadcast(ts, opts));
-  }
+  if (Completion done = tr.broadcast(buf, src)) done();
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   return tensor;
 }
@@ -377,24 +439,14 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   fingerprint(group, [&] { return c10::str("scatter dim ", dim, " src ", src, " ", full.scalar_type(), " ", full.sizes()); });
   if (g == 1) return full.clone();
   if (full.numel() == 0) return at::empty(with_size(full.sizes(), dim, mine), full.options());
-  at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), full.options());
-  if (ShmTransport* shm = shm_transport_of(group)) {
-    at::Tensor stacked = group.rank() == src ? stack_pieces(full, dim, g) : at::Tensor();
-    shm->scatter(stacked.defined() ? stacked.data_ptr() : nullptr, out.data_ptr(), static_cast<size_t>(nbytes(out)), src);
-    return mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous();
-  }
-  std::vector<at::Tensor> outputs{as_wire(out)};
-  std::vector<std::vector<at::Tensor>> inputs;
-  at::Tensor pieces;
-  if (group.rank() == src) {
-    pieces = stack_pieces(full, dim, g);
-    inputs.emplace_back();
-    for (int64_t j = 0; j < g; ++j) inputs[0].push_back(as_wire(pieces[j]));
-  }
-  c10d::ScatterOptions opts;
-  opts.rootRank = src;
-  wait_collective(group, "scatter", c10d_group(group)->scatter(outputs, inputs, opts));
-  return mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous();
+  Transport& tr = transport_of(group);
+  check_device(full, tr, "scatter");  // on every rank, not only where it is read
+  const at::Tensor staged = group.rank() == src ? on_transport(full, tr, "scatter") : at::Tensor();
+  const auto options = full.options().device(tr.device_type() == full.device().type() ? full.device() : c10::Device(tr.device_type()));
+  at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), options);
+  const at::Tensor stacked = staged.defined() ? stack_pieces(staged, dim, g) : at::Tensor();
+  if (Completion done = tr.scatter(stacked, out, src)) done();
+  return back_to(mine == out.size(dim) ? out : out.narrow(dim, 0, mine).contiguous(), full.device());
 }
 
 void barrier(const Group& group) {
@@ -402,8 +454,7 @@ void barrier(const Group& group) {
   CommDebugMode::record("barrier", 0);
   fingerprint(group, [] { return std::string("barrier"); });
   if (group.size() == 1) return;
-  if (ShmTransport* shm = shm_transport_of(group)) shm->barrier();
-  else wait_collective(group, "barrier", c10d_group(group)->barrier());
+  if (Completion done = transport_of(group).barrier()) done();
 }
 
 }  // namespace hyper_parallel

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -20,33 +21,28 @@
 #include <thread>
 
 #include "c10d_backends.h"
+#include "group_impl.h"
+#include "rank_list.h"
 #include "shm_transport.h"
 
 namespace hyper_parallel {
 
-struct Group::Impl {
-  int64_t rank = 0;
-  std::vector<int64_t> ranks;
-  std::string device_type;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  // For naming the ranks that did not arrive when a collective fails (through the job's store).
-  std::string prefix;
-  std::atomic<uint64_t> seq{0};  // collectives issued on this group by this rank
-  std::unique_ptr<ShmTransport> shm;  // set when every member runs on this host
-};
 
 struct GroupAccess {
   static Group::Impl& impl(const Group& g) { return *g.impl_; }
 };
 
-ShmTransport* shm_transport_of(const Group& group) { return group.defined() ? GroupAccess::impl(group).shm.get() : nullptr; }
+Transport& transport_of(const Group& group) {
+  TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
+  return *GroupAccess::impl(group).transport;
+}
 
 int64_t Group::rank() const { return impl_->rank; }
 int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
 const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
 const std::string& Group::device_type() const { return impl_->device_type; }
 std::string Group::backend_name() const { return impl_->pg->getBackendName(); }
-std::string Group::transport() const { return impl_->shm ? "shm" : backend_name(); }
+std::string Group::transport() const { return impl_->transport->name(); }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
   TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
@@ -113,10 +109,26 @@ std::vector<int64_t> missing_ranks(const State& s, const std::vector<int64_t>& r
   return out;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
+// HP_TRANSPORT: "auto" (shared memory for CPU ranks on one host, Gloo across hosts, NCCL for
+// CUDA), "shm" (shared memory on one host also for CUDA tensors, staged through the host), "gloo"
+// (Gloo for every group, CUDA tensors staged) or "nccl".
+struct TransportChoice {
+  std::string backend;  // the c10d backend: "gloo" or "nccl"
+  bool shm_when_local = false;
+};
+
+TransportChoice choose_transport(const std::string& device_type) {
+  const char* v = std::getenv("HP_TRANSPORT");
+  const std::string t = v == nullptr || *v == '\0' ? "auto" : v;
+  HP_CHECK_T(c10::ValueError, t == "auto" || t == "shm" || t == "gloo" || t == "nccl", "environment variable HP_TRANSPORT='",
+             t, "' must be 'auto' (shared memory on one host and Gloo across hosts for cpu, NCCL for cuda), 'shm', ",
+             "'gloo' or 'nccl'");
+  const bool host = device_type == "cpu";
+  HP_CHECK_T(c10::ValueError, !(t == "nccl" && host), "HP_TRANSPORT=nccl moves CUDA tensors, but the process group's ",
+             "device type is 'cpu'");
+  if (t == "gloo") return {"gloo", false};
+  if (t == "shm" || (t == "auto" && host)) return {"gloo", true};
+  return {device_type == "cuda" ? "nccl" : device_type, false};  // make_c10d_process_group names what exists
 }
 
 Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string& prefix) {
@@ -128,19 +140,20 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
     if (ranks[i] == s.env.rank) impl->rank = static_cast<int64_t>(i);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
   impl->prefix = prefix;
+  const TransportChoice choice = choose_transport(s.device_type);
   try {
-    impl->pg = make_c10d_process_group(s.device_type, store, static_cast<int>(impl->rank),
+    impl->pg = make_c10d_process_group(choice.backend, store, static_cast<int>(impl->rank),
                                        static_cast<int>(ranks.size()), s.timeout, s.env.master_addr);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "hyper_parallel: creating the process group of ranks [", join(ranks),
+    TORCH_CHECK(false, "hyper_parallel: creating the process group of ranks [", join_ranks(ranks),
                 "] failed on rank ", s.env.rank, " after a timeout of ", s.timeout.count() / 1000.0,
-                " s (HP_TIMEOUT_S); ranks that never joined the job: [", join(missing_ranks(s, ranks)),
+                " s (HP_TIMEOUT_S); ranks that never joined the job: [", join_ranks(missing_ranks(s, ranks)),
                 "]. Cause: ", message_of(e));
   }
   // Shared memory when every member is on this host, decided from host identities exchanged
   // through the store (not from environment variables: a sub-group of a multi-host job may well
   // live on one host, and LOCAL_WORLD_SIZE says nothing about it).
-  if (s.device_type == "cpu" && ranks.size() > 1 && shm_transport_enabled()) {
+  if (choice.shm_when_local && ranks.size() > 1) {
     try {
       const std::string me = host_identity();
       store->set("host/" + std::to_string(impl->rank), std::vector<uint8_t>(me.begin(), me.end()));
@@ -162,61 +175,85 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
           store->set("shm_name", std::vector<uint8_t>(name.begin(), name.end()));
         }
         const auto name = store->get("shm_name");
-        impl->shm = ShmTransport::create(store, std::string(name.begin(), name.end()), impl->rank, ranks, s.timeout);
+        impl->transport = ShmTransport::create(store, std::string(name.begin(), name.end()), impl->rank, ranks, s.timeout);
       }
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "hyper_parallel: setting up the shared-memory transport of ranks [", join(ranks),
+      TORCH_CHECK(false, "hyper_parallel: setting up the shared-memory transport of ranks [", join_ranks(ranks),
                   "] failed on rank ", s.env.rank, " (HP_TRANSPORT=gloo avoids it): ", message_of(e));
     }
   }
+  if (!impl->transport) impl->transport = choice.backend == "nccl" ? make_nccl_transport(*impl) : make_gloo_transport(*impl);
   return Group(std::move(impl));
 }
 
 }  // namespace
 
-void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
-  Group::Impl& g = GroupAccess::impl(group);
+std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause) {
   const State& s = state();
+  // Every rank of the group that is still alive and stuck in this collective fails too, and
+  // says so in the store; the ones that never say so within a grace period did not arrive
+  // (stopped, deadlocked, dead or busy elsewhere). The store is asked with a short timeout: if
+  // rank 0, which serves it, is the one stopped, that is a finding too.
+  const std::string key = "hp/arrived/" + g.prefix;
+  std::vector<int64_t> missing;
+  std::string store_note;
+  try {
+    s.store->setTimeout(std::chrono::milliseconds(2000));
+    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
+    const auto grace = std::min<std::chrono::milliseconds>(s.timeout, std::chrono::milliseconds(5000));
+    const auto until = std::chrono::steady_clock::now() + grace;
+    do {
+      missing.clear();
+      for (size_t r = 0; r < g.ranks.size(); ++r)
+        if (!s.store->check({key + std::to_string(r)})) missing.push_back(g.ranks[r]);
+      if (missing.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (std::chrono::steady_clock::now() < until);
+  } catch (const std::exception&) {
+    store_note = " (the rendezvous store on rank 0 does not answer either: rank 0 is probably the one stopped)";
+    if (missing.empty()) missing.push_back(g.ranks[0]);
+  }
+  if (!missing.empty())
+    return c10::str("hyper_parallel: ", what, " #", seq, " on the group of ranks [", join_ranks(g.ranks),
+                    "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " after up to ",
+                    s.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join_ranks(missing),
+                    "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note,
+                    ". Cause: ", cause);
+  return c10::str("hyper_parallel: ", what, " #", seq, " on the group of ranks [", join_ranks(g.ranks),
+                  "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)],
+                  " although every rank of the group reached it. Cause: ", cause);
+}
+
+void wait_c10d_work(Group::Impl& g, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
   const uint64_t seq = ++g.seq;
   try {
     work->wait();
-    return;
   } catch (const std::exception& e) {
-    const std::string cause = message_of(e);
-    // Every rank of the group that is still alive and stuck in this collective times out too,
-    // and says so in the store; the ones that never say so within a grace period did not arrive
-    // (stopped, deadlocked, dead or busy elsewhere). The store is asked with a short timeout: if
-    // rank 0, which serves it, is the one stopped, that is a finding too.
-    const std::string key = "hp/arrived/" + g.prefix;
-    std::vector<int64_t> missing;
-    std::string store_note;
-    try {
-      s.store->setTimeout(std::chrono::milliseconds(2000));
-      s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
-      const auto grace = std::min<std::chrono::milliseconds>(s.timeout, std::chrono::milliseconds(5000));
-      const auto until = std::chrono::steady_clock::now() + grace;
-      do {
-        missing.clear();
-        for (size_t r = 0; r < g.ranks.size(); ++r)
-          if (!s.store->check({key + std::to_string(r)})) missing.push_back(g.ranks[r]);
-        if (missing.empty()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      } while (std::chrono::steady_clock::now() < until);
-    } catch (const std::exception&) {
-      store_note = " (the rendezvous store on rank 0 does not answer either: rank 0 is probably the one stopped)";
-      if (missing.empty()) missing.push_back(g.ranks[0]);
-    }
-    if (!missing.empty())
-      TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
-                  "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " after up to ",
-                  s.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join(missing),
-                  "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note,
-                  ". Cause: ", cause);
-    TORCH_CHECK(false, "hyper_parallel: ", what, " #", seq, " on the group of ranks [", join(g.ranks),
-                "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)],
-                " although every rank of the group reached it. Cause: ", cause);
+    TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e)));
   }
 }
+
+void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+  wait_c10d_work(GroupAccess::impl(group), what, work);
+}
+
+std::chrono::milliseconds job_timeout() { return state().timeout; }
+
+namespace {
+// Each local rank on its own accelerator (LOCAL_RANK modulo the devices it sees), before any
+// backend touches one: otherwise every rank of a host would use device 0.
+void set_local_device(const std::string& device_type, int64_t local_rank) {
+  if (device_type == "cpu") return;
+  const c10::Device probe(device_type);  // c10 names an unknown type itself
+  HP_CHECK_T(c10::ValueError, c10::impl::hasDeviceGuardImpl(probe.type()), "init_process_group: device_type '",
+             device_type, "' is not available in this libtorch build");
+  const auto* guard = c10::impl::getDeviceGuardImpl(probe.type());
+  const c10::DeviceIndex count = guard->deviceCount();
+  HP_CHECK_T(c10::ValueError, count > 0, "init_process_group: device_type '", device_type, "' but no ", device_type,
+             " device is visible to rank ", state().env.rank, " (CUDA_VISIBLE_DEVICES?)");
+  guard->setDevice(c10::Device(probe.type(), static_cast<c10::DeviceIndex>(local_rank % count)));
+}
+}  // namespace
 
 void init_process_group(const InitOptions& options) {
   State& s = state();
@@ -225,6 +262,7 @@ void init_process_group(const InitOptions& options) {
   s.env = read_launch_env();
   s.timeout = options.timeout ? *options.timeout : default_timeout();
   s.device_type = options.device_type;
+  set_local_device(s.device_type, s.env.local_rank);
 
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(s.env.master_port);
@@ -294,13 +332,13 @@ Group new_group(const std::vector<int64_t>& ranks) {
   bool member = false;
   for (int64_t r : ranks) {
     HP_CHECK_T(c10::ValueError, r >= 0 && r < s.env.world_size, "hyper_parallel: rank ", r,
-               " in new_group([", join(ranks), "]) is outside the world of size ",
+               " in new_group([", join_ranks(ranks), "]) is outside the world of size ",
                s.env.world_size);
     member = member || r == s.env.rank;
   }
   HP_CHECK_T(c10::ValueError, member, "hyper_parallel: rank ", s.env.rank,
-             " called new_group([", join(ranks), "]) but is not a member");
-  Group g = make_group(s, ranks, "hp/group/" + join(ranks) + "/");
+             " called new_group([", join_ranks(ranks), "]) but is not a member");
+  Group g = make_group(s, ranks, "hp/group/" + join_ranks(ranks) + "/");
   s.groups.emplace(ranks, g);
   return g;
 }

@@ -16,9 +16,13 @@
 #include <string>
 #include <vector>
 
-#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/reduce_op.h>
 
 #include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+
+#include "transport.h"
 
 namespace c10d {
 class Store;
@@ -26,14 +30,28 @@ class Store;
 
 namespace hyper_parallel {
 
-class ShmTransport {
+class ShmTransport : public Transport {
  public:
   /// Collective over the group's members (global `ranks`, this process at `rank` in it): every
   /// member creates it with the same `name` (unique per job and group) through `store`.
   static std::unique_ptr<ShmTransport> create(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
                                               int64_t rank, const std::vector<int64_t>& ranks,
                                               std::chrono::milliseconds timeout);
-  ~ShmTransport();
+  ~ShmTransport() override;
+
+  const char* name() const override { return "shm"; }
+  c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
+  /// Sums and averages in rank order, bf16/fp16 in fp32, a NaN wins max/min; no reduce_scatter
+  /// (an all_to_all and a local reduction read the same bytes); done when the call returns.
+  TransportCapabilities capabilities() const override;
+  Completion all_gather(const at::Tensor& in, const at::Tensor& out) override;
+  Completion all_reduce(const at::Tensor& buf, ReduceOp op) override;
+  Completion all_to_all(const at::Tensor& in, const at::Tensor& out) override;
+  Completion broadcast(const at::Tensor& buf, int64_t src) override;
+  Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) override;
+  Completion barrier() override;
+
+  // The same on host memory (what the Tensor overloads call).
 
   /// In place over `numel` contiguous elements of `dtype` (floating, integer or byte types; bf16
   /// and fp16 are accumulated in fp32). Every rank gets the same bits: each element is reduced in
@@ -47,13 +65,25 @@ class ShmTransport {
   void broadcast(void* data, size_t bytes, int64_t src);
   /// `src`'s `in` holds size() blocks of `block` bytes; every rank receives its block in `out`.
   void scatter(const void* in, void* out, size_t block, int64_t src);
-  void barrier();
+  void barrier_now();
 
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
 
  private:
   ShmTransport() = default;
-  struct Control;
+  // Per rank, at the start of its slice of the segment.
+  struct Control {
+    alignas(64) std::atomic<uint64_t> arrived;
+    int32_t pid;
+    // What each rank is doing, per parity of the exchange that starts a collective: ranks that
+    // call different collectives or sizes are told so at its first synchronisation (all of them
+    // alike), instead of reading each other's buffers wrongly.
+    uint32_t kind[2];
+    uint64_t bytes[2];
+  };
+  static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
+                "the arrival counters must be lock-free to work across processes");
+  static constexpr size_t kControlBytes = 128;
   Control* control(int64_t r) const;
   unsigned char* buffer(int64_t r, uint64_t step) const;
   void exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what);
@@ -79,11 +109,5 @@ class ShmTransport {
   std::mutex mutex_;  // collectives on one group from several threads run one at a time
 };
 
-/// Whether shared memory may be used at all (HP_TRANSPORT is not "gloo").
-bool shm_transport_enabled();
-
-class Group;
-/// The group's shared-memory transport, or nullptr when it runs on Gloo.
-ShmTransport* shm_transport_of(const Group& group);
 
 }  // namespace hyper_parallel

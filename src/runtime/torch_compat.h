@@ -39,4 +39,15 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 #endif
 }
 
+/// A device-side assertion that `cond` (one element) is true; 2.x carries the message to the
+/// device's error, 1.13 only the generic "Expected Tensor with single nonzero value".
+inline void assert_async(const at::Tensor& cond, const std::string& message) {
+#if HP_TORCH_AT_LEAST(2, 0)
+  at::_assert_async(cond, message);
+#else
+  (void)message;
+  at::_assert_async(cond);
+#endif
+}
+
 }  // namespace hyper_parallel::compat

@@ -1,5 +1,5 @@
-// gtest main for the multi-process tests: every rank (started by hprun) joins the job, runs the
-// same tests, and leaves. A rank whose test fails exits at the end of that test: its peers may be
+// gtest main for the multi-process tests: every rank (started by hprun) joins the job on the test
+// device (HP_TEST_DEVICE), runs the same tests, and leaves. A rank whose test fails exits at the end of that test: its peers may be
 // waiting in a collective it skipped, and hprun then stops them at once instead of letting them
 // wait for the collective timeout.
 #include <gtest/gtest.h>
@@ -8,6 +8,8 @@
 #include <cstdlib>
 
 #include <hyper_parallel/runtime/process_group.h>
+
+#include "../common/test_device.h"
 
 namespace {
 class StopOnFailure : public ::testing::EmptyTestEventListener {
@@ -25,7 +27,15 @@ class StopOnFailure : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::UnitTest::GetInstance()->listeners().Append(new StopOnFailure);
-  hyper_parallel::init_process_group();
+  // A CUDA variant on a machine without a GPU: skipped on every rank, saying why (CTest's
+  // SKIP_RETURN_CODE), before anything touches a device.
+  if (const auto why = hp_test::test_device_unavailable()) {
+    std::printf("SKIPPED: %s\n", why->c_str());
+    return hp_test::kSkipped;
+  }
+  hyper_parallel::InitOptions init;
+  init.device_type = hp_test::test_device_type();
+  hyper_parallel::init_process_group(init);
   const int rc = RUN_ALL_TESTS();
   hyper_parallel::destroy_process_group();
   return rc;

@@ -11,6 +11,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <vector>
+
+#include "../../runtime/dispatch_keys.h"
 #include "../../runtime/torch_compat.h"
 #if HP_TORCH_AT_LEAST(2, 0)
 #include <ATen/ops/scaled_dot_product_attention_native.h>
@@ -105,10 +109,14 @@ constexpr const char* kSdpaOp = "_scaled_dot_product_attention";
 }  // namespace ops
 }  // namespace hyper_parallel
 
-// At the Autograd keys, where libtorch's decomposition would run (CPU; CUDA alike for a CUDA build).
-TORCH_LIBRARY_IMPL(aten, AutogradCPU, m) {
-  m.impl(hyper_parallel::ops::kSdpaOp, TORCH_FN(hyper_parallel::ops::sdpa));
-}
-TORCH_LIBRARY_IMPL(aten, AutogradCUDA, m) {
-  m.impl(hyper_parallel::ops::kSdpaOp, TORCH_FN(hyper_parallel::ops::sdpa));
-}
+// At the Autograd keys of every device, where libtorch's decomposition would run.
+namespace {
+const int kSdpaRegistered = [] {
+  static std::vector<std::unique_ptr<torch::Library>> libs;
+  for (const c10::DispatchKey key : hyper_parallel::autograd_dispatch_keys()) {
+    libs.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__));
+    libs.back()->impl(hyper_parallel::ops::kSdpaOp, TORCH_FN(hyper_parallel::ops::sdpa));
+  }
+  return 0;
+}();
+}  // namespace

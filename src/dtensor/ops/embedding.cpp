@@ -1,6 +1,8 @@
 // Embedding lookups: a replicated table follows the indices' sharding; a table sharded on the
 // embedding dim (Colwise) gives a result sharded on its last dim; a table sharded on the vocab
 // (Rowwise) is looked up with a mask so that the Partial(sum) result is exact.
+#include <hyper_parallel/runtime/device_checks.h>
+
 #include "rule_utils.h"
 
 namespace hyper_parallel {
@@ -44,9 +46,11 @@ OpSharding embedding_rule(const OpInfo& info) {
       const at::Tensor& weight = a[0].toTensor();
       const at::Tensor& ids = a[1].toTensor();
       // The ids are replicated, so every rank reaches the same verdict; as plain libtorch, an id
-      // outside the vocabulary is an IndexError (not a row of zeros).
-      HP_CHECK_T(c10::IndexError, ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab),
-                 "index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)");
+      // outside the vocabulary is an IndexError (not a row of zeros); on an accelerator without a
+      // host sync (see check_index).
+      if (ids.numel() > 0)
+        check_index(ids.min().ge(0).logical_and_(ids.max().lt(vocab)),
+                    c10::str("index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)"));
       // Rows this rank does not hold contribute exact zeros to the sum.
       at::Tensor outside = (ids < begin).logical_or_(ids >= begin + rows);
       std::vector<int64_t> shape = ids.sizes().vec();

@@ -2,7 +2,7 @@
 // silently wrong value (or an error on one rank only) when a result aliased its source where the
 // plain result does not, or reported contiguous strides where the plain op keeps its input's
 // layout, so a later contiguous()/reshape()/in-place op decided differently.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 using namespace hp_test;
 using P = hp::Placements;

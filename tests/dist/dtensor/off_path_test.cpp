@@ -2,7 +2,7 @@
 // values, casts, in-place writes through views, empty local pieces, non-contiguous locals, mesh
 // dims of size 1). Each compares with plain tensors in this process, or expects the error that
 // every rank raises.
-#include "test_util.h"
+#include "../../common/test_util.h"
 #include "../../../src/runtime/torch_compat.h"
 
 #include <hyper_parallel/runtime/comm_debug_mode.h>

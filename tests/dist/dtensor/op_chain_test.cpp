@@ -7,7 +7,7 @@
 // (on every dim of size > 1) and aliasing (which live tensors share data); at the end the
 // gradients of the leaves equal the plain ones. A step the DTensor refuses must be refused on
 // every rank (it is then left out, and counted); every verdict is agreed by all ranks.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 #include <hyper_parallel/runtime/collectives.h>
 

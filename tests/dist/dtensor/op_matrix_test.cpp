@@ -4,7 +4,7 @@
 // Each cell is correct, or refused with an error raised on every rank; a wrong value or an error
 // on some ranks only fails the test. One bad cell does not stop the matrix; the summary lists the
 // refused variants.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>

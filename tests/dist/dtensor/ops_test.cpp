@@ -1,6 +1,6 @@
 // Each sharding-rule family, forward and backward, against the same computation on plain
 // tensors in this process.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>

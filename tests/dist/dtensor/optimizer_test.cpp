@@ -1,5 +1,5 @@
 // torch::optim on DTensor parameters: the same steps as on plain parameters.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 #include <torch/optim.h>
 

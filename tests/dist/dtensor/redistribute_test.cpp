@@ -1,6 +1,6 @@
 // Every redistribution transition, forward and backward, on even and uneven shapes, against the
 // single-process values; plus distribute_tensor's src_data_rank paths.
-#include "test_util.h"
+#include "../../common/test_util.h"
 
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 

@@ -4,7 +4,7 @@
 
 #include <torch/optim.h>
 
-#include "../dtensor/test_util.h"
+#include "../../common/test_util.h"
 #include "../tensor_parallel/tp_models.h"
 #include "model.h"
 #include "parallelize.h"

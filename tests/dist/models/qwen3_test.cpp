@@ -3,7 +3,7 @@
 
 #include <torch/optim.h>
 
-#include "../dtensor/test_util.h"
+#include "../../common/test_util.h"
 #include "model.h"
 #include "parallelize.h"
 

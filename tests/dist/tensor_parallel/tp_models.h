@@ -7,7 +7,7 @@
 
 #include <hyper_parallel/hyper_parallel.h>
 
-#include "../dtensor/test_util.h"
+#include "../../common/test_util.h"
 #include "../../../src/runtime/torch_compat.h"
 
 namespace tp_test {

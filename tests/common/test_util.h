@@ -1,5 +1,6 @@
 #pragma once
-// Helpers for the multi-process DTensor tests.
+// Helpers for the multi-process tests of every layer. Tensors they make live on the test device
+// (test_device.h: HP_TEST_DEVICE, "cpu" unless set), and so do the meshes.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -7,36 +8,39 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 
+#include "test_device.h"
+
 namespace hp_test {
 namespace hp = hyper_parallel;
 
 /// The 1-D mesh over every rank.
 inline hp::DeviceMesh world_mesh() {
-  return hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
+  return hp::init_device_mesh(test_device_type(), {hp::get_world_size()}, {"tp"});
 }
 
 /// Deterministic values, identical on every rank (small integers scaled: exact in float).
 inline at::Tensor values(at::IntArrayRef shape, int64_t salt = 0) {
   int64_t n = 1;
   for (auto s : shape) n *= s;
-  return at::arange(n, at::kFloat).add(salt).remainder(11).sub(5).div(4).reshape(shape);
+  return at::arange(n, at::kFloat).add(salt).remainder(11).sub(5).div(4).reshape(shape).to(test_device());
 }
 
 /// Random values from a fixed seed, identical on every rank.
 inline at::Tensor random(at::IntArrayRef shape, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, gen);
+  return at::randn(shape, gen).to(test_device());
 }
 
 /// The float32 tolerance of every comparison with a one-process reference.
 inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected,
                                         double rtol = 1.5e-4, double atol = 1e-5) {
-  at::Tensor a = hp::is_dtensor(actual) ? hp::DTensor(actual).full_tensor() : actual;
-  if (a.sizes() != expected.sizes())
-    return ::testing::AssertionFailure() << "shape " << a.sizes() << " != " << expected.sizes();
-  if (at::allclose(a.to(at::kFloat), expected.to(at::kFloat), rtol, atol)) return ::testing::AssertionSuccess();
+  at::Tensor a = (hp::is_dtensor(actual) ? hp::DTensor(actual).full_tensor() : actual).cpu();
+  const at::Tensor e = expected.cpu();
+  if (a.sizes() != e.sizes())
+    return ::testing::AssertionFailure() << "shape " << a.sizes() << " != " << e.sizes();
+  if (at::allclose(a.to(at::kFloat), e.to(at::kFloat), rtol, atol)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max abs diff "
-                                       << (a.to(at::kFloat) - expected.to(at::kFloat)).abs().max().item<float>();
+                                       << (a.to(at::kFloat) - e.to(at::kFloat)).abs().max().item<float>();
 }
 
 /// Partial(sum) pieces of `full`: integer weights summing to one, so the sum is exact.

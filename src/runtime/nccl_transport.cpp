@@ -1,0 +1,174 @@
+// The NCCL transport: CUDA collectives through c10d's NCCL backend, natively (all_gather into one
+// tensor, reduce_scatter, average, bf16). A collective is queued on NCCL's stream and its
+// Completion orders the caller's current stream after it: nothing here waits on the host.
+//
+// NCCL's wait() therefore returns before a missing peer could be noticed, and NCCL's own watchdog
+// would abort the job without saying who is missing. So every collective is also handed to a
+// watcher thread of this transport that polls its completion; one still running after the job's
+// timeout is reported with the members that never arrived (through the store, as the host
+// transports report them), and the process exits. NCCL's own timeout is set later than ours
+// (c10d_backends.cpp), so ours speaks first.
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "group_impl.h"
+
+namespace hyper_parallel {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return c10d::ReduceOp::SUM;
+    case ReduceOp::AVG: return c10d::ReduceOp::AVG;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Polls the collectives in flight on one group, oldest first.
+class Watcher {
+ public:
+  Watcher(Group::Impl& g, std::chrono::milliseconds timeout) : g_(g), timeout_(timeout) {}
+  ~Watcher() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void watch(const char* what, c10::intrusive_ptr<c10d::Work> work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    inflight_.push_back({what, ++seq_, std::chrono::steady_clock::now(), std::move(work)});
+    cv_.notify_all();
+  }
+
+ private:
+  struct Entry {
+    const char* what;
+    uint64_t seq;
+    std::chrono::steady_clock::time_point issued;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      while (!inflight_.empty() && inflight_.front().work->isCompleted()) inflight_.pop_front();
+      if (inflight_.empty()) {
+        cv_.wait(lock, [this] { return stop_ || !inflight_.empty(); });
+        continue;
+      }
+      const Entry& e = inflight_.front();
+      if (std::chrono::steady_clock::now() - e.issued > timeout_) {
+        const std::string report = failed_collective_report(
+            g_, e.what, e.seq, "the collective did not complete within " + std::to_string(timeout_.count() / 1000.0) + " s");
+        std::fprintf(stderr, "%s\n", report.c_str());
+        std::fflush(stderr);
+        // The caller's stream is blocked behind the collective and cannot be unblocked: as NCCL's
+        // watchdog would, end the process, but after saying who is missing.
+        std::_Exit(EXIT_FAILURE);
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+
+  Group::Impl& g_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Entry> inflight_;
+  uint64_t seq_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(Group::Impl& g) : g_(g), watcher_(g, job_timeout()) {}
+  const char* name() const override { return "nccl"; }
+  c10::DeviceType device_type() const override { return c10::DeviceType::CUDA; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.reduce_scatter = true;
+    c.average = true;
+    c.reduce_16bit = true;
+    c.asynchronous = true;
+    // NaN in max/min: not relied upon (NaN flags travel along, as for Gloo).
+    return c;
+  }
+
+  Completion all_gather(const at::Tensor& in, const at::Tensor& out) override {
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    return issue("all_gather", g_.pg->_allgather_base(flat_out, flat_in));
+  }
+
+  Completion all_reduce(const at::Tensor& buf, ReduceOp op) override {
+    std::vector<at::Tensor> ts{buf};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    return issue("all_reduce", g_.pg->allreduce(ts, opts));
+  }
+
+  Completion reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override {
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    return issue("reduce_scatter", g_.pg->_reduce_scatter_base(flat_out, flat_in, opts));
+  }
+
+  Completion all_to_all(const at::Tensor& in, const at::Tensor& out) override {
+    std::vector<int64_t> splits;
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    return issue("all_to_all", g_.pg->alltoall_base(flat_out, flat_in, splits, splits));
+  }
+
+  Completion broadcast(const at::Tensor& buf, int64_t src) override {
+    std::vector<at::Tensor> ts{buf};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    return issue("broadcast", g_.pg->broadcast(ts, opts));
+  }
+
+  Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) override {
+    const int64_t g = static_cast<int64_t>(g_.ranks.size());
+    std::vector<at::Tensor> outputs{out.view({-1})};
+    std::vector<std::vector<at::Tensor>> inputs;
+    if (g_.rank == src) {
+      const at::Tensor rows = in.view({g, -1});
+      inputs.emplace_back();
+      for (int64_t j = 0; j < g; ++j) inputs[0].push_back(rows[j]);
+    }
+    c10d::ScatterOptions opts;
+    opts.rootRank = src;
+    return issue("scatter", g_.pg->scatter(outputs, inputs, opts));
+  }
+
+  Completion barrier() override { return issue("barrier", g_.pg->barrier()); }
+
+ private:
+  Completion issue(const char* what, c10::intrusive_ptr<c10d::Work> work) {
+    watcher_.watch(what, work);
+    Group::Impl* g = &g_;
+    return [g, what, work = std::move(work)] { wait_c10d_work(*g, what, work); };
+  }
+  Group::Impl& g_;
+  Watcher watcher_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g) { return std::make_unique<NcclTransport>(g); }
+
+}  // namespace hyper_parallel
