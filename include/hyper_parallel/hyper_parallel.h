@@ -7,6 +7,8 @@
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
+#include <hyper_parallel/runtime/control.h>
+#include <hyper_parallel/runtime/device_checks.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/launch_env.h>
 #include <hyper_parallel/runtime/process_group.h>

@@ -26,8 +26,8 @@ class Group {
   const std::string& device_type() const;
   /// Backend name, e.g. "gloo".
   std::string backend_name() const;
-  /// What carries the group's collectives: "shm" when every member runs on this host (shared
-  /// memory; HP_TRANSPORT=gloo turns it off), otherwise the backend name ("gloo").
+  /// What carries the group's collectives: "shm" (CPU, every member on this host), "gloo" (CPU,
+  /// across hosts, or HP_TRANSPORT=gloo) or "nccl" (CUDA). HP_TRANSPORT=auto|shm|gloo|nccl chooses.
   std::string transport() const;
 
   bool operator==(const Group& o) const { return impl_ == o.impl_; }
@@ -40,8 +40,10 @@ class Group {
 
 /// Options of init_process_group().
 struct InitOptions {
-  /// "cpu" selects Gloo, "cuda" NCCL (when libtorch was built with it). The one place where a
-  /// backend is chosen is src/runtime/process_group.cpp.
+  /// "cpu" selects shared memory or Gloo, "cuda" NCCL (when libtorch was built with it); with
+  /// "cuda" each rank first sets its device to LOCAL_RANK % device count. The one place where a
+  /// transport is chosen is src/runtime/process_group.cpp.
+  /// e.g. `hp::InitOptions o; o.device_type = "cuda"; hp::init_process_group(o);`
   std::string device_type = "cpu";
   /// Collective and rendezvous timeout; unset means `HP_TIMEOUT_S` or 300 s.
   std::optional<std::chrono::milliseconds> timeout;

@@ -270,3 +270,27 @@ TEST(FullyShardDist, BadMeshesAndModulesFailBeforeAnyChange) {
   torch::nn::Linear plain(4, 4);
   EXPECT_THROW(hp::fully_shard(*plain, mesh["dp"]), c10::TypeError);
 }
+
+// The sharded gradients reach .grad at the end of each backward (the reduce-scatters complete
+// there, after overlapping the rest of backward): two backward passes without zero_grad add up
+// as autograd's accumulation does in one process.
+TEST(FullyShardDist, GradientsAccumulateAcrossBackwardPasses) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto model = seeded<Mlp>(71, 8, 12);
+  auto ref = seeded<Mlp>(71, 8, 12);
+  hp::parallelize_module(*model, mesh["tp"], {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+  hp::fully_shard(*model->linear1, mesh["dp"]);
+  hp::fully_shard(*model->linear2, mesh["dp"]);
+  hp::fully_shard(*model, mesh["dp"]);
+  for (int micro = 0; micro < 2; ++micro) {
+    at::Tensor x = random({4, 8}, 30 + micro), target = random({4, 8}, 40 + micro);
+    (model(dp_rows(x, mesh["dp"])) - dp_rows(target, mesh["dp"])).pow(2).mean().backward();
+    (ref(x) - target).pow(2).mean().backward();
+    auto ref_params = ref->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key() << " after backward " << micro;
+    }
+  }
+}
