@@ -107,9 +107,9 @@ std::string without_dim(at::IntArrayRef sizes, int64_t dim) {
 }
 
 
-// `t` as the group's transport moves it: on its device. A host transport stages a tensor of an
-// accelerator through host memory (the caller's device gets the result back); anything else is
-// refused, naming the op and both devices.
+// Whether the group's transport can take `t`: a tensor of its device, or (on a host transport)
+// one of an accelerator, which is staged through host memory; anything else is refused, naming
+// the op, the tensor's device and the transport.
 void check_device(const at::Tensor& t, const Transport& tr, const char* what) {
   if (t.device().type() == tr.device_type()) return;
   HP_CHECK_T(c10::ValueError, tr.device_type() == c10::DeviceType::CPU && t.device().type() != c10::DeviceType::Meta,
@@ -117,6 +117,7 @@ void check_device(const at::Tensor& t, const Transport& tr, const char* what) {
              " transport, which moves ", c10::DeviceTypeName(tr.device_type(), true),
              " tensors; move the tensor there or create the process group for its device");
 }
+// `t` as the group's transport moves it: on its device (the caller's device gets the result back).
 at::Tensor on_transport(const at::Tensor& t, const Transport& tr, const char* what) {
   check_device(t, tr, what);
   return t.device().type() == tr.device_type() ? t : t.to(c10::DeviceType::CPU);
@@ -153,7 +154,8 @@ std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, Reduc
   const bool is_16bit = dtype == at::kBFloat16 || dtype == at::kHalf;
   const bool widen = on_wire && is_16bit && (!caps.reduce_16bit || (op == ReduceOp::AVG && !caps.average));
   if (widen) buf = buf.to(at::kFloat);
-  const bool divide = op == ReduceOp::AVG && !caps.average;
+  // Averaged by a division here when the transport does not average, or does not reduce at all.
+  const bool divide = op == ReduceOp::AVG && (!caps.average || !on_wire);
   const ReduceOp wire_op = divide ? ReduceOp::SUM : op;
   const bool flags = on_wire && (wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) &&
                      at::isFloatingType(buf.scalar_type()) && !caps.nan_max_min;
@@ -185,8 +187,10 @@ std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, Reduc
       switch (wire_op) {
         // Summed in the buffer's dtype (torch.sum would promote integers to int64); bf16/fp16
         // accumulate in fp32 inside the kernel and round once.
-        case ReduceOp::SUM: out = recv.sum(0, false, recv.scalar_type()); break;
-        case ReduceOp::AVG: out = recv.sum(0, false, recv.scalar_type()); break;
+        case ReduceOp::SUM:
+        case ReduceOp::AVG:  // not reached: an average is a sum here (`divide`)
+          out = recv.sum(0, false, recv.scalar_type());
+          break;
         case ReduceOp::MAX: out = std::get<0>(recv.max(0)); break;
         case ReduceOp::MIN: out = std::get<0>(recv.min(0)); break;
       }
@@ -195,7 +199,7 @@ std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, Reduc
       const at::Tensor both = out.view({2, m});
       out = both[0].masked_fill(both[1].ne(0), std::numeric_limits<double>::quiet_NaN());
     }
-    if (divide || (op == ReduceOp::AVG && !on_wire)) out = out.div_(g);
+    if (divide) out = out.div_(g);
     if (widen) out = out.to(dtype);
     if (is_bool) out = out.view(at::kBool);
     return out.view({-1});
@@ -210,15 +214,11 @@ Work Work::completed(at::Tensor result) {
   return w;
 }
 
+Work::Work(Work&& o) noexcept : finish_(std::move(o.finish_)), result_(std::move(o.result_)) { o.finish_ = nullptr; }
+
 Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
-    if (finish_) {
-      try {
-        wait();
-      } catch (const std::exception& e) {
-        TORCH_WARN("hyper_parallel: a collective replaced before it was waited for failed: ", e.what());
-      }
-    }
+    complete_unwaited("replaced");
     finish_ = std::move(o.finish_);
     result_ = std::move(o.result_);
     o.finish_ = nullptr;
@@ -226,12 +226,14 @@ Work& Work::operator=(Work&& o) noexcept {
   return *this;
 }
 
-Work::~Work() {
+Work::~Work() { complete_unwaited("destroyed"); }
+
+void Work::complete_unwaited(const char* event) noexcept {
   if (!finish_) return;
   try {
     wait();
   } catch (const std::exception& e) {
-    TORCH_WARN("hyper_parallel: a collective destroyed before it was waited for failed: ", e.what());
+    TORCH_WARN("hyper_parallel: a collective ", event, " before it was waited for failed: ", e.what());
   }
 }
 
@@ -309,15 +311,11 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   Transport& tr = transport_of(group);
   // Every buffer is in logical (row-major) order, whatever the caller's layout: ranks with
   // different strides must still add matching elements.
-  at::Tensor buf;
-  {
-    const NormalTensors normal;
-    buf = on_transport(tensor, tr, "all_reduce");
-    buf = buf.is_contiguous() && !buf.is_inference() ? buf : at::empty(buf.sizes(), buf.options()).copy_(buf);
-  }
   std::function<at::Tensor()> finish;
   {
     const NormalTensors normal;
+    at::Tensor buf = on_transport(tensor, tr, "all_reduce");
+    if (!buf.is_contiguous() || buf.is_inference()) buf = at::empty(buf.sizes(), buf.options()).copy_(buf);
     finish = reduce_on(tr, buf, op, false, group.size());
   }
   at::Tensor target = tensor;

@@ -58,7 +58,8 @@ std::vector<int64_t> control_broadcast(const Group& group, const std::vector<int
 
 std::string control_broadcast_string(const Group& group, const std::string& text, int64_t src) {
   const int64_t length = control_broadcast(group, {static_cast<int64_t>(text.size())}, src)[0];
-  if (group.size() == 1 || length == 0) return group.rank() == src ? text : std::string(static_cast<size_t>(length), '\0');
+  if (group.size() == 1) return text;  // src is the only rank
+  if (length == 0) return {};
   const c10::InferenceMode normal(false);
   Transport& tr = transport_of(group);
   at::Tensor bytes = at::zeros({length}, at::kByte);

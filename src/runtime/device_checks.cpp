@@ -9,17 +9,21 @@
 #include "torch_compat.h"
 
 namespace hyper_parallel {
+namespace detail {
 
-void check_index(const at::Tensor& ok, const std::string& message) {
+bool check_on_host(const at::Tensor& ok) {
   static const bool sync = [] {
     const char* v = std::getenv("HP_SYNC_CHECKS");
     return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
   }();
-  if (ok.device().is_cpu() || sync) {
-    HP_CHECK_T(c10::IndexError, ok.item<bool>(), message);
-    return;
-  }
-  compat::assert_async(ok, message);
+  return ok.device().is_cpu() || sync;
 }
 
+void raise_index_error(const std::string& message) {
+  throw c10::IndexError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
+}
+
+void assert_on_device(const at::Tensor& ok, const std::string& message) { compat::assert_async(ok, message); }
+
+}  // namespace detail
 }  // namespace hyper_parallel

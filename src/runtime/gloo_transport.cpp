@@ -21,16 +21,6 @@ at::Tensor as_wire(const at::Tensor& t) {
   }
 }
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM: return c10d::ReduceOp::SUM;
-    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
-    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
-    case ReduceOp::AVG: break;
-  }
-  TORCH_INTERNAL_ASSERT(false, "Gloo does not average; the front sums and divides");
-}
-
 class GlooTransport final : public Transport {
  public:
   explicit GlooTransport(Group::Impl& g) : g_(g) {}
@@ -43,16 +33,14 @@ class GlooTransport final : public Transport {
   }
 
   Completion all_gather(const at::Tensor& in, const at::Tensor& out) override {
-    const int64_t g = static_cast<int64_t>(g_.ranks.size());
-    const at::Tensor rows = as_wire(out).view({g, in.numel()});
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int64_t j = 0; j < g; ++j) outputs[0].push_back(rows[j]);
+    std::vector<std::vector<at::Tensor>> outputs = as_row_list(as_wire(out), static_cast<int64_t>(g_.ranks.size()));
     std::vector<at::Tensor> inputs{as_wire(in).view({-1})};
     return completion("all_gather", g_.pg->allgather(outputs, inputs), {in, out});
   }
 
   Completion all_reduce(const at::Tensor& buf, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(buf.scalar_type() != at::kBFloat16, "Gloo cannot add bfloat16; the front widens it");
+    TORCH_INTERNAL_ASSERT(op != ReduceOp::AVG, "Gloo does not average; the front sums and divides");
     std::vector<at::Tensor> ts{buf};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -73,14 +61,9 @@ class GlooTransport final : public Transport {
   }
 
   Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) override {
-    const int64_t g = static_cast<int64_t>(g_.ranks.size());
     std::vector<at::Tensor> outputs{as_wire(out).view({-1})};
     std::vector<std::vector<at::Tensor>> inputs;
-    if (g_.rank == src) {
-      const at::Tensor rows = as_wire(in).view({g, -1});
-      inputs.emplace_back();
-      for (int64_t j = 0; j < g; ++j) inputs[0].push_back(rows[j]);
-    }
+    if (g_.rank == src) inputs = as_row_list(as_wire(in), static_cast<int64_t>(g_.ranks.size()));
     c10d::ScatterOptions opts;
     opts.rootRank = src;
     return completion("scatter", g_.pg->scatter(outputs, inputs, opts), {in, out});
@@ -92,7 +75,8 @@ class GlooTransport final : public Transport {
   // The buffers stay alive (captured) until the collective is waited for.
   Completion completion(const char* what, c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep) {
     Group::Impl* g = &g_;
-    return [g, what, work = std::move(work), keep = std::move(keep)] { wait_c10d_work(*g, what, work); };
+    const uint64_t seq = ++g_.seq;
+    return [g, what, seq, work = std::move(work), keep = std::move(keep)] { wait_c10d_work(*g, what, seq, work); };
   }
   Group::Impl& g_;
 };

@@ -1,6 +1,7 @@
 #pragma once
 // What a Group holds (internal to runtime/): its members, its c10d process group (the rendezvous
-// of its transport, and what users reach through c10d_interop.h) and its transport.
+// of its transport, and what users reach through c10d_interop.h) and its transport; and what the
+// c10d-backed transports (Gloo, NCCL) share.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <atomic>
@@ -22,26 +23,43 @@ struct Group::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   // For naming the ranks that did not arrive when a collective fails (through the job's store).
   std::string prefix;
-  std::atomic<uint64_t> seq{0};  // c10d collectives issued on this group by this rank
+  std::atomic<uint64_t> seq{0};  // c10d collectives issued on this group by this rank (numbered at issue)
   std::unique_ptr<Transport> transport;
 };
 
 /// The group's transport (the group must be defined).
 Transport& transport_of(const Group& group);
 
-/// Waits for `work`, collective `what` issued on `g`; when it fails, raises a c10::Error naming
-/// the members that did not reach it (asked through the job's store).
-void wait_c10d_work(Group::Impl& g, const char* what, const c10::intrusive_ptr<c10d::Work>& work);
+/// Waits for `work`, collective `what` issued on `g` as its #`seq` (`++g.seq` when it was
+/// issued); when it fails, raises a c10::Error naming the members that did not reach it (asked
+/// through the job's store).
+void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
 
 /// The message for collective `what` (#`seq` on `g`) that failed with `cause`: the members that
 /// did not arrive, found through the job's store within a short grace period.
 std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause);
 
-/// The job's collective timeout (HP_TIMEOUT_S or InitOptions::timeout).
-std::chrono::milliseconds job_timeout();
-
-/// Transports made for a group (gloo_transport.cpp, nccl_transport.cpp).
+/// Transports made for a group (gloo_transport.cpp, nccl_transport.cpp); `timeout` is the job's.
 std::unique_ptr<Transport> make_gloo_transport(Group::Impl& g);
-std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g);
+std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g, std::chrono::milliseconds timeout);
+
+/// The c10d reduction of `op`.
+inline c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return c10d::ReduceOp::SUM;
+    case ReduceOp::AVG: return c10d::ReduceOp::AVG;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+/// `t` as c10d's list form of `g` equal pieces: one list of its rows ([g, -1] views).
+inline std::vector<std::vector<at::Tensor>> as_row_list(const at::Tensor& t, int64_t g) {
+  const at::Tensor rows = t.view({g, -1});
+  std::vector<std::vector<at::Tensor>> list(1);
+  for (int64_t j = 0; j < g; ++j) list[0].push_back(rows[j]);
+  return list;
+}
 
 }  // namespace hyper_parallel

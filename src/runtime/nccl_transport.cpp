@@ -24,16 +24,6 @@
 namespace hyper_parallel {
 namespace {
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM: return c10d::ReduceOp::SUM;
-    case ReduceOp::AVG: return c10d::ReduceOp::AVG;
-    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
-    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
-  }
-  return c10d::ReduceOp::SUM;
-}
-
 // Polls the collectives in flight on one group, oldest first.
 class Watcher {
  public:
@@ -47,10 +37,10 @@ class Watcher {
     if (thread_.joinable()) thread_.join();
   }
 
-  void watch(const char* what, c10::intrusive_ptr<c10d::Work> work) {
+  void watch(const char* what, uint64_t seq, c10::intrusive_ptr<c10d::Work> work) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    inflight_.push_back({what, ++seq_, std::chrono::steady_clock::now(), std::move(work)});
+    inflight_.push_back({what, seq, std::chrono::steady_clock::now(), std::move(work)});
     cv_.notify_all();
   }
 
@@ -89,14 +79,13 @@ class Watcher {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Entry> inflight_;
-  uint64_t seq_ = 0;
   bool stop_ = false;
   std::thread thread_;
 };
 
 class NcclTransport final : public Transport {
  public:
-  explicit NcclTransport(Group::Impl& g) : g_(g), watcher_(g, job_timeout()) {}
+  NcclTransport(Group::Impl& g, std::chrono::milliseconds timeout) : g_(g), watcher_(g, timeout) {}
   const char* name() const override { return "nccl"; }
   c10::DeviceType device_type() const override { return c10::DeviceType::CUDA; }
   TransportCapabilities capabilities() const override {
@@ -142,14 +131,9 @@ class NcclTransport final : public Transport {
   }
 
   Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) override {
-    const int64_t g = static_cast<int64_t>(g_.ranks.size());
     std::vector<at::Tensor> outputs{out.view({-1})};
     std::vector<std::vector<at::Tensor>> inputs;
-    if (g_.rank == src) {
-      const at::Tensor rows = in.view({g, -1});
-      inputs.emplace_back();
-      for (int64_t j = 0; j < g; ++j) inputs[0].push_back(rows[j]);
-    }
+    if (g_.rank == src) inputs = as_row_list(in, static_cast<int64_t>(g_.ranks.size()));
     c10d::ScatterOptions opts;
     opts.rootRank = src;
     return issue("scatter", g_.pg->scatter(outputs, inputs, opts));
@@ -159,9 +143,10 @@ class NcclTransport final : public Transport {
 
  private:
   Completion issue(const char* what, c10::intrusive_ptr<c10d::Work> work) {
-    watcher_.watch(what, work);
+    const uint64_t seq = ++g_.seq;
+    watcher_.watch(what, seq, work);
     Group::Impl* g = &g_;
-    return [g, what, work = std::move(work)] { wait_c10d_work(*g, what, work); };
+    return [g, what, seq, work = std::move(work)] { wait_c10d_work(*g, what, seq, work); };
   }
   Group::Impl& g_;
   Watcher watcher_;
@@ -169,6 +154,8 @@ class NcclTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g) { return std::make_unique<NcclTransport>(g); }
+std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g, std::chrono::milliseconds timeout) {
+  return std::make_unique<NcclTransport>(g, timeout);
+}
 
 }  // namespace hyper_parallel

@@ -182,7 +182,7 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
                   "] failed on rank ", s.env.rank, " (HP_TRANSPORT=gloo avoids it): ", message_of(e));
     }
   }
-  if (!impl->transport) impl->transport = choice.backend == "nccl" ? make_nccl_transport(*impl) : make_gloo_transport(*impl);
+  if (!impl->transport) impl->transport = choice.backend == "nccl" ? make_nccl_transport(*impl, s.timeout) : make_gloo_transport(*impl);
   return Group(std::move(impl));
 }
 
@@ -224,8 +224,7 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
                   " although every rank of the group reached it. Cause: ", cause);
 }
 
-void wait_c10d_work(Group::Impl& g, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
-  const uint64_t seq = ++g.seq;
+void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {
   try {
     work->wait();
   } catch (const std::exception& e) {
@@ -234,10 +233,9 @@ void wait_c10d_work(Group::Impl& g, const char* what, const c10::intrusive_ptr<c
 }
 
 void wait_collective(const Group& group, const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
-  wait_c10d_work(GroupAccess::impl(group), what, work);
+  Group::Impl& g = GroupAccess::impl(group);
+  wait_c10d_work(g, what, ++g.seq, work);
 }
-
-std::chrono::milliseconds job_timeout() { return state().timeout; }
 
 namespace {
 // Each local rank on its own accelerator (LOCAL_RANK modulo the devices it sees), before any

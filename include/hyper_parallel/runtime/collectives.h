@@ -31,7 +31,7 @@ class Work {
   explicit Work(std::function<at::Tensor()> finish) : finish_(std::move(finish)) {}
   /// Already complete.
   static Work completed(at::Tensor result);
-  Work(Work&& o) noexcept = default;
+  Work(Work&& o) noexcept;
   Work& operator=(Work&& o) noexcept;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -43,6 +43,8 @@ class Work {
   bool is_completed() const { return !finish_; }
 
  private:
+  // Completes a collective nobody waited for; a failure becomes a warning (`event` says why).
+  void complete_unwaited(const char* event) noexcept;
   std::function<at::Tensor()> finish_;
   at::Tensor result_;
 };

@@ -49,8 +49,9 @@ OpSharding embedding_rule(const OpInfo& info) {
       // outside the vocabulary is an IndexError (not a row of zeros); on an accelerator without a
       // host sync (see check_index).
       if (ids.numel() > 0)
-        check_index(ids.min().ge(0).logical_and_(ids.max().lt(vocab)),
-                    c10::str("index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)"));
+        check_index(ids.min().ge(0).logical_and_(ids.max().lt(vocab)), [vocab] {
+          return c10::str("index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)");
+        });
       // Rows this rank does not hold contribute exact zeros to the sum.
       at::Tensor outside = (ids < begin).logical_or_(ids >= begin + rows);
       std::vector<int64_t> shape = ids.sizes().vec();
