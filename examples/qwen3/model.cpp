@@ -3,18 +3,21 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/errors.h>
 
 #include <cmath>
 
 namespace qwen3 {
 
 namespace {
-// cos/sin tables [S, head_dim] of the rotary embedding.
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq, int64_t head_dim, double theta, const at::TensorOptions& opts) {
-  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, at::kFloat) / static_cast<double>(head_dim));
-  at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(opts.dtype()), emb.sin().to(opts.dtype())};
+// cos/sin of the rotary embedding at `positions` [B or 1, S]: [B or 1, 1, S, head_dim], computed
+// in float32 as transformers does (one product per angle, then cos and sin) and cast to `dtype`.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor& positions, int64_t head_dim, double theta, at::ScalarType dtype) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(positions.device());
+  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -28,9 +31,11 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
   const auto s = x.sizes();
   return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
 }
+
+at::Tensor local(const at::Tensor& t) { return hyper_parallel::is_dtensor(t) ? hyper_parallel::DTensor(t).to_local() : t; }
 }  // namespace
 
-AttentionImpl::AttentionImpl(const Config& c) : config(c) {
+AttentionImpl::AttentionImpl(const Config& c, int64_t layer) : config(c), layer_idx(layer) {
   const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   q_proj = register_module("q_proj", hnn::Linear(hnn::LinearOptions(c.hidden_size, q_width).bias(false)));
   k_proj = register_module("k_proj", hnn::Linear(hnn::LinearOptions(c.hidden_size, kv_width).bias(false)));
@@ -49,15 +54,36 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);
   k = k_norm(k.view({b, s, -1, d})).transpose(1, 2);
   v = v.view({b, s, -1, d}).transpose(1, 2);
-  auto [cos, sin] = rotary_tables(s, d, config.rope_theta, q.options());
+  const ForwardContext* ctx = context;
+  const at::Tensor positions = ctx && ctx->position_ids.defined()
+                                   ? ctx->position_ids
+                                   : at::arange(s, at::TensorOptions().dtype(at::kLong).device(q.device())).unsqueeze(0);
+  auto [cos, sin] = rotary_tables(positions, d, config.rope_theta, q.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
+  int64_t past = 0;
+  if (ctx && ctx->cache) {
+    KVCache& cache = *ctx->cache;
+    past = cache.length;
+    at::Tensor& keys = cache.keys.at(static_cast<size_t>(layer_idx));
+    at::Tensor& values = cache.values.at(static_cast<size_t>(layer_idx));
+    HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "qwen3: the KV cache holds ", keys.size(2), " positions; ", past,
+               " are filled and ", s, " more were given");
+    keys.narrow(2, past, s).copy_(k);
+    values.narrow(2, past, s).copy_(v);
+    k = keys.narrow(2, 0, past + s);
+    v = values.narrow(2, 0, past + s);
+  }
+  const int64_t t = past + s;
   const int64_t heads = q.size(1);
   k = repeat_kv(k, heads / k.size(1));
   v = repeat_kv(v, heads / v.size(1));
   at::Tensor scores = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
-  at::Tensor probs = at::softmax(scores.masked_fill(causal, -1e9), -1);
+  // Query i sits at cache position past + i: it sees keys up to there, and no padding.
+  at::Tensor blocked = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(past + 1);
+  if (ctx && ctx->key_mask.defined()) blocked = blocked.logical_or(ctx->key_mask.logical_not().view({b, 1, 1, t}));
+  // Softmax in float32 for 16-bit models, as transformers does.
+  at::Tensor probs = at::softmax(scores.masked_fill(blocked, -1e9), -1, at::kFloat).to(q.scalar_type());
   at::Tensor out = probs.matmul(v).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out);
 }
@@ -70,9 +96,9 @@ MlpImpl::MlpImpl(const Config& c) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
 
-DecoderLayerImpl::DecoderLayerImpl(const Config& c) {
+DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
   input_layernorm = register_module("input_layernorm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
-  self_attn = register_module("self_attn", Attention(c));
+  self_attn = register_module("self_attn", Attention(c, layer_idx));
   post_attention_layernorm =
       register_module("post_attention_layernorm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
   mlp = register_module("mlp", Mlp(c));
@@ -86,14 +112,44 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) {
 CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
   embed_tokens = register_module("embed_tokens", hnn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", hnn::ModuleList());
-  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c).ptr());
+  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c, i).ptr());
   norm = register_module("norm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
   lm_head = register_module("lm_head", hnn::Linear(hnn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+  tie_weights();
 }
 
-at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) {
+void CausalLMImpl::tie_weights() {
+  if (config.tie_word_embeddings) lm_head->replace_parameter("weight", embed_tokens->weight());
+}
+
+KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
+  KVCache cache;
+  for (const auto& layer : *layers) {
+    const auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
+    const at::Tensor w = local(attn->k_proj->weight());
+    const int64_t kv_heads = w.size(0) / config.head_dim;
+    for (auto* list : {&cache.keys, &cache.values})
+      list->push_back(at::zeros({batch, kv_heads, capacity, config.head_dim}, w.options().requires_grad(false)));
+  }
+  return cache;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
+  std::vector<AttentionImpl*> attns;
+  for (const auto& layer : *layers) attns.push_back(layer->as<DecoderLayerImpl>()->self_attn.get());
+  struct Scope {  // the context is this call's only
+    std::vector<AttentionImpl*>& attns;
+    ~Scope() {
+      for (auto* a : attns) a->context = nullptr;
+    }
+  } scope{attns};
+  for (auto* a : attns) a->context = &context;
   at::Tensor h = embed_tokens(input_ids);
   for (const auto& layer : *layers) h = layer->as<DecoderLayerImpl>()->call_tensor(h);
+  if (context.cache) context.cache->length += input_ids.size(1);
+  if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);
   return lm_head(norm(h));
 }
 

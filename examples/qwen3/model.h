@@ -6,26 +6,57 @@
 // counts are read off the projections' local widths).
 #include <hyper_parallel/nn/layers.h>
 
+#include <c10/util/Optional.h>
+
+#include <vector>
+
 namespace qwen3 {
 namespace hnn = hyper_parallel::nn;
 
+/// The model's shape; config.h reads and writes it as HF's Qwen3 config.json.
 struct Config {
   int64_t vocab_size = 256;  // byte-level tokens
   int64_t hidden_size = 64;
   int64_t intermediate_size = 128;
-  int64_t num_layers = 2;
-  int64_t num_heads = 4;
-  int64_t num_kv_heads = 2;
+  int64_t num_layers = 2;      // num_hidden_layers
+  int64_t num_heads = 4;       // num_attention_heads
+  int64_t num_kv_heads = 2;    // num_key_value_heads
   int64_t head_dim = 16;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 32768;
+  bool tie_word_embeddings = false;  // lm_head shares embed_tokens' weight
+  at::ScalarType dtype = at::kFloat;  // torch_dtype: what the checkpoint holds
+  std::vector<int64_t> eos_token_ids;
+  c10::optional<int64_t> bos_token_id, pad_token_id;
+};
+
+/// Generation state of one model: each layer's cached keys and values (this rank's KV heads under
+/// tensor parallelism), [batch, kv_heads, capacity, head_dim], filled up to `length` positions.
+struct KVCache {
+  std::vector<at::Tensor> keys, values;
+  int64_t length = 0;
+};
+
+/// What a forward pass attends with when it is not training on whole sequences: the positions of
+/// the new tokens [B, S] (rotary angles), which keys are real tokens ([B, cached + S], false for
+/// padding), the cache the new keys and values are appended to, and whether only the last
+/// position's logits are wanted.
+struct ForwardContext {
+  at::Tensor position_ids;
+  at::Tensor key_mask;
+  KVCache* cache = nullptr;
+  bool last_position_only = false;
 };
 
 class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
-  explicit AttentionImpl(const Config& c);
+  AttentionImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
   Config config;
+  int64_t layer_idx;
+  // Set by CausalLM::forward for the duration of one call: the styles' hooks pass tensors only.
+  const ForwardContext* context = nullptr;
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
 };
@@ -41,7 +72,7 @@ HP_MODULE(Mlp);
 
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
-  explicit DecoderLayerImpl(const Config& c);
+  DecoderLayerImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
   hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
@@ -49,11 +80,19 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
 };
 HP_MODULE(DecoderLayer);
 
-/// Token ids [B, S] -> logits [B, S, vocab].
+/// Token ids [B, S] -> logits [B, S, vocab] (a causal mask over the sequence), or with a context
+/// the next tokens of a generation (positions, padding, the KV cache).
 class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
  public:
   explicit CausalLMImpl(const Config& c);
   at::Tensor forward(const at::Tensor& input_ids);
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
+  /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor). Done at
+  /// construction; again after parallelize_qwen3_tp, which distributes the two separately.
+  void tie_weights();
+  /// An empty cache for `batch` sequences of up to `capacity` positions, sized from this rank's
+  /// k_proj (its local KV heads).
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
   Config config;
   hnn::Embedding embed_tokens{nullptr};
   hnn::ModuleList layers;

@@ -43,6 +43,8 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   for (const char* block : {"layers.*.self_attn", "layers.*.mlp"})
     entries.emplace_back(block, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
+  // Both are Shard(0) over the vocabulary, so one DTensor serves both again.
+  model.tie_weights();
 }
 
 }  // namespace qwen3

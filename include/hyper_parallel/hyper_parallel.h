@@ -26,3 +26,5 @@
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/checkpoint/sharded_checkpoint.h>
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/checkpoint/safetensors.h>

@@ -91,16 +91,16 @@ int64_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-std::string read_file(const std::string& path, int64_t max_bytes) {
+std::string read_file(const std::string& path, int64_t max_bytes, const char* what) {
   const int64_t size = file_size(path);
-  HP_CHECK_T(c10::ValueError, size >= 0, "load_sharded: ", path, " is missing");
-  HP_CHECK_T(c10::ValueError, size <= max_bytes, "load_sharded: ", path, " has ", size,
+  HP_CHECK_T(c10::ValueError, size >= 0, what, ": ", path, " is missing");
+  HP_CHECK_T(c10::ValueError, size <= max_bytes, what, ": ", path, " has ", size,
              " bytes, more than a file of its kind can (", max_bytes, "): corrupt");
   std::ifstream in(path, std::ios::binary);
-  HP_CHECK_T(c10::ValueError, in.good(), "load_sharded: cannot read ", path);
+  HP_CHECK_T(c10::ValueError, in.good(), what, ": cannot read ", path);
   std::string bytes(static_cast<size_t>(size), '\0');
   in.read(bytes.data(), size);
-  HP_CHECK_T(c10::ValueError, in.gcount() == size, "load_sharded: ", path, " changed while it was read");
+  HP_CHECK_T(c10::ValueError, in.gcount() == size, what, ": ", path, " changed while it was read");
   return bytes;
 }
 

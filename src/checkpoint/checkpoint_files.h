@@ -19,8 +19,8 @@ void write_file(const std::string& path, const std::string& bytes);
 void replace_file(const std::string& path, const std::string& bytes);
 /// fsyncs a directory, so the entries created in it survive a crash.
 void sync_dir(const std::string& dir);
-/// The whole file; c10::ValueError naming it when it is missing or larger than `max_bytes`.
-std::string read_file(const std::string& path, int64_t max_bytes);
+/// The whole file; c10::ValueError "<what>: ..." naming it when it is missing or larger than `max_bytes`.
+std::string read_file(const std::string& path, int64_t max_bytes, const char* what = "load_sharded");
 int64_t file_size(const std::string& path);
 /// Removes a directory tree (best effort; used for failed and pruned generations).
 void remove_tree(const std::string& path);

@@ -1,0 +1,165 @@
+#include "config.h"
+
+#include <hyper_parallel/runtime/errors.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace qwen3 {
+
+namespace {
+
+using nlohmann::json;
+
+struct Reader {
+  const json& j;
+  const std::string& origin;
+  [[noreturn]] void fail(const std::string& why) const {
+    HP_CHECK_T(c10::ValueError, false, "qwen3 config ", origin, ": ", why);
+  }
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t integer(const char* key, int64_t lo) const {
+    if (!has(key)) fail(std::string("'") + key + "' is missing");
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo)
+      fail(std::string("'") + key + "' must be an integer >= " + std::to_string(lo) + ", got " + j[key].dump());
+    return j[key].get<int64_t>();
+  }
+  double number(const json& v, const char* key) const {
+    if (!v.is_number() || !(v.get<double>() > 0)) fail(std::string("'") + key + "' must be a positive number, got " + v.dump());
+    return v.get<double>();
+  }
+  // An id or a list of ids (transformers accepts both for eos_token_id).
+  std::vector<int64_t> ids(const char* key) const {
+    std::vector<int64_t> out;
+    if (!has(key)) return out;
+    const json& v = j[key];
+    if (v.is_number_integer()) return {v.get<int64_t>()};
+    if (!v.is_array()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
+    for (const auto& x : v) {
+      if (!x.is_number_integer()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  }
+};
+
+at::ScalarType dtype_of(const Reader& r) {
+  // transformers 5 writes "dtype"; older versions "torch_dtype".
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!r.has(key)) continue;
+    if (!r.j[key].is_string()) r.fail(std::string("'") + key + "' must be a string, got " + r.j[key].dump());
+    const std::string name = r.j[key].get<std::string>();
+    if (name == "float32") return at::kFloat;
+    if (name == "bfloat16") return at::kBFloat16;
+    if (name == "float16") return at::kHalf;
+    r.fail(std::string("'") + key + "' is '" + name + "'; supported: float32, bfloat16, float16");
+  }
+  return at::kFloat;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+}  // namespace
+
+Config config_from_json(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    HP_CHECK_T(c10::ValueError, false, "qwen3 config ", origin, ": not valid JSON (", e.what(), ")");
+  }
+  HP_CHECK_T(c10::ValueError, j.is_object(), "qwen3 config ", origin, ": not a JSON object");
+  const Reader r{j, origin};
+  if (r.has("model_type") && j["model_type"] != "qwen3")
+    r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\"");
+  // What this implementation does not do is refused, never ignored.
+  if (r.has("rope_scaling")) r.fail("'rope_scaling' " + j["rope_scaling"].dump() + " is not supported (only default RoPE)");
+  if (r.has("rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (!rp.is_object()) r.fail("'rope_parameters' must be an object");
+    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+      r.fail("rope_parameters.rope_type " + rp["rope_type"].dump() + " is not supported (only \"default\")");
+  }
+  if (r.has("use_sliding_window") && j["use_sliding_window"] != false)
+    r.fail("'use_sliding_window' is " + j["use_sliding_window"].dump() + "; sliding-window attention is not supported");
+  if (r.has("layer_types"))
+    for (const auto& t : j["layer_types"])
+      if (t != "full_attention") r.fail("layer_types holds " + t.dump() + "; only \"full_attention\" layers are supported");
+  if (r.has("attention_bias") && j["attention_bias"] != false)
+    r.fail("'attention_bias' is " + j["attention_bias"].dump() + "; Qwen3 projections without bias only");
+  if (r.has("hidden_act") && j["hidden_act"] != "silu") r.fail("'hidden_act' is " + j["hidden_act"].dump() + "; only \"silu\"");
+
+  Config c;
+  c.vocab_size = r.integer("vocab_size", 1);
+  c.hidden_size = r.integer("hidden_size", 1);
+  c.intermediate_size = r.integer("intermediate_size", 1);
+  c.num_layers = r.integer("num_hidden_layers", 1);
+  c.num_heads = r.integer("num_attention_heads", 1);
+  c.num_kv_heads = r.has("num_key_value_heads") ? r.integer("num_key_value_heads", 1) : c.num_heads;
+  c.head_dim = r.has("head_dim") ? r.integer("head_dim", 2) : c.hidden_size / c.num_heads;
+  if (c.head_dim % 2 != 0) r.fail("head_dim " + std::to_string(c.head_dim) + " must be even (rotary embeddings rotate pairs)");
+  if (c.num_heads % c.num_kv_heads != 0)
+    r.fail("num_attention_heads " + std::to_string(c.num_heads) + " is not a multiple of num_key_value_heads " +
+           std::to_string(c.num_kv_heads));
+  if (r.has("rms_norm_eps")) c.rms_norm_eps = r.number(j["rms_norm_eps"], "rms_norm_eps");
+  if (r.has("rope_theta")) c.rope_theta = r.number(j["rope_theta"], "rope_theta");
+  if (r.has("rope_parameters") && j["rope_parameters"].contains("rope_theta"))
+    c.rope_theta = r.number(j["rope_parameters"]["rope_theta"], "rope_parameters.rope_theta");
+  if (r.has("max_position_embeddings")) c.max_position_embeddings = r.integer("max_position_embeddings", 1);
+  if (r.has("tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) r.fail("'tie_word_embeddings' must be true or false");
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  c.dtype = dtype_of(r);
+  c.eos_token_ids = r.ids("eos_token_id");
+  const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
+  if (!bos.empty()) c.bos_token_id = bos[0];
+  if (!pad.empty()) c.pad_token_id = pad[0];
+  return c;
+}
+
+Config load_config(const std::string& path) {
+  std::ifstream in(path);
+  HP_CHECK_T(c10::ValueError, in.good(), "qwen3: cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return config_from_json(ss.str(), path);
+}
+
+std::string config_to_json(const Config& c) {
+  json j;
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["use_sliding_window"] = false;
+  j["torch_dtype"] = dtype_name(c.dtype);
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+  return j.dump(2) + "\n";
+}
+
+std::string hf_key(const std::string& fqn) { return fqn.rfind("lm_head.", 0) == 0 ? fqn : "model." + fqn; }
+
+}  // namespace qwen3

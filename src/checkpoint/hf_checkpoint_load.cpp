@@ -1,0 +1,181 @@
+// load_hf_checkpoint: every file validated and every key checked, the ranks agree, then each rank
+// copies its boxes straight from the mappings into its local shards.
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "checkpoint_files.h"
+#include "checkpoint_layout.h"
+#include "hf_entries.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
+constexpr size_t kMaxListed = 8;  // names listed in one error before "and N more"
+
+[[noreturn]] void bad_index(const std::string& path, const std::string& why) {
+  HP_CHECK_T(c10::ValueError, false, "load_hf_checkpoint: index ", path, ": ", why);
+}
+
+// The checkpoint's files, opened and validated, and where each tensor lives.
+struct Checkpoint {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> where;
+};
+
+Checkpoint open_checkpoint(const std::string& path) {
+  Checkpoint ck;
+  std::error_code ec;
+  const std::string index = path + "/model.safetensors.index.json";
+  if (fs::is_directory(path, ec) && fs::exists(index, ec)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(checkpoint_files::read_file(index, kMaxIndexBytes, "load_hf_checkpoint"));
+    } catch (const nlohmann::json::parse_error& e) {
+      bad_index(index, std::string("not valid JSON (") + e.what() + ")");
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      bad_index(index, "it has no \"weight_map\" object");
+    std::map<std::string, std::string> weight_map;
+    std::map<std::string, const SafetensorsFile*> by_file;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) bad_index(index, "the file of '" + it.key() + "' is not a string");
+      const std::string file = it.value().get<std::string>();
+      // A file name, never a path: an index must not reach outside its directory.
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        bad_index(index, "'" + it.key() + "' is in '" + file + "', which is not a file name in the checkpoint's directory");
+      weight_map[it.key()] = file;
+      if (!by_file.count(file)) {
+        ck.files.push_back(std::make_unique<SafetensorsFile>(path + "/" + file));
+        by_file[file] = ck.files.back().get();
+      }
+    }
+    for (const auto& [name, file] : weight_map) {
+      const SafetensorsFile* f = by_file[file];
+      if (!f->find(name)) bad_index(index, "it puts '" + name + "' in " + file + ", which holds no such tensor");
+      ck.where[name] = f;
+    }
+    for (const auto& [file, f] : by_file)
+      for (const auto& t : f->tensors())
+        if (!weight_map.count(t.name) || weight_map[t.name] != file)
+          bad_index(index, file + " holds '" + t.name + "', which the index does not place there");
+  } else {
+    const std::string file = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
+    HP_CHECK_T(c10::ValueError, fs::exists(file, ec), "load_hf_checkpoint: ", path,
+               " is neither a .safetensors file nor a directory holding model.safetensors or model.safetensors.index.json");
+    ck.files.push_back(std::make_unique<SafetensorsFile>(file));
+    for (const auto& t : ck.files.back()->tensors()) ck.where[t.name] = ck.files.back().get();
+  }
+  return ck;
+}
+
+// Names (quoted by the caller) joined, the first kMaxListed of them.
+std::string listed(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < kMaxListed; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > kMaxListed) s += " and " + std::to_string(names.size() - kMaxListed) + " more";
+  return s;
+}
+
+bool same_kind(at::ScalarType a, at::ScalarType b) {
+  if (a == b) return true;
+  return at::isFloatingType(a) && at::isFloatingType(b);
+}
+
+// One parameter to load: where its bytes are.
+struct Load {
+  at::Tensor value;
+  std::string key;
+  const SafetensorsFile* file;
+};
+
+// Everything checked on this rank; the first problem of each kind becomes one message.
+std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, const Checkpoint& ck, const HFLoadOptions& options) {
+  std::vector<Load> loads;
+  std::vector<std::string> missing, mismatched, claimed_keys;
+  std::set<std::string> claimed;
+  for (const auto& e : entries) {
+    for (const auto& k : e.keys)
+      if (!k.empty()) claimed.insert(k);
+    const std::string* found = nullptr;
+    for (const auto& k : e.keys)
+      if (!k.empty() && ck.where.count(k)) {
+        found = &k;
+        break;
+      }
+    if (!found) {
+      std::string names;
+      for (const auto& k : e.keys)
+        if (!k.empty()) names += (names.empty() ? "'" : " or '") + k + "'";
+      if (names.empty()) names = "a name";  // the key map stores none of its names
+      missing.push_back(names + (e.keys == e.fqns ? "" : " (for " + e.fqn_list() + ")"));
+      continue;
+    }
+    const SafetensorsFile* f = ck.where.at(*found);
+    const SafetensorsTensorInfo& t = *f->find(*found);
+    HP_CHECK_T(c10::ValueError, !is_dtensor(e.value) || !DTensor(e.value).spec().has_partial(), "load_hf_checkpoint: ",
+               e.fqn_list(), " is a Partial DTensor, which has no values of its own to load into");
+    if (c10::IntArrayRef(t.shape) != e.value.sizes() || !same_kind(t.dtype, e.value.scalar_type()))
+      mismatched.push_back("'" + *found + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
+                           ", " + e.fqn_list() + " is " + c10::toString(e.value.scalar_type()) + " " + c10::str(e.value.sizes()));
+    loads.push_back({e.value, *found, f});
+  }
+  std::vector<std::string> unexpected;
+  if (options.strict)
+    for (const auto& [name, f] : ck.where)
+      if (!claimed.count(name)) unexpected.push_back("'" + name + "'");
+  std::string why;
+  if (!missing.empty()) why += "the checkpoint lacks " + listed(missing) + "; ";
+  if (!mismatched.empty()) why += "shapes or dtypes differ: " + listed(mismatched) + "; ";
+  if (!unexpected.empty())
+    why += "no parameter takes " + listed(unexpected) + " (map it with key_map, or set strict=false to skip it); ";
+  HP_CHECK_T(c10::ValueError, why.empty(), why.substr(0, why.size() - 2));
+  return loads;
+}
+
+}  // namespace
+
+HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& path, const HFLoadOptions& options) {
+  const auto entries = hf_entries::entries_of(model, options.key_map);
+  Checkpoint ck;
+  std::vector<Load> loads;
+  std::string err;
+  try {
+    ck = open_checkpoint(path);
+    loads = plan_loads(entries, ck, options);
+  } catch (const std::exception& e) {
+    err = checkpoint_layout::message_of(e);
+  }
+  // All or nothing: every rank learns whether every rank can load before anyone writes. After
+  // this, the copies read bytes that the validated headers put inside the files.
+  try {
+    checkpoint_layout::agree(is_initialized(), err, "load_hf_checkpoint", "; no rank loaded anything");
+  } catch (const c10::Error& e) {
+    HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
+  }
+  HFLoadReport report;
+  for (const auto& f : ck.files) report.files.push_back(f->path());
+  at::NoGradGuard no_grad;
+  for (const Load& l : loads) {
+    hf_entries::LocalBox box = hf_entries::local_box(l.value);
+    report.bytes_read += l.file->read_box(l.key, box.offset, box.local);
+    report.local_bytes += box.local.numel() * static_cast<int64_t>(box.local.element_size());
+    ++report.tensors;
+  }
+  return report;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,340 @@
+// save_hf_checkpoint: one layout computed alike on every rank; rank 0 creates the files (headers,
+// space reserved) in a new directory; every rank writes its boxes through a shared mapping; rank 0
+// swaps the new directory in. The ranks agree after each step.
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/runtime/control.h>
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+
+#include "checkpoint_files.h"
+#include "checkpoint_layout.h"
+#include "hf_entries.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace cf = checkpoint_files;
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+[[noreturn]] void os_fail(const char* what, const std::string& path, int err) {
+  TORCH_CHECK(false, "cannot ", what, " ", path, ": ", std::strerror(err));
+}
+
+struct PlannedTensor {
+  size_t entry;
+  std::string key;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;  // in the data buffer
+};
+
+struct PlannedFile {
+  std::string name;
+  std::vector<PlannedTensor> tensors;
+  std::string header;  // the 8-byte length and the padded JSON
+  int64_t size = 0;
+};
+
+int64_t bytes_of(const PlannedTensor& t) {
+  return c10::multiply_integers(t.shape) * static_cast<int64_t>(c10::elementSize(t.dtype));
+}
+
+// The files and every tensor's place in them: a function of the global shapes and dtypes alone,
+// so every rank computes the same layout without exchanging it.
+std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entries, const HFSaveOptions& options) {
+  HP_CHECK_T(c10::ValueError, options.max_shard_size > 0, "save_hf_checkpoint: max_shard_size must be positive, got ",
+             options.max_shard_size);
+  std::vector<PlannedTensor> all;
+  std::map<std::string, std::string> owner;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    const std::string key = e.key();
+    if (key.empty()) continue;  // the key map stores none of its names
+    auto [it, fresh] = owner.emplace(key, e.fqn_list());
+    HP_CHECK_T(c10::ValueError, fresh, "save_hf_checkpoint: ", it->second, " and ", e.fqn_list(), " both map to '", key,
+               "' (distinct tensors under one name)");
+    at::ScalarType dtype = e.value.scalar_type();
+    if (options.dtype && at::isFloatingType(dtype)) dtype = *options.dtype;
+    safetensors_dtype_name(dtype);  // throws for a dtype the format lacks
+    all.push_back({i, key, dtype, e.value.sizes().vec()});
+  }
+  // Files filled in the model's order, as transformers splits a state dict.
+  std::vector<std::vector<PlannedTensor>> groups(1);
+  int64_t used = 0;
+  for (auto& t : all) {
+    if (used > 0 && used + bytes_of(t) > options.max_shard_size) {
+      groups.emplace_back();
+      used = 0;
+    }
+    used += bytes_of(t);
+    groups.back().push_back(std::move(t));
+  }
+  std::vector<PlannedFile> files;
+  const size_t n = groups.size();
+  for (size_t g = 0; g < n; ++g) {
+    PlannedFile f;
+    char name[64];
+    if (n == 1) std::snprintf(name, sizeof name, "model.safetensors");
+    else std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", g + 1, n);
+    f.name = name;
+    f.tensors = std::move(groups[g]);
+    // Wider elements first: every tensor then starts at a multiple of its element size (the
+    // header is padded to 8), so the data can be viewed in place.
+    std::stable_sort(f.tensors.begin(), f.tensors.end(),
+                     [](const auto& a, const auto& b) { return c10::elementSize(a.dtype) > c10::elementSize(b.dtype); });
+    nlohmann::json j = nlohmann::json::object();
+    j["__metadata__"] = {{"format", "pt"}};
+    int64_t at = 0;
+    for (auto& t : f.tensors) {
+      t.begin = at;
+      t.end = at += bytes_of(t);
+      j[t.key] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    }
+    std::string text = j.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const uint64_t len = text.size();
+    f.header.resize(8);
+    for (int b = 0; b < 8; ++b) f.header[static_cast<size_t>(b)] = static_cast<char>((len >> (8 * b)) & 0xff);
+    f.header += text;
+    f.size = static_cast<int64_t>(f.header.size()) + at;
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  return checkpoint_layout::hex((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+}
+
+// Where the checkpoint directory is, and the new one beside it.
+struct Target {
+  fs::path dir, parent;
+  std::string base;
+};
+
+Target target_of(const std::string& dir) {
+  Target t;
+  t.dir = fs::path(dir).lexically_normal();
+  if (t.dir.filename().empty()) t.dir = t.dir.parent_path();
+  t.base = t.dir.filename().string();
+  HP_CHECK_T(c10::ValueError, !t.base.empty() && t.base != "." && t.base != "..", "save_hf_checkpoint: '", dir,
+             "' does not name a directory to write (give its path, e.g. out/model)");
+  t.parent = t.dir.has_parent_path() ? t.dir.parent_path() : fs::path(".");
+  return t;
+}
+
+void create_in(const std::string& tmp, const std::vector<PlannedFile>& files);
+
+// Rank 0, step 1: a fresh directory beside the target with every file created at its final size
+// (space reserved, so a full disk fails here and not in the middle of the mapped writes) and its
+// header written. Returns the new directory.
+std::string create_files(const Target& t, const std::vector<PlannedFile>& files) {
+  std::error_code ec;
+  fs::create_directories(t.parent, ec);
+  TORCH_CHECK(!ec, "cannot create ", t.parent.string(), ": ", ec.message());
+  if (fs::exists(t.dir, ec)) {
+    HP_CHECK_T(c10::ValueError, fs::is_directory(t.dir, ec), "save_hf_checkpoint: ", t.dir.string(), " exists and is not a directory");
+    for (const auto& e : fs::directory_iterator(t.dir))
+      HP_CHECK_T(c10::ValueError, !e.is_directory(), "save_hf_checkpoint: ", t.dir.string(), " holds the directory ",
+                 e.path().filename().string(), "; a checkpoint directory holds files only (it is replaced whole)");
+  }
+  // New directories that earlier saves left when they were killed.
+  const std::string stale = t.base + ".hp-save-";
+  for (const auto& e : fs::directory_iterator(t.parent))
+    if (e.path().filename().string().rfind(stale, 0) == 0) cf::remove_tree(e.path().string());
+  const std::string tmp = (t.parent / (stale + random_hex())).string();
+  TORCH_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create ", tmp, ": ", ec.message());
+  try {
+    create_in(tmp, files);
+  } catch (...) {
+    cf::remove_tree(tmp);
+    throw;
+  }
+  return tmp;
+}
+
+void create_in(const std::string& tmp, const std::vector<PlannedFile>& files) {
+  for (const auto& f : files) {
+    const std::string path = tmp + "/" + f.name;
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) os_fail("create", path, errno);
+    const int rc = ::posix_fallocate(fd, 0, f.size);
+    if (rc != 0) {
+      ::close(fd);
+      os_fail("reserve space for", path, rc);
+    }
+    const ssize_t w = ::pwrite(fd, f.header.data(), f.header.size(), 0);
+    const int err = errno;
+    ::close(fd);
+    if (w != static_cast<ssize_t>(f.header.size())) os_fail("write the header of", path, w < 0 ? err : EIO);
+  }
+}
+
+// Every rank, step 2: its boxes copied into the mapped files (cast on the way), then flushed.
+int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& files, const std::vector<hf_entries::LocalBox>& boxes) {
+  int64_t written = 0;
+  for (const auto& f : files) {
+    bool any = false;
+    for (const auto& t : f.tensors) any |= boxes[t.entry].writer && boxes[t.entry].local.numel() > 0;
+    if (!any) continue;
+    const std::string path = tmp + "/" + f.name;
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) os_fail("open", path, errno);
+    void* m = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      os_fail("map", path, err);
+    }
+    auto* data = static_cast<uint8_t*>(m) + f.header.size();
+    std::string error;
+    try {
+      for (const auto& t : f.tensors) {
+        const auto& box = boxes[t.entry];
+        if (!box.writer || box.local.numel() == 0) continue;
+        at::Tensor dst = at::from_blob(data + t.begin, t.shape, at::TensorOptions().dtype(t.dtype));
+        for (int64_t d = 0; d < box.local.dim(); ++d) dst = dst.narrow(d, box.offset[static_cast<size_t>(d)], box.local.size(d));
+        dst.copy_(box.local);
+        written += box.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+      }
+    } catch (const std::exception& e) {
+      error = checkpoint_layout::message_of(e);
+    }
+    const int sync_rc = ::msync(m, static_cast<size_t>(f.size), MS_SYNC);
+    const int sync_err = errno;
+    ::munmap(m, static_cast<size_t>(f.size));
+    const int fsync_rc = ::fsync(fd);
+    const int fsync_err = errno;
+    ::close(fd);
+    TORCH_CHECK(error.empty(), error);
+    if (sync_rc != 0) os_fail("flush", path, sync_err);
+    if (fsync_rc != 0) os_fail("fsync", path, fsync_err);
+  }
+  return written;
+}
+
+bool is_weight_file(const std::string& name) {
+  return name == kIndex || (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
+}
+
+// Rank 0, step 3: the index and the extra files, the old directory's other files linked in, then
+// the new directory swapped with the old one in one rename.
+void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFile>& files, const HFSaveOptions& options,
+            bool& swapped) {
+  std::set<std::string> written;
+  for (const auto& f : files) written.insert(f.name);
+  if (files.size() > 1) {
+    nlohmann::json j;
+    int64_t total = 0;
+    for (const auto& f : files)
+      for (const auto& x : f.tensors) {
+        j["weight_map"][x.key] = f.name;
+        total += bytes_of(x);
+      }
+    j["metadata"] = {{"total_size", total}};
+    cf::write_file(tmp + "/" + kIndex, j.dump(2) + "\n");
+    written.insert(kIndex);
+  }
+  for (const auto& [name, text] : options.extra_files) {
+    HP_CHECK_T(c10::ValueError, !name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." && !written.count(name),
+               "save_hf_checkpoint: extra file '", name, "' is not a file name, or names a file the checkpoint writes itself");
+    cf::write_file(tmp + "/" + name, text);
+    written.insert(name);
+  }
+  std::error_code ec;
+  const bool exists = fs::exists(t.dir, ec);
+  if (exists)
+    for (const auto& e : fs::directory_iterator(t.dir)) {
+      const std::string name = e.path().filename().string();
+      if (written.count(name) || is_weight_file(name)) continue;  // replaced, or weights of the old checkpoint
+      if (::link(e.path().c_str(), (tmp + "/" + name).c_str()) != 0) os_fail("carry over", e.path().string(), errno);
+    }
+  cf::sync_dir(tmp);
+  checkpoint_layout::fault_point("hf_before_swap", 0);
+  if (exists) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, t.dir.c_str(), RENAME_EXCHANGE) != 0)
+      os_fail("swap in the new checkpoint for", t.dir.string(), errno);
+    swapped = true;
+    cf::remove_tree(tmp);  // the old checkpoint, now under the temporary name
+  } else if (::rename(tmp.c_str(), t.dir.c_str()) != 0) {
+    os_fail("rename the new checkpoint to", t.dir.string(), errno);
+  }
+  swapped = true;
+  cf::sync_dir(t.parent.string());
+}
+
+}  // namespace
+
+HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options) {
+  const bool distributed = is_initialized();
+  const int64_t rank = distributed ? get_rank() : 0;
+  const auto entries = hf_entries::entries_of(model, options.key_map);
+  std::string err, tmp;
+  std::vector<PlannedFile> files;
+  Target target;
+  try {
+    target = target_of(dir);
+    files = plan_files(entries, options);
+    if (rank == 0) tmp = create_files(target, files);
+  } catch (const std::exception& e) {
+    err = checkpoint_layout::message_of(e);
+  }
+  // Only rank 0 ever removes the new directory, and only while it is not committed.
+  bool committed = false;
+  struct Cleanup {
+    const std::string& tmp;
+    const bool& committed;
+    ~Cleanup() {
+      if (!tmp.empty() && !committed) cf::remove_tree(tmp);
+    }
+  } cleanup{tmp, committed};
+  const std::string tail = "; " + dir + " is unchanged";
+  checkpoint_layout::agree(distributed, err, "save_hf_checkpoint", tail);
+  const std::string shared_tmp = distributed ? control_broadcast_string(world_group(), tmp, 0) : tmp;
+
+  // Every rank takes its boxes (a Partial one is reduced here, collectively, in the same order).
+  std::vector<hf_entries::LocalBox> boxes;
+  for (const auto& e : entries) boxes.push_back(hf_entries::local_box(e.value));
+  HFSaveReport report;
+  try {
+    report.bytes_written = write_boxes(shared_tmp, files, boxes);
+    checkpoint_layout::fault_point("hf_after_write", rank);
+  } catch (const std::exception& e) {
+    err = checkpoint_layout::message_of(e);
+  }
+  checkpoint_layout::agree(distributed, err, "save_hf_checkpoint", tail);
+  if (rank == 0) {
+    try {
+      commit(target, tmp, files, options, committed);
+    } catch (const std::exception& e) {
+      err = checkpoint_layout::message_of(e);
+    }
+  }
+  checkpoint_layout::agree(distributed, err, "save_hf_checkpoint", committed ? "" : tail);
+  for (const auto& f : files) report.files.push_back((target.dir / f.name).string());
+  return report;
+}
+
+}  // namespace hyper_parallel

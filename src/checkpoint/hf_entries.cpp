@@ -1,0 +1,51 @@
+// The model's tensors as an HF checkpoint sees them (see hf_entries.h).
+#include "hf_entries.h"
+
+#include <hyper_parallel/dtensor/dtensor.h>
+
+#include <map>
+
+#include "checkpoint_layout.h"
+
+namespace hyper_parallel {
+namespace hf_entries {
+
+std::string Entry::key() const {
+  for (const auto& k : keys)
+    if (!k.empty()) return k;
+  return "";
+}
+
+std::string Entry::fqn_list() const {
+  std::string s;
+  for (const auto& f : fqns) s += (s.empty() ? "'" : ", '") + f + "'";
+  return s;
+}
+
+std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map) {
+  std::vector<Entry> out;
+  std::map<const c10::TensorImpl*, size_t> seen;
+  for (const auto& e : checkpoint_layout::entries_of(model)) {
+    const std::string key = key_map ? key_map(e.name) : e.name;
+    auto [it, fresh] = seen.emplace(e.value.unsafeGetTensorImpl(), out.size());
+    if (fresh) out.push_back({e.value, {}, {}});
+    out[it->second].fqns.push_back(e.name);
+    out[it->second].keys.push_back(key);
+  }
+  return out;
+}
+
+LocalBox local_box(const at::Tensor& value) {
+  if (!is_dtensor(value)) return {value.detach(), std::vector<int64_t>(static_cast<size_t>(value.dim()), 0), true};
+  DTensor d(value.detach());
+  if (d.spec().has_partial()) d = d.redistribute(without_partial(d.placements()));  // a Partial has no box of its own
+  const auto coord = *d.device_mesh().get_coordinate();
+  LocalBox box{d.to_local(), d.spec().local_shape_and_offset(coord).second, true};
+  const auto& placements = d.placements();
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (!placements[m].is_shard() && coord[m] != 0) box.writer = false;
+  return box;
+}
+
+}  // namespace hf_entries
+}  // namespace hyper_parallel

@@ -1,0 +1,37 @@
+#pragma once
+// What the HF checkpoint load and save share (internal): the model's tensors, tied ones grouped,
+// with their names in the checkpoint, and this rank's box of each.
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace hyper_parallel {
+namespace hf_entries {
+
+// One tensor of the model: every FQN that refers to it (tied parameters share one tensor) and the
+// checkpoint name of each ("" where the key map stores none).
+struct Entry {
+  at::Tensor value;
+  std::vector<std::string> fqns, keys;
+  // The first non-empty key; "" when the checkpoint stores none of the names.
+  std::string key() const;
+  std::string fqn_list() const;
+};
+
+std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map);
+
+// This rank's local tensor of `value` and its offset in the global tensor. For a DTensor also
+// whether this rank is the one that writes the box (the lowest coordinate along every mesh dim
+// that does not shard it), so that replicas are written once.
+struct LocalBox {
+  at::Tensor local;
+  std::vector<int64_t> offset;
+  bool writer = true;
+};
+LocalBox local_box(const at::Tensor& value);
+
+}  // namespace hf_entries
+}  // namespace hyper_parallel

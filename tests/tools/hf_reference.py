@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""References from Hugging Face transformers for the HF checkpoint and generation tests.
+
+  hf_reference.py make OUT      random-weight Qwen3ForCausalLM checkpoints (save_pretrained) and
+                                their logits and greedy generate() tokens, in OUT/<variant>/
+  hf_reference.py check REF_ROOT DIR...
+                                transformers loads each checkpoint of ours DIR (named np<N>_<variant>);
+                                its logits must match REF_ROOT/<variant>'s
+
+Exits 77 (CTest's skip code) with a message when transformers is not installed.
+"""
+import os
+import sys
+
+try:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+except ImportError as e:  # pragma: no cover - depends on the environment
+    print(f"SKIPPED: transformers/safetensors not importable ({e}); scripts/setup.sh installs them", flush=True)
+    sys.exit(77)
+
+# 8 query heads over 4 KV heads; every split dimension divides by tp = 1, 2 and 4.
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=4, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=128,
+             initializer_range=0.2, pad_token_id=0)
+# Sizes that torch.chunk splits unevenly over 2 and 4 ranks (301 = 76+76+76+73, 90 = 23+23+23+21),
+# for loading into arbitrary placements (not a TP plan, which refuses such sizes).
+UNEVEN = dict(SMALL, vocab_size=301, intermediate_size=90)
+# name: (dtype of the files, tied embeddings, max_shard_size or None for one file)
+VARIANTS = {
+    "bf16_uneven": (torch.bfloat16, False, "60KB"),
+    "fp32_single": (torch.float32, False, None),
+    "bf16_sharded_tied": (torch.bfloat16, True, "40KB"),
+    "fp32_sharded_tied": (torch.float32, True, "100KB"),
+}
+PROMPTS = [[5, 17, 200, 3, 99], [250, 8, 41], [1, 2, 3, 4, 5, 6, 7], [299]]
+NEW_TOKENS = 10
+
+
+def reference(model, out):
+    g = torch.Generator().manual_seed(7)
+    input_ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=g)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits.float()
+    width = max(len(p) for p in PROMPTS)
+    ids = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    mask = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    for b, p in enumerate(PROMPTS):  # left padding, as generate expects for decoder-only models
+        ids[b, width - len(p):] = torch.tensor(p)
+        mask[b, width - len(p):] = 1
+    with torch.no_grad():
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0, eos_token_id=None, use_cache=True)
+    save_file({"input_ids": input_ids, "logits": logits.contiguous(), "prompt_ids": ids, "prompt_mask": mask,
+               "generated": gen[:, width:].contiguous()}, os.path.join(out, "expected.safetensors"))
+
+
+def make(out):
+    for name, (dtype, tied, shard) in VARIANTS.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        torch.manual_seed(1234)
+        config = Qwen3Config(**(UNEVEN if "uneven" in name else SMALL), tie_word_embeddings=tied)
+        model = Qwen3ForCausalLM(config).to(dtype)
+        kwargs = {"max_shard_size": shard} if shard else {}
+        model.save_pretrained(d, **kwargs)
+        # The reference runs in float32 from the saved files, as our fp32 model does.
+        if "uneven" not in name:
+            ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+            reference(ref, d)
+        print(f"{name}: {sorted(os.listdir(d))}")
+
+
+def check(ours, ref_dir):
+    expected = load_file(os.path.join(ref_dir, "expected.safetensors"))
+    model = Qwen3ForCausalLM.from_pretrained(ours, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = model(input_ids=expected["input_ids"]).logits.float()
+    err = (logits - expected["logits"]).abs().max().item()
+    ok = torch.allclose(logits, expected["logits"], rtol=1e-4, atol=1e-5)
+    print(f"transformers loaded {ours}: max |logits - reference| = {err:.3g}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "check":
+        failed = [d for d in sys.argv[3:] if check(d, os.path.join(sys.argv[2], os.path.basename(d).split("_", 1)[1]))]
+        print(f"transformers read {len(sys.argv) - 3} checkpoints of ours; {len(failed)} differ: {failed}")
+        sys.exit(1 if failed else 0)
+    else:
+        sys.exit(__doc__)
