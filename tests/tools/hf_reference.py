@@ -56,7 +56,65 @@ def reference(model, out):
                "generated": gen[:, width:].contiguous()}, os.path.join(out, "expected.safetensors"))
 
 
+# Texts the tokenizer test encodes and decodes with both implementations: unicode of several
+# scripts, combining marks that NFC composes, whitespace runs of every kind (tabs, \v, \f, NEL,
+# no-break and ideographic spaces), contractions in any case, digits, and added tokens in text.
+TEXTS = [
+    "Hello, world! This is free software.",
+    "  leading and trailing spaces   ",
+    "tabs\tand\nnewlines\r\n\n\nthree blank lines\n\n\n",
+    "vertical\vtab, form\ffeed, next\u0085line, no-break\u00a0space, ideographic\u3000space",
+    "I'M sure they'LL say it's what we'd DO, you're right, I've seen",
+    "numbers 1234567 and 3.14159, 1,000,000",
+    "caf\u0065\u0301 vs caf\u00e9, A\u030a vs \u00c5",
+    "日本語のテキストと中文文本，还有한국어",
+    "emoji 😀👍🏽 and symbols ∑∫√ ← → ™",
+    "<|im_start|>user\nWhat is GPL?<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text<|endoftext|><|endoftext|>",
+    "mixed\t \t spaces \n\t\n end",
+    "",
+    "a",
+    "   ",
+    "\n",
+    "Ünïcödé wörds ärë fün: naïve façade",
+    "code: for (int i = 0; i < n; ++i) { x[i] += y[i]; }",
+]
+
+
+def make_tokenizer(out):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    import json
+    d = os.path.join(out, "tokenizer")
+    os.makedirs(d, exist_ok=True)
+    # Qwen2/Qwen3's pipeline (transformers' Qwen2Converter), trained on the GPL text.
+    tok = Tokenizer(models.BPE(dropout=None, unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                               fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+                             behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train(["/usr/share/common-licenses/GPL-3"], trainer)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        gpl = f.read()
+    texts = TEXTS + [gpl[:3000]]
+    cases = []
+    for t in texts:
+        ids = tok.encode(t).ids
+        cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                      "decoded_skip": tok.decode(ids, skip_special_tokens=True)})
+    with open(os.path.join(d, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False)
+    print(f"tokenizer: {tok.get_vocab_size()} tokens, {len(cases)} cases")
+
+
 def make(out):
+    make_tokenizer(out)
     for name, (dtype, tied, shard) in VARIANTS.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)

@@ -1,0 +1,84 @@
+// Our byte-level BPE tokenizer against the tokenizers library (Hugging Face's own), on a
+// tokenizer.json it trained with Qwen's pipeline (tests/tools/hf_reference.py) and a corpus of texts.
+#include <gtest/gtest.h>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "tokenizer.h"
+
+namespace {
+
+std::string tokenizer_dir() {
+  const char* d = std::getenv("HP_HF_REF");
+  if (d == nullptr || !std::filesystem::exists(std::string(d) + "/tokenizer/cases.json")) return "";
+  return std::string(d) + "/tokenizer";
+}
+
+}  // namespace
+
+TEST(HFTokenizer, EncodeAndDecodeMatchTheTokenizersLibrary) {
+  const std::string dir = tokenizer_dir();
+  if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
+  const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+  std::ifstream in(dir + "/cases.json");
+  const auto cases = nlohmann::json::parse(in);
+  ASSERT_GT(cases.size(), 10u);
+  size_t tokens = 0;
+  for (const auto& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const auto want = c["ids"].get<std::vector<int64_t>>();
+    EXPECT_EQ(tok.encode(text), want) << "text: " << text;
+    EXPECT_EQ(tok.decode(want), c["decoded"].get<std::string>()) << "text: " << text;
+    EXPECT_EQ(tok.decode(want, /*skip_special_tokens=*/true), c["decoded_skip"].get<std::string>()) << "text: " << text;
+    tokens += want.size();
+  }
+  EXPECT_GT(tokens, 500u);
+  EXPECT_EQ(tok.token_to_id("<|im_end|>"), std::optional<int64_t>(2));
+  EXPECT_EQ(tok.vocab_size(), 800);
+}
+
+TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
+  const std::string dir = tokenizer_dir();
+  if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
+  std::ifstream in(dir + "/tokenizer.json");
+  const auto good = nlohmann::json::parse(in);
+  const auto tok = qwen3::Tokenizer::from_json(good.dump());
+  EXPECT_THROW(tok.encode("bad \xff utf-8"), c10::ValueError);
+  EXPECT_THROW(tok.decode({100000}), c10::ValueError);
+  // Half of a two-byte character decodes to U+FFFD, as the library's lossy decoding gives.
+  const auto half = tok.token_to_id("\xc3\x83");  // the byte-level character of byte 0xC3
+  ASSERT_TRUE(half.has_value());
+  EXPECT_EQ(tok.decode({*half}), "\xef\xbf\xbd");
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    nlohmann::json j = good;
+    edit(j);
+    try {
+      qwen3::Tokenizer::from_json(j.dump(), "edited.json");
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("edited.json"), std::string::npos) << e.what();
+    }
+  };
+  refused([](auto& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC");
+  refused([](auto& j) { j["model"]["type"] = "WordPiece"; }, "model type WordPiece");
+  refused([](auto& j) { j["model"]["dropout"] = 0.1; }, "dropout");
+  refused([](auto& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback");
+  refused([](auto& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip");
+  refused([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; }, "Split behavior Removed");
+  refused([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; }, "does not compile");
+  refused([](auto& j) { j["post_processor"] = {{"type", "TemplateProcessing"}}; }, "post_processor TemplateProcessing");
+  refused([](auto& j) { j["model"]["merges"][0] = 5; }, "merge 5");
+  refused([](auto& j) { j["model"]["vocab"] = 3; }, "model.vocab");
+  try {
+    qwen3::Tokenizer::from_json("{not json");
+    ADD_FAILURE() << "bad JSON accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos);
+  }
+}
