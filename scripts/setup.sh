@@ -17,6 +17,8 @@ HP_VENV=${HP_VENV:-$PWD/.venv}
 PACKAGES=(
   build-essential cmake ninja-build
   libgloo-dev           # Gloo headers for c10d's ProcessGroupGloo (neither libtorch ships them)
+  nlohmann-json3-dev    # JSON: safetensors headers, index.json, config.json, tokenizer.json
+  libicu-dev            # the tokenizer's Unicode regex and NFC normalisation
   libgtest-dev          # tests
   libbenchmark-dev
   gnuplot-nox           # the demo plots its loss curves to PNG when gnuplot is there

@@ -356,4 +356,23 @@ std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
 
 int64_t Tokenizer::vocab_size() const { return impl_->size; }
 
+std::string byte_tokenizer_json() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level().byte_to_char[b]] = b;
+  const json byte_level_step = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", json::array()},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", byte_level_step},
+            {"post_processor", nullptr},
+            {"decoder", byte_level_step},
+            {"model",
+             {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+              {"vocab", vocab}, {"merges", json::array()}}}};
+  return j.dump();
+}
+
 }  // namespace qwen3

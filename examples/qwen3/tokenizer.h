@@ -41,4 +41,8 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+/// tokenizer.json for a model whose token ids are the bytes of the text (the demo's 256-token
+/// vocabulary): byte-level, no merges. Both this Tokenizer and the tokenizers library read it.
+std::string byte_tokenizer_json();
+
 }  // namespace qwen3

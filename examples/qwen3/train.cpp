@@ -1,5 +1,8 @@
 // The main demo: trains the Qwen3-style model with tensor parallelism (run it under hprun), then
-// the same training in one process from the same seed, and compares the two loss curves.
+// the same training in one process from the same seed, and compares the two loss curves. Then it
+// saves the trained model as a Hugging Face checkpoint (safetensors, config.json, a byte-level
+// tokenizer.json), loads it back with another TP layout, generates a continuation of a prompt, and
+// does the same in one process: the tokens must be the same.
 //   build/tools/hprun/hprun --nproc-per-node 2 build/examples/qwen3/qwen3_train [--steps 30] ...
 // Text: byte-level tokens of --text (default: the GPL-3 text every Debian system ships).
 #include <ATen/ATen.h>
@@ -16,8 +19,11 @@
 #include <sstream>
 #include <string>
 
+#include "generate.h"
 #include "model.h"
 #include "parallelize.h"
+#include "pretrained.h"
+#include "tokenizer.h"
 
 namespace hp = hyper_parallel;
 
@@ -31,13 +37,17 @@ struct Args {
   std::string text = "/usr/share/common-licenses/GPL-3";
   std::string csv = "qwen3_losses.csv";
   std::string device = "cpu";
+  std::string save = "qwen3_demo_model";
+  std::string prompt = "This program is free software";
+  int64_t new_tokens = 48;
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::cerr << "qwen3_train: " << msg << "\n"
             << "flags: --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
             << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
-            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n";
+            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
+            << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n";
   std::exit(2);
 }
 
@@ -70,6 +80,9 @@ Args parse(int argc, char** argv) {
     else if (f == "--text") a.text = v;
     else if (f == "--csv") a.csv = v;
     else if (f == "--device") a.device = v;
+    else if (f == "--save") a.save = v;
+    else if (f == "--prompt") a.prompt = v;
+    else if (f == "--new-tokens") a.new_tokens = num();
     else usage("unknown flag " + f);
   }
   return a;
@@ -98,7 +111,8 @@ std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step,
   return {at::stack(xs), at::stack(ys)};
 }
 
-std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& tp, bool verbose) {
+std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& tp, bool verbose,
+                          qwen3::CausalLM* trained = nullptr) {
   at::manual_seed(a.seed);
   qwen3::CausalLM model(a.config);
   const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
@@ -124,7 +138,21 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
       std::fflush(stdout);
     }
   }
+  if (trained) *trained = model;
   return losses;
+}
+
+std::vector<int64_t> generated(const std::string& dir, const Args& a, const c10::optional<hp::DeviceMesh>& tp,
+                               const std::vector<int64_t>& prompt, bool verbose) {
+  auto loaded = qwen3::from_pretrained(dir, tp, at::kFloat, a.device);
+  qwen3::GenerationConfig g;
+  g.max_new_tokens = a.new_tokens;
+  const auto r = qwen3::generate(*loaded.model, {prompt}, g);
+  if (verbose)
+    std::printf("[%s] read %.1f KB of the checkpoint for %.1f KB of shards; prefill %.0f tokens/s, decode %.1f tokens/s\n",
+                tp ? "tp" : "single", loaded.load.bytes_read / 1e3, loaded.load.local_bytes / 1e3, r.prefill_tokens / r.prefill_seconds,
+                r.decode_steps / r.decode_seconds);
+  return r.tokens[0];
 }
 
 }  // namespace
@@ -149,7 +177,8 @@ int main(int argc, char** argv) {
                   return n;
                 }()),
                 a.text.c_str(), static_cast<long long>(data.numel()), static_cast<long long>(tp.size()), a.sequence_parallel);
-  const std::vector<double> tp_losses = train(a, data, tp, chief);
+  qwen3::CausalLM tp_model{nullptr};
+  const std::vector<double> tp_losses = train(a, data, tp, chief, &tp_model);
   std::vector<double> single;
   if (chief) single = train(a, data, c10::nullopt, true);
   hp::barrier(hp::world_group());
@@ -175,6 +204,24 @@ int main(int argc, char** argv) {
     std::printf("max |loss_tp - loss_single| = %.3g\n", max_diff);
     rc = max_diff < 1e-3 ? 0 : 1;
   }
+  // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
+  // parallelism now: decoding goes one position at a time), and in one process.
+  const auto saved = qwen3::save_pretrained(*tp_model, a.save, qwen3::byte_tokenizer_json());
+  const auto tok = qwen3::Tokenizer::from_file(a.save + "/tokenizer.json");
+  const std::vector<int64_t> prompt = tok.encode(a.prompt);
+  if (chief)
+    std::printf("saved %s (%zu file(s), each rank wrote its own shards: rank 0 %.1f KB)\n", a.save.c_str(), saved.files.size(),
+                saved.bytes_written / 1e3);
+  const auto tp_tokens = generated(a.save, a, tp, prompt, chief);
+  if (chief) {
+    const auto single_tokens = generated(a.save, a, c10::nullopt, prompt, true);
+    std::printf("prompt: \"%s\"\n[tp]     %s\n[single] %s\n", a.prompt.c_str(), tok.decode(tp_tokens).c_str(),
+                tok.decode(single_tokens).c_str());
+    const bool same = tp_tokens == single_tokens;
+    std::printf("generated tokens: tp and one process %s\n", same ? "agree" : "DIFFER");
+    if (!same) rc = 1;
+  }
+  hp::barrier(hp::world_group());
   hp::destroy_process_group();
   return rc;
 }

@@ -162,7 +162,11 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
   // All or nothing: every rank learns whether every rank can load before anyone writes. After
   // this, the copies read bytes that the validated headers put inside the files.
   try {
-    checkpoint_layout::agree(is_initialized(), err, "load_hf_checkpoint", "; no rank loaded anything");
+    // A model without DTensors belongs to this rank alone (e.g. a one-process reference inside a
+    // job): its load is local.
+    bool distributed_model = false;
+    for (const auto& e : entries) distributed_model |= is_dtensor(e.value);
+    checkpoint_layout::agree(is_initialized() && distributed_model, err, "load_hf_checkpoint", "; no rank loaded anything");
   } catch (const c10::Error& e) {
     HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }

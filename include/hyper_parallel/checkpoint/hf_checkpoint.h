@@ -43,8 +43,9 @@ struct HFLoadReport {
 /// header is validated, every key, shape and dtype kind checked, and the ranks agree, before any
 /// parameter is written; a missing or unexpected key, a shape mismatch or a corrupt or truncated
 /// file raises c10::ValueError on every rank naming the file and the tensor, and leaves every
-/// model unchanged. Collective when a process group is initialized.
-/// e.g. `hp::load_hf_checkpoint(*model, "Qwen3-0.6B", {qwen3::hf_key_map});`
+/// model unchanged. Collective over the world when a process group is initialized and the model
+/// holds DTensors; a model of plain tensors loads on the calling rank alone.
+/// e.g. `hp::load_hf_checkpoint(*model, "Qwen3-0.6B", {qwen3::hf_key});`
 HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& path, const HFLoadOptions& options = {});
 
 /// Options of save_hf_checkpoint.
@@ -74,7 +75,7 @@ struct HFSaveReport {
 /// (a tokenizer.json, ...) are carried over. A crash, a full disk or an error on any rank leaves
 /// the previous `dir` whole, and raises on every rank that is alive. `dir` must be on a file system
 /// that every rank sees. Collective when a process group is initialized.
-/// e.g. `hp::save_hf_checkpoint(*model, "out", {qwen3::hf_key_map, 2'000'000'000, at::kBFloat16});`
+/// e.g. `hp::save_hf_checkpoint(*model, "out", {qwen3::hf_key, 2'000'000'000, at::kBFloat16});`
 HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options = {});
 
 }  // namespace hyper_parallel

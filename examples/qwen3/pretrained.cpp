@@ -1,0 +1,33 @@
+#include "pretrained.h"
+
+#include <ATen/ATen.h>
+
+#include "config.h"
+#include "parallelize.h"
+
+namespace qwen3 {
+
+Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
+                           const std::string& device) {
+  Pretrained out;
+  Config c = load_config(dir + "/config.json");
+  out.model = CausalLM(c);
+  out.model->to(at::Device(device), dtype);
+  out.model->tie_weights();  // to() may have made the tied weight two tensors
+  if (tp_mesh) parallelize_qwen3_tp(*out.model, *tp_mesh, /*sequence_parallel=*/false);
+  out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, {hf_key});
+  return out;
+}
+
+hyper_parallel::HFSaveReport save_pretrained(CausalLMImpl& model, const std::string& dir, const std::string& tokenizer_json,
+                                             c10::optional<at::ScalarType> dtype) {
+  hyper_parallel::HFSaveOptions options{hf_key};
+  Config c = model.config;
+  c.dtype = dtype ? *dtype : model.embed_tokens->weight().scalar_type();
+  options.dtype = dtype;
+  options.extra_files["config.json"] = config_to_json(c);
+  if (!tokenizer_json.empty()) options.extra_files["tokenizer.json"] = tokenizer_json;
+  return hyper_parallel::save_hf_checkpoint(model, dir, options);
+}
+
+}  // namespace qwen3

@@ -1,0 +1,30 @@
+#pragma once
+// A Qwen3 model from an HF checkpoint directory (config.json + safetensors), split over a
+// tensor-parallel mesh when one is given: the model is built, parallelized, then every rank loads
+// only its shards.
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/mesh/device_mesh.h>
+
+#include <string>
+
+#include "model.h"
+
+namespace qwen3 {
+
+struct Pretrained {
+  CausalLM model{nullptr};
+  hyper_parallel::HFLoadReport load;
+};
+
+/// Reads `dir`/config.json, builds the model in `dtype` on `device`, applies the Qwen TP plan
+/// without sequence parallelism (generation decodes one position at a time) when `tp_mesh` is
+/// given, and loads the checkpoint. e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
+Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
+                           at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
+
+/// Saves `model` (parallelized or not) as an HF checkpoint in `dir` with its config.json, and
+/// `tokenizer_json` as tokenizer.json when not empty. Collective.
+hyper_parallel::HFSaveReport save_pretrained(CausalLMImpl& model, const std::string& dir, const std::string& tokenizer_json = "",
+                                             c10::optional<at::ScalarType> dtype = c10::nullopt);
+
+}  // namespace qwen3
