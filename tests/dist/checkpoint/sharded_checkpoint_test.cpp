@@ -2,6 +2,8 @@
 // is loaded.
 #include <gtest/gtest.h>
 
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+
 #include <torch/serialize.h>
 
 #include <cstdio>
@@ -308,12 +310,17 @@ TEST(CheckpointFault, SaveOrVerify) {
   auto model = seeded<Mlp>(90, 8, 4 * tp_size());
   hp::parallelize_module(*model, tp, mlp_plan());
   randomize(*model, seed);
+  // HP_TEST_CKPT_FORMAT=hf: the same through save_hf_checkpoint / load_hf_checkpoint.
+  const char* format = std::getenv("HP_TEST_CKPT_FORMAT");
+  const bool hf = format != nullptr && std::string(format) == "hf";
   if (mode == "save") {
-    hp::save_sharded(*model, dir);
+    if (hf) hp::save_hf_checkpoint(*model, dir);
+    else hp::save_sharded(*model, dir);
     return;
   }
   auto target = seeded<Mlp>(91, 8, 4 * tp_size());
   hp::parallelize_module(*target, tp, mlp_plan());
-  hp::load_sharded(*target, dir);
+  if (hf) hp::load_hf_checkpoint(*target, dir);
+  else hp::load_sharded(*target, dir);
   expect_values(*target, snapshot(*model), "checkpoint of seed " + std::to_string(seed));
 }
