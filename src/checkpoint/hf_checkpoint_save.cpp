@@ -3,6 +3,7 @@
 // swaps the new directory in. The ranks agree after each step.
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/process_group.h>
@@ -288,9 +289,12 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
 }  // namespace
 
 HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options) {
-  const bool distributed = is_initialized();
-  const int64_t rank = distributed ? get_rank() : 0;
   const auto entries = hf_entries::entries_of(model, options.key_map);
+  // A model of plain tensors belongs to the calling rank alone: it saves it by itself.
+  bool distributed_model = false;
+  for (const auto& e : entries) distributed_model |= is_dtensor(e.value);
+  const bool distributed = is_initialized() && distributed_model;
+  const int64_t rank = distributed ? get_rank() : 0;
   std::string err, tmp;
   std::vector<PlannedFile> files;
   Target target;
@@ -316,7 +320,10 @@ HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir
 
   // Every rank takes its boxes (a Partial one is reduced here, collectively, in the same order).
   std::vector<hf_entries::LocalBox> boxes;
-  for (const auto& e : entries) boxes.push_back(hf_entries::local_box(e.value));
+  for (const auto& e : entries) {
+    boxes.push_back(hf_entries::local_box(e.value));
+    if (!is_dtensor(e.value) && rank != 0) boxes.back().writer = false;  // every rank holds it whole: rank 0 writes it
+  }
   HFSaveReport report;
   try {
     report.bytes_written = write_boxes(shared_tmp, files, boxes);

@@ -74,7 +74,8 @@ struct HFSaveReport {
 /// `dir` (a rename exchange); files of the old `dir` that the new checkpoint does not replace
 /// (a tokenizer.json, ...) are carried over. A crash, a full disk or an error on any rank leaves
 /// the previous `dir` whole, and raises on every rank that is alive. `dir` must be on a file system
-/// that every rank sees. Collective when a process group is initialized.
+/// that every rank sees. Collective over the world when a process group is initialized and the
+/// model holds DTensors; a model of plain tensors is saved by the calling rank alone.
 /// e.g. `hp::save_hf_checkpoint(*model, "out", {qwen3::hf_key, 2'000'000'000, at::kBFloat16});`
 HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options = {});
 
