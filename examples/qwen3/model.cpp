@@ -35,6 +35,23 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
 at::Tensor local(const at::Tensor& t) { return hyper_parallel::is_dtensor(t) ? hyper_parallel::DTensor(t).to_local() : t; }
 }  // namespace
 
+LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
+                         const at::Device& device) {
+  LayerInputs in;
+  in.context = context;
+  in.past = context && context->cache ? context->cache->length : 0;
+  const at::Tensor positions = context && context->position_ids.defined()
+                                   ? context->position_ids.to(device)
+                                   : at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+  std::tie(in.cos, in.sin) = rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
+  // Query i sits at cache position past + i: it sees keys up to there, and no padding.
+  const int64_t t = in.past + s;
+  in.blocked = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device)).triu(in.past + 1);
+  if (context && context->key_mask.defined())
+    in.blocked = in.blocked.logical_or(context->key_mask.to(device).logical_not().view({batch, 1, 1, t}));
+  return in;
+}
+
 AttentionImpl::AttentionImpl(const Config& c, int64_t layer) : config(c), layer_idx(layer) {
   const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   q_proj = register_module("q_proj", hnn::Linear(hnn::LinearOptions(c.hidden_size, q_width).bias(false)));
@@ -54,17 +71,18 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);
   k = k_norm(k.view({b, s, -1, d})).transpose(1, 2);
   v = v.view({b, s, -1, d}).transpose(1, 2);
-  const ForwardContext* ctx = context;
-  const at::Tensor positions = ctx && ctx->position_ids.defined()
-                                   ? ctx->position_ids
-                                   : at::arange(s, at::TensorOptions().dtype(at::kLong).device(q.device())).unsqueeze(0);
-  auto [cos, sin] = rotary_tables(positions, d, config.rope_theta, q.scalar_type());
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
-  int64_t past = 0;
+  LayerInputs own;
+  const LayerInputs* in = inputs;
+  if (in == nullptr) {  // called on its own: whole sequences from position 0
+    own = layer_inputs(config, nullptr, b, s, q.scalar_type(), q.device());
+    in = &own;
+  }
+  q = q * in->cos + rotate_half(q) * in->sin;
+  k = k * in->cos + rotate_half(k) * in->sin;
+  const ForwardContext* ctx = in->context;
   if (ctx && ctx->cache) {
     KVCache& cache = *ctx->cache;
-    past = cache.length;
+    const int64_t past = in->past;
     at::Tensor& keys = cache.keys.at(static_cast<size_t>(layer_idx));
     at::Tensor& values = cache.values.at(static_cast<size_t>(layer_idx));
     HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "qwen3: the KV cache holds ", keys.size(2), " positions; ", past,
@@ -74,16 +92,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
     k = keys.narrow(2, 0, past + s);
     v = values.narrow(2, 0, past + s);
   }
-  const int64_t t = past + s;
   const int64_t heads = q.size(1);
   k = repeat_kv(k, heads / k.size(1));
   v = repeat_kv(v, heads / v.size(1));
   at::Tensor scores = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  // Query i sits at cache position past + i: it sees keys up to there, and no padding.
-  at::Tensor blocked = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(past + 1);
-  if (ctx && ctx->key_mask.defined()) blocked = blocked.logical_or(ctx->key_mask.logical_not().view({b, 1, 1, t}));
   // Softmax in float32 for 16-bit models, as transformers does.
-  at::Tensor probs = at::softmax(scores.masked_fill(blocked, -1e9), -1, at::kFloat).to(q.scalar_type());
+  at::Tensor probs = at::softmax(scores.masked_fill(in->blocked, -1e9), -1, at::kFloat).to(q.scalar_type());
   at::Tensor out = probs.matmul(v).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out);
 }
@@ -139,13 +153,16 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(i
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
   std::vector<AttentionImpl*> attns;
   for (const auto& layer : *layers) attns.push_back(layer->as<DecoderLayerImpl>()->self_attn.get());
-  struct Scope {  // the context is this call's only
+  // Computed once for every layer; the pointers are this call's only.
+  const LayerInputs in = layer_inputs(config, &context, input_ids.size(0), input_ids.size(1),
+                                      embed_tokens->weight().scalar_type(), input_ids.device());
+  struct Scope {
     std::vector<AttentionImpl*>& attns;
     ~Scope() {
-      for (auto* a : attns) a->context = nullptr;
+      for (auto* a : attns) a->inputs = nullptr;
     }
   } scope{attns};
-  for (auto* a : attns) a->context = &context;
+  for (auto* a : attns) a->inputs = &in;
   at::Tensor h = embed_tokens(input_ids);
   for (const auto& layer : *layers) h = layer->as<DecoderLayerImpl>()->call_tensor(h);
   if (context.cache) context.cache->length += input_ids.size(1);

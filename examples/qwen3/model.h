@@ -49,14 +49,27 @@ struct ForwardContext {
   bool last_position_only = false;
 };
 
+/// What every attention layer of one forward pass shares: the rotary tables [B or 1, 1, S, D],
+/// the positions the queries may not see ([S, T], or [B, 1, S, T] with padding) and the cache.
+struct LayerInputs {
+  const ForwardContext* context = nullptr;
+  at::Tensor cos, sin, blocked;
+  int64_t past = 0;  // positions already in the cache
+};
+
+/// The LayerInputs of `s` new tokens (context may be null: positions 0..s-1, a causal mask).
+LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
+                         const at::Device& device);
+
 class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   AttentionImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
   Config config;
   int64_t layer_idx;
-  // Set by CausalLM::forward for the duration of one call: the styles' hooks pass tensors only.
-  const ForwardContext* context = nullptr;
+  // Set by CausalLM::forward for the duration of one call (the styles' hooks pass tensors only):
+  // what every layer shares, computed once. Null: training on whole sequences, from position 0.
+  const struct LayerInputs* inputs = nullptr;
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
 };
