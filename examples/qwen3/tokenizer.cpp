@@ -60,18 +60,27 @@ std::string portable_pattern(const std::string& p) {
   return out;
 }
 
-// Each maximal invalid UTF-8 sequence becomes U+FFFD, as Rust's from_utf8_lossy does.
-std::string lossy_utf8(const std::string& bytes) {
-  std::string out;
+// Calls f(begin, end, valid) for each character of `bytes`, and for each maximal invalid
+// sequence (as the Unicode standard and Rust's from_utf8_lossy delimit them).
+template <class F>
+void scan_utf8(const std::string& bytes, F&& f) {
   const auto* s = reinterpret_cast<const uint8_t*>(bytes.data());
   const int32_t n = static_cast<int32_t>(bytes.size());
   for (int32_t i = 0; i < n;) {
     const int32_t start = i;
     UChar32 c;
     U8_NEXT(s, i, n, c);
-    if (c < 0) out += "\xEF\xBF\xBD";
-    else out.append(bytes, static_cast<size_t>(start), static_cast<size_t>(i - start));
+    f(start, i, c >= 0);
   }
+}
+
+// Each maximal invalid UTF-8 sequence becomes U+FFFD, as Rust's from_utf8_lossy does.
+std::string lossy_utf8(const std::string& bytes) {
+  std::string out;
+  scan_utf8(bytes, [&](int32_t b, int32_t e, bool valid) {
+    if (valid) out.append(bytes, static_cast<size_t>(b), static_cast<size_t>(e - b));
+    else out += "\xEF\xBF\xBD";
+  });
   return out;
 }
 
@@ -287,16 +296,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& origi
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   const Impl& t = *impl_;
-  {
-    const auto* s = reinterpret_cast<const uint8_t*>(text.data());
-    const int32_t n = static_cast<int32_t>(text.size());
-    for (int32_t i = 0; i < n;) {
-      const int32_t at = i;
-      UChar32 c;
-      U8_NEXT(s, i, n, c);
-      HP_CHECK_T(c10::ValueError, c >= 0, "tokenizer: the text is not valid UTF-8 (byte ", at, ")");
-    }
-  }
+  scan_utf8(text, [](int32_t b, int32_t, bool valid) {
+    HP_CHECK_T(c10::ValueError, valid, "tokenizer: the text is not valid UTF-8 (byte ", b, ")");
+  });
   std::vector<int64_t> out;
   size_t plain = 0;
   for (size_t i = 0; i < text.size();) {

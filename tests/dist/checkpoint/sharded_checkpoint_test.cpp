@@ -13,9 +13,12 @@
 #include <csignal>
 #include <sys/resource.h>
 
+#include "../../common/test_files.h"
 #include "../tensor_parallel/tp_models.h"
 
 using namespace tp_test;
+using hp_test::read_bytes;
+using hp_test::write_bytes;
 
 namespace {
 
@@ -34,13 +37,6 @@ struct Scratch {
   std::string path;
 };
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 std::vector<at::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<at::Tensor> out;

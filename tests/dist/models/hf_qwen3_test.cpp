@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../../common/test_files.h"
 #include "../../common/test_util.h"
 #include "config.h"
 #include "generate.h"
@@ -95,13 +96,6 @@ struct Scratch {
   std::string path;
 };
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // `f` must raise c10::ValueError containing `needle` on this rank (so on every rank).
 template <class F>
