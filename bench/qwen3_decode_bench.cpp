@@ -1,6 +1,7 @@
 // Decode speed and load cost of a Qwen3 HF checkpoint: one JSON line per (dtype, batch) on rank 0.
 //   hprun --nproc-per-node 2 qwen3_decode_bench DIR [--new-tokens N] [--prompt-len N]   (TP=2)
 //   OMP_NUM_THREADS=2 hprun --nproc-per-node 1 qwen3_decode_bench DIR ...               (one process)
+//   ... --save OUT: also times save_hf_checkpoint of the float32 model into OUT
 // bench/decode_vs_hf.sh runs both and transformers' own TP generate on the same checkpoint.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -44,10 +45,12 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   int64_t new_tokens = 16, prompt_len = 32;
+  std::string save_dir;  // --save DIR: also time save_hf_checkpoint of the float32 model
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--new-tokens") new_tokens = std::stoll(argv[i + 1]);
     else if (f == "--prompt-len") prompt_len = std::stoll(argv[i + 1]);
+    else if (f == "--save") save_dir = argv[i + 1];
   }
   hp::init_process_group();
   const int64_t world = hp::get_world_size();
@@ -68,6 +71,17 @@ int main(int argc, char** argv) {
     hp::barrier(hp::world_group());
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t load_peak_growth = status_bytes("VmHWM") - rss_before;
+    if (!save_dir.empty() && dtype == at::kFloat) {
+      const auto s0 = std::chrono::steady_clock::now();
+      const auto saved = qwen3::save_pretrained(*loaded.model, save_dir);
+      const double save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      const auto all = hp::control_all_gather(hp::world_group(), {saved.bytes_written});
+      std::string per_rank;
+      for (const auto& r : all) per_rank += (per_rank.empty() ? "" : ", ") + std::to_string(r[0]);
+      if (hp::get_rank() == 0)
+        std::printf("{\"name\": \"qwen3_save_hf\", \"tp\": %lld, \"files\": %zu, \"save_s\": %.2f, \"bytes_written_per_rank\": [%s]}\n",
+                    static_cast<long long>(world), saved.files.size(), save_s, per_rank.c_str());
+    }
     int64_t params = 0;
     std::set<const void*> seen;  // tied weights once
     for (const auto& p : loaded.model->parameters())
