@@ -16,7 +16,6 @@
 
 #include "generate.h"
 #include "config.h"
-#include "parallelize.h"
 #include "pretrained.h"
 
 namespace hp = hyper_parallel;
@@ -59,10 +58,7 @@ int main(int argc, char** argv) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     // Built and split first (the random init is whole on every rank: there is no deferred init),
     // then the load alone is measured: its time, its bytes, and how far it raises the peak.
-    qwen3::CausalLM model(qwen3::load_config(dir + "/config.json"));
-    model->to(dtype);
-    model->tie_weights();
-    if (tp) qwen3::parallelize_qwen3_tp(*model, *tp, /*sequence_parallel=*/false);
+    qwen3::CausalLM model = qwen3::build_model(qwen3::load_config(dir + "/config.json"), tp, dtype);
     hp::barrier(hp::world_group());
     reset_peak_rss();
     const int64_t rss_before = status_bytes("VmRSS");

@@ -78,17 +78,17 @@ GenerationResult generate(CausalLMImpl& model, const std::vector<std::vector<int
   out.tokens.resize(static_cast<size_t>(batch));
   std::vector<bool> done(static_cast<size_t>(batch), false);
   at::Tensor input = ids.to(device);
-  at::Tensor next_positions = positions.narrow(1, len - 1, 1) + 1;
+  const at::Tensor last_prompt_position = positions.narrow(1, len - 1, 1);
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < g.max_new_tokens; ++step) {
-    ForwardContext ctx;
-    ctx.position_ids = step == 0 ? positions.to(device) : next_positions.to(device);
-    ctx.key_mask = mask.narrow(1, 0, cache.length + input.size(1)).to(device);
+    ForwardContext ctx;  // the model moves its tensors to its device
+    // Decode step `step` feeds the token sampled at step - 1, one past the last prompt position.
+    ctx.position_ids = step == 0 ? positions : last_prompt_position + step;
+    ctx.key_mask = mask.narrow(1, 0, cache.length + input.size(1));
     ctx.cache = &cache;
     ctx.last_position_only = true;
     const at::Tensor logits = model.forward(input, ctx).select(1, 0).to(at::kCPU, at::kFloat);
     at::Tensor next = pick(logits, g, gen);
-    if (step > 0) next_positions = next_positions + 1;
     auto* p = next.data_ptr<int64_t>();
     bool all_done = true;
     for (int64_t b = 0; b < batch; ++b) {

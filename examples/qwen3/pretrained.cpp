@@ -7,14 +7,19 @@
 
 namespace qwen3 {
 
+CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
+                     const std::string& device) {
+  CausalLM model(config);
+  model->to(at::Device(device), dtype);
+  model->tie_weights();  // to() may have made the tied weight two tensors
+  if (tp_mesh) parallelize_qwen3_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+  return model;
+}
+
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
                            const std::string& device) {
   Pretrained out;
-  Config c = load_config(dir + "/config.json");
-  out.model = CausalLM(c);
-  out.model->to(at::Device(device), dtype);
-  out.model->tie_weights();  // to() may have made the tied weight two tensors
-  if (tp_mesh) parallelize_qwen3_tp(*out.model, *tp_mesh, /*sequence_parallel=*/false);
+  out.model = build_model(load_config(dir + "/config.json"), tp_mesh, dtype, device);
   out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, {hf_key});
   return out;
 }

@@ -16,6 +16,11 @@ struct Pretrained {
   hyper_parallel::HFLoadReport load;
 };
 
+/// The model of `config` in `dtype` on `device` (parameters initialised, whole), with the Qwen TP
+/// plan without sequence parallelism when `tp_mesh` is given: ready for load_hf_checkpoint.
+CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
+                     at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
+
 /// Reads `dir`/config.json, builds the model in `dtype` on `device`, applies the Qwen TP plan
 /// without sequence parallelism (generation decodes one position at a time) when `tp_mesh` is
 /// given, and loads the checkpoint. e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`

@@ -28,9 +28,13 @@ struct CrcTable {
   }
 };
 
+}  // namespace
+
 [[noreturn]] void os_error(const char* what, const std::string& path, int err) {
   TORCH_CHECK(false, "checkpoint: cannot ", what, " ", path, ": ", std::strerror(err));
 }
+
+namespace {
 
 void write_all(int fd, const std::string& path, const std::string& bytes) {
   const char* p = bytes.data();

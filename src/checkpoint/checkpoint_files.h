@@ -11,6 +11,9 @@ namespace checkpoint_files {
 /// CRC-32 (IEEE, as zlib's crc32) of `n` bytes, continuing from `crc`.
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
+/// Throws c10::Error "checkpoint: cannot <what> <path>: <strerror(err)>".
+[[noreturn]] void os_error(const char* what, const std::string& path, int err);
+
 /// Writes `bytes` to `path` (created or truncated), checks every write and fsyncs the file.
 /// Throws c10::Error naming the path and the OS error (ENOSPC, EFBIG, EIO, ...).
 void write_file(const std::string& path, const std::string& bytes);

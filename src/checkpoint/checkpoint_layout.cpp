@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <random>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +41,12 @@ std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+uint64_t random_id() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
 std::string gen_dir(const std::string& dir, int64_t seq) { return dir + "/gen_" + std::to_string(seq); }

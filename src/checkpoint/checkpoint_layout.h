@@ -33,6 +33,9 @@ std::string join(at::IntArrayRef v);
 
 std::string hex(uint64_t v);
 
+// A fresh random 64-bit id (checkpoint ids, names of directories being written).
+uint64_t random_id();
+
 std::string gen_dir(const std::string& dir, int64_t seq);
 
 std::string rank_file(const std::string& gdir, int64_t r, const char* ext);

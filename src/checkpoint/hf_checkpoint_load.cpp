@@ -102,10 +102,10 @@ struct Load {
   const SafetensorsFile* file;
 };
 
-// Everything checked on this rank; the first problem of each kind becomes one message.
+// Everything checked on this rank; every problem found goes into one message.
 std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, const Checkpoint& ck, const HFLoadOptions& options) {
   std::vector<Load> loads;
-  std::vector<std::string> missing, mismatched, claimed_keys;
+  std::vector<std::string> missing, mismatched;
   std::set<std::string> claimed;
   for (const auto& e : entries) {
     for (const auto& k : e.keys)
@@ -164,9 +164,7 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
   try {
     // A model without DTensors belongs to this rank alone (e.g. a one-process reference inside a
     // job): its load is local.
-    bool distributed_model = false;
-    for (const auto& e : entries) distributed_model |= is_dtensor(e.value);
-    checkpoint_layout::agree(is_initialized() && distributed_model, err, "load_hf_checkpoint", "; no rank loaded anything");
+    checkpoint_layout::agree(is_initialized() && hf_entries::holds_dtensor(entries), err, "load_hf_checkpoint", "; no rank loaded anything");
   } catch (const c10::Error& e) {
     HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }

@@ -17,12 +17,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <set>
 
 #include "checkpoint_files.h"
@@ -36,10 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace cf = checkpoint_files;
 constexpr const char* kIndex = "model.safetensors.index.json";
-
-[[noreturn]] void os_fail(const char* what, const std::string& path, int err) {
-  TORCH_CHECK(false, "cannot ", what, " ", path, ": ", std::strerror(err));
-}
 
 struct PlannedTensor {
   size_t entry;
@@ -123,12 +116,6 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
   return files;
 }
 
-std::string random_hex() {
-  std::random_device rd;
-  return checkpoint_layout::hex((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-}
-
 // Where the checkpoint directory is, and the new one beside it.
 struct Target {
   fs::path dir, parent;
@@ -165,7 +152,7 @@ std::string create_files(const Target& t, const std::vector<PlannedFile>& files)
   const std::string stale = t.base + ".hp-save-";
   for (const auto& e : fs::directory_iterator(t.parent))
     if (e.path().filename().string().rfind(stale, 0) == 0) cf::remove_tree(e.path().string());
-  const std::string tmp = (t.parent / (stale + random_hex())).string();
+  const std::string tmp = (t.parent / (stale + checkpoint_layout::hex(checkpoint_layout::random_id()))).string();
   TORCH_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create ", tmp, ": ", ec.message());
   try {
     create_in(tmp, files);
@@ -180,16 +167,16 @@ void create_in(const std::string& tmp, const std::vector<PlannedFile>& files) {
   for (const auto& f : files) {
     const std::string path = tmp + "/" + f.name;
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) os_fail("create", path, errno);
+    if (fd < 0) cf::os_error("create", path, errno);
     const int rc = ::posix_fallocate(fd, 0, f.size);
     if (rc != 0) {
       ::close(fd);
-      os_fail("reserve space for", path, rc);
+      cf::os_error("reserve space for", path, rc);
     }
     const ssize_t w = ::pwrite(fd, f.header.data(), f.header.size(), 0);
     const int err = errno;
     ::close(fd);
-    if (w != static_cast<ssize_t>(f.header.size())) os_fail("write the header of", path, w < 0 ? err : EIO);
+    if (w != static_cast<ssize_t>(f.header.size())) cf::os_error("write the header of", path, w < 0 ? err : EIO);
   }
 }
 
@@ -202,12 +189,12 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     if (!any) continue;
     const std::string path = tmp + "/" + f.name;
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) os_fail("open", path, errno);
+    if (fd < 0) cf::os_error("open", path, errno);
     void* m = ::mmap(nullptr, static_cast<size_t>(f.size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      os_fail("map", path, err);
+      cf::os_error("map", path, err);
     }
     auto* data = static_cast<uint8_t*>(m) + f.header.size();
     std::string error;
@@ -230,8 +217,8 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     const int fsync_err = errno;
     ::close(fd);
     TORCH_CHECK(error.empty(), error);
-    if (sync_rc != 0) os_fail("flush", path, sync_err);
-    if (fsync_rc != 0) os_fail("fsync", path, fsync_err);
+    if (sync_rc != 0) cf::os_error("flush", path, sync_err);
+    if (fsync_rc != 0) cf::os_error("fsync", path, fsync_err);
   }
   return written;
 }
@@ -270,17 +257,16 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
     for (const auto& e : fs::directory_iterator(t.dir)) {
       const std::string name = e.path().filename().string();
       if (written.count(name) || is_weight_file(name)) continue;  // replaced, or weights of the old checkpoint
-      if (::link(e.path().c_str(), (tmp + "/" + name).c_str()) != 0) os_fail("carry over", e.path().string(), errno);
+      if (::link(e.path().c_str(), (tmp + "/" + name).c_str()) != 0) cf::os_error("carry over", e.path().string(), errno);
     }
   cf::sync_dir(tmp);
   checkpoint_layout::fault_point("hf_before_swap", 0);
   if (exists) {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, t.dir.c_str(), RENAME_EXCHANGE) != 0)
-      os_fail("swap in the new checkpoint for", t.dir.string(), errno);
-    swapped = true;
+      cf::os_error("swap in the new checkpoint for", t.dir.string(), errno);
     cf::remove_tree(tmp);  // the old checkpoint, now under the temporary name
   } else if (::rename(tmp.c_str(), t.dir.c_str()) != 0) {
-    os_fail("rename the new checkpoint to", t.dir.string(), errno);
+    cf::os_error("rename the new checkpoint to", t.dir.string(), errno);
   }
   swapped = true;
   cf::sync_dir(t.parent.string());
@@ -291,9 +277,7 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
 HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options) {
   const auto entries = hf_entries::entries_of(model, options.key_map);
   // A model of plain tensors belongs to the calling rank alone: it saves it by itself.
-  bool distributed_model = false;
-  for (const auto& e : entries) distributed_model |= is_dtensor(e.value);
-  const bool distributed = is_initialized() && distributed_model;
+  const bool distributed = is_initialized() && hf_entries::holds_dtensor(entries);
   const int64_t rank = distributed ? get_rank() : 0;
   std::string err, tmp;
   std::vector<PlannedFile> files;

@@ -3,6 +3,7 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 
+#include <algorithm>
 #include <map>
 
 #include "checkpoint_layout.h"
@@ -33,6 +34,10 @@ std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& 
     out[it->second].keys.push_back(key);
   }
   return out;
+}
+
+bool holds_dtensor(const std::vector<Entry>& entries) {
+  return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return is_dtensor(e.value); });
 }
 
 LocalBox local_box(const at::Tensor& value) {

@@ -23,6 +23,9 @@ struct Entry {
 
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map);
 
+// Whether any entry is a DTensor: only then are load and save collective.
+bool holds_dtensor(const std::vector<Entry>& entries);
+
 // This rank's local tensor of `value` and its offset in the global tensor. For a DTensor also
 // whether this rank is the one that writes the box (the lowest coordinate along every mesh dim
 // that does not shard it), so that replicas are written once.

@@ -11,7 +11,6 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -19,7 +18,6 @@
 #include <limits>
 #include <map>
 #include <set>
-#include <random>
 #include <sstream>
 
 #include "checkpoint_files.h"
@@ -50,9 +48,7 @@ Generation open_generation(const std::string& dir) {
   const auto gens = generations(dir);
   Generation gen;
   gen.seq = std::max(committed, gens.empty() ? int64_t{0} : gens.back()) + 1;
-  std::random_device rd;
-  gen.id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  gen.id = random_id();
   TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "cannot create ",
               gen_dir(dir, gen.seq), ": ", ec.message());
   return gen;

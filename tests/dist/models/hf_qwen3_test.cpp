@@ -6,6 +6,7 @@
 
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/runtime/collectives.h>
 
 #include <sys/resource.h>
 
@@ -18,7 +19,7 @@
 #include "config.h"
 #include "generate.h"
 #include "model.h"
-#include "parallelize.h"
+#include "pretrained.h"
 
 using namespace hp_test;
 namespace fs = std::filesystem;
@@ -46,11 +47,8 @@ at::Tensor expected(const std::string& variant_dir, const char* name) {
 
 // Our model from the checkpoint's config.json, in float32, split over every rank.
 qwen3::CausalLM parallel_model(const std::string& variant_dir) {
-  qwen3::Config c = qwen3::load_config(variant_dir + "/config.json");
   at::manual_seed(99);  // any init: every parameter is loaded
-  qwen3::CausalLM model(c);
-  qwen3::parallelize_qwen3_tp(*model, world_mesh(), /*sequence_parallel=*/false);
-  return model;
+  return qwen3::build_model(qwen3::load_config(variant_dir + "/config.json"), world_mesh());
 }
 
 hp::HFLoadOptions qwen_load() { return {qwen3::hf_key}; }
@@ -224,12 +222,7 @@ TEST(HFQwen3, CorruptFilesFailOnEveryRankAndLeaveTheModelUnchanged) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(good[static_cast<size_t>(i)]);
   const std::string header = good.substr(8, n);
-  auto with_header = [&](std::string h) {
-    h.append((8 - h.size() % 8) % 8, ' ');
-    std::string len(8, '\0');
-    for (int b = 0; b < 8; ++b) len[static_cast<size_t>(b)] = static_cast<char>((h.size() >> (8 * b)) & 0xff);
-    return len + h + good.substr(8 + n);
-  };
+  auto with_header = [&](const std::string& h) { return safetensors_bytes(h, good.substr(8 + n)); };
   auto replaced = [&](const std::string& from, const std::string& to) {
     std::string h = header;
     const size_t at = h.find(from);
@@ -248,8 +241,7 @@ TEST(HFQwen3, CorruptFilesFailOnEveryRankAndLeaveTheModelUnchanged) {
       {"padded", good + std::string(16, '\0'), "bytes after the header"},
   };
   at::manual_seed(3);
-  qwen3::CausalLM model(qwen3::load_config(ref + "/fp32_single/config.json"));
-  qwen3::parallelize_qwen3_tp(*model, world_mesh(), false);
+  qwen3::CausalLM model = qwen3::build_model(qwen3::load_config(ref + "/fp32_single/config.json"), world_mesh());
   const auto before = snapshot(*model);
   for (const auto& [name, bytes, needle] : cases) {
     const std::string dir = s.path + "/" + name;
@@ -283,8 +275,7 @@ TEST(HFQwen3, MismatchedConfigsAndKeysFailOnEveryRankAndLeaveTheModelUnchanged) 
   const qwen3::Config good = qwen3::load_config(d + "/config.json");
   auto check = [&](qwen3::Config c, const hp::HFLoadOptions& options, const std::string& needle, const std::string& what) {
     at::manual_seed(4);
-    qwen3::CausalLM model(c);
-    qwen3::parallelize_qwen3_tp(*model, world_mesh(), false);
+    qwen3::CausalLM model = qwen3::build_model(c, world_mesh());
     const auto before = snapshot(*model);
     expect_value_error([&] { hp::load_hf_checkpoint(*model, d, options); }, needle, what);
     EXPECT_TRUE(unchanged(*model, before)) << what;
@@ -301,8 +292,7 @@ TEST(HFQwen3, MismatchedConfigsAndKeysFailOnEveryRankAndLeaveTheModelUnchanged) 
   check(good, {}, "the checkpoint lacks 'embed_tokens.weight'", "no key map");
   // Skipping unexpected keys is the caller's choice.
   at::manual_seed(4);
-  qwen3::CausalLM partial(fewer_layers);
-  qwen3::parallelize_qwen3_tp(*partial, world_mesh(), false);
+  qwen3::CausalLM partial = qwen3::build_model(fewer_layers, world_mesh());
   hp::HFLoadOptions lax{qwen3::hf_key, /*strict=*/false};
   EXPECT_EQ(hp::load_hf_checkpoint(*partial, d, lax).tensors, 1 + 11 + 1 + 1);
 }

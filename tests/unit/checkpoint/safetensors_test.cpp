@@ -10,17 +10,11 @@
 #include <cstring>
 #include <fstream>
 
+#include "../../common/test_files.h"
+
 namespace hp = hyper_parallel;
 
 namespace {
-
-std::string file_with(const std::string& header, const std::string& data) {
-  std::string h = header;
-  h.append((8 - h.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int b = 0; b < 8; ++b) out[static_cast<size_t>(b)] = static_cast<char>((h.size() >> (8 * b)) & 0xff);
-  return out + h + data;
-}
 
 struct TempFile {
   explicit TempFile(const std::string& bytes) {
@@ -41,7 +35,7 @@ std::string floats(std::initializer_list<float> v) {
 }
 
 void refused(const std::string& header, const std::string& data, const std::string& needle) {
-  TempFile f(file_with(header, data));
+  TempFile f(hp_test::safetensors_bytes(header, data));
   try {
     hp::SafetensorsFile s(f.path);
     ADD_FAILURE() << "accepted: " << header;
@@ -55,7 +49,7 @@ void refused(const std::string& header, const std::string& data, const std::stri
 
 TEST(Safetensors, ReadsTensorsAndBoxesWithCasts) {
   const std::string data = floats({1, 2, 3, 4, 5, 6}) + std::string("\x01\x02", 2);
-  TempFile f(file_with(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+  TempFile f(hp_test::safetensors_bytes(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
                        R"("b":{"dtype":"U8","shape":[2],"data_offsets":[24,26]}})",
                        data));
   hp::SafetensorsFile s(f.path);
