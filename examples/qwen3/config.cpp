@@ -113,6 +113,12 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   if (r.has("rope_theta")) c.rope_theta = r.number(j["rope_theta"], "rope_theta");
   if (r.has("rope_parameters") && j["rope_parameters"].contains("rope_theta"))
     c.rope_theta = r.number(j["rope_parameters"]["rope_theta"], "rope_parameters.rope_theta");
+  if (r.has("attention_dropout")) {
+    const json& v = j["attention_dropout"];
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() < 1.0))
+      r.fail("'attention_dropout' must be a number in [0, 1), got " + v.dump());
+    c.attention_dropout = v.get<double>();
+  }
   if (r.has("max_position_embeddings")) c.max_position_embeddings = r.integer("max_position_embeddings", 1);
   if (r.has("tie_word_embeddings")) {
     if (!j["tie_word_embeddings"].is_boolean()) r.fail("'tie_word_embeddings' must be true or false");
@@ -150,6 +156,7 @@ std::string config_to_json(const Config& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
   j["max_position_embeddings"] = c.max_position_embeddings;
+  j["attention_dropout"] = c.attention_dropout;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["use_sliding_window"] = false;
   j["torch_dtype"] = dtype_name(c.dtype);

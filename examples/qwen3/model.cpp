@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <cmath>
 
 namespace qwen3 {
+namespace hp = hyper_parallel;
 
 namespace {
 // cos/sin of the rotary embedding at `positions` [B or 1, S]: [B or 1, 1, S, head_dim], computed
@@ -62,6 +64,20 @@ AttentionImpl::AttentionImpl(const Config& c, int64_t layer) : config(c), layer_
   k_norm = register_module("k_norm", hnn::RMSNorm(hnn::RMSNormOptions(c.head_dim).eps(c.rms_norm_eps)));
 }
 
+// The attention probabilities [B, heads, S, T] hold this rank's heads under tensor parallelism
+// (q_proj is Colwise: its weight's rows, and so the heads, are split in order). Dropout draws for
+// each element's *global* head, so the mask is the one process's at every TP degree.
+at::Tensor AttentionImpl::attention_dropout(const at::Tensor& probs) {
+  const double p = config.attention_dropout;
+  if (p == 0.0 || !is_training()) return probs;
+  const at::Tensor& w = q_proj->weight();
+  if (!hp::is_dtensor(w)) return hp::dropout(probs, p, true);
+  const hp::DTensor weight(w);
+  HP_CHECK_T(c10::ValueError, weight.device_mesh().ndim() == 1 && weight.placements()[0].is_shard(0), "qwen3: attention dropout ",
+             "under tensor parallelism needs q_proj sharded by rows (Colwise), got ", hp::to_string(weight.placements()));
+  return hp::DTensor(hp::dropout(hp::DTensor::from_local(probs, weight.device_mesh(), {hp::Shard(1)}), p, true)).to_local();
+}
+
 at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads.
@@ -98,6 +114,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
   at::Tensor scores = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
   // Softmax in float32 for 16-bit models, as transformers does.
   at::Tensor probs = at::softmax(scores.masked_fill(in->blocked, -1e9), -1, at::kFloat).to(q.scalar_type());
+  probs = attention_dropout(probs);
   at::Tensor out = probs.matmul(v).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out);
 }

@@ -25,6 +25,9 @@ struct Config {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 32768;
+  // Dropout on the attention probabilities while training (transformers' eager attention). Drawn
+  // with hyper_parallel's layout-independent generator: the same mask at every TP degree.
+  double attention_dropout = 0.0;
   bool tie_word_embeddings = false;  // lm_head shares embed_tokens' weight
   at::ScalarType dtype = at::kFloat;  // torch_dtype: what the checkpoint holds
   std::vector<int64_t> eos_token_ids;
@@ -65,6 +68,8 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   AttentionImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
+  /// Dropout on the attention probabilities while training (config.attention_dropout).
+  at::Tensor attention_dropout(const at::Tensor& probs);
   Config config;
   int64_t layer_idx;
   // Set by CausalLM::forward for the duration of one call (the styles' hooks pass tensors only):

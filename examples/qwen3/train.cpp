@@ -46,6 +46,7 @@ struct Args {
   std::cerr << "qwen3_train: " << msg << "\n"
             << "flags: --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
             << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
+            << "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
             << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
             << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n";
   std::exit(2);
@@ -75,6 +76,14 @@ Args parse(int argc, char** argv) {
     else if (f == "--head-dim") a.config.head_dim = num();
     else if (f == "--seed") a.seed = num();
     else if (f == "--lr") a.lr = std::stod(v);
+    else if (f == "--dropout") {
+      try {
+        a.config.attention_dropout = std::stod(v);
+      } catch (...) {
+        usage("flag --dropout needs a number, got '" + v + "'");
+      }
+      if (!(a.config.attention_dropout >= 0.0 && a.config.attention_dropout < 1.0)) usage("--dropout must be in [0, 1)");
+    }
     else if (f == "--sequence-parallel") a.sequence_parallel = num() != 0;
     else if (f == "--loss-parallel") a.loss_parallel = num() != 0;
     else if (f == "--text") a.text = v;
@@ -114,6 +123,7 @@ std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step,
 std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& tp, bool verbose,
                           qwen3::CausalLM* trained = nullptr) {
   at::manual_seed(a.seed);
+  hp::manual_seed(static_cast<uint64_t>(a.seed));  // dropout: the same draws in both runs, at any tp
   qwen3::CausalLM model(a.config);
   const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
   model->to(device);
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
   at::Tensor data = load_bytes(a.text);
   if (chief)
     std::printf("qwen3: %lld layers, hidden %lld, heads %lld/%lld kv, %lld parameters; text %s (%lld bytes); tp=%lld, "
-                "sequence_parallel=%d\n",
+                "sequence_parallel=%d, dropout=%g\n",
                 static_cast<long long>(a.config.num_layers), static_cast<long long>(a.config.hidden_size),
                 static_cast<long long>(a.config.num_heads), static_cast<long long>(a.config.num_kv_heads),
                 static_cast<long long>([&] {
@@ -176,7 +186,8 @@ int main(int argc, char** argv) {
                   for (const auto& p : qwen3::CausalLM(a.config)->parameters()) n += p.numel();
                   return n;
                 }()),
-                a.text.c_str(), static_cast<long long>(data.numel()), static_cast<long long>(tp.size()), a.sequence_parallel);
+                a.text.c_str(), static_cast<long long>(data.numel()), static_cast<long long>(tp.size()), a.sequence_parallel,
+                a.config.attention_dropout);
   qwen3::CausalLM tp_model{nullptr};
   const std::vector<double> tp_losses = train(a, data, tp, chief, &tp_model);
   std::vector<double> single;

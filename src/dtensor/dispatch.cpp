@@ -6,10 +6,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <hyper_parallel/runtime/comm_debug_mode.h>
+
 #include <memory>
 
 #include "dtensor_impl.h"
 #include "op_execution.h"
+#include "op_report.h"
 #include "sharding_propagation.h"
 
 namespace hyper_parallel {
@@ -38,6 +41,8 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo info(op, args, nargs, *mesh);
   std::shared_ptr<const Decision> d = propagate(info, collect_inputs(info));
   if (d == nullptr) return decompose(op, args, nargs, stack);
+  if (C10_UNLIKELY(d->any_redistribute)) check_explicit_redistribution(info, *d);
+  if (C10_UNLIKELY(CommDebugMode::op_tracing())) trace_op(info, *d);
   execute(info, *d, stack);
 }
 

@@ -3,7 +3,9 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/call_context.h>
 #include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 
@@ -12,6 +14,7 @@
 
 #include "dtensor_impl.h"
 #include "local_layout.h"
+#include "op_report.h"
 #include "redistribute.h"
 
 namespace hyper_parallel {
@@ -32,11 +35,34 @@ std::shared_ptr<const DTensorSpec> uncapsule(const c10::IValue& v) {
   return c10::static_intrusive_pointer_cast<SpecCapsule>(v.toCapsule())->spec;
 }
 
+// While module paths are tracked, an autograd function remembers the module its forward ran in,
+// and its backward's collectives count for that module (CommDebugMode's per-module table).
+void remember_module(AutogradContext* ctx) {
+  if (call_context::tracking()) ctx->saved_data["module"] = call_context::current_fqn();
+}
+struct BackwardModule {
+  std::string fqn;
+  c10::optional<call_context::ModuleOverride> scope;
+  explicit BackwardModule(AutogradContext* ctx) {
+    auto it = ctx->saved_data.find("module");
+    if (it == ctx->saved_data.end()) return;
+    fqn = it->second.toStringRef();
+    scope.emplace(&fqn);
+  }
+};
+
 DTensorImpl& impl_of(const at::Tensor& t, const char* what) {
   DTensorImpl* impl = dtensor_impl(t);
-  HP_CHECK_T(c10::TypeError, impl != nullptr, "hyper_parallel: ", what,
-             " needs a DTensor, got a plain tensor");
+  HP_CHECK_T(c10::TypeError, impl != nullptr, "hyper_parallel::", what, ": needs a DTensor, got a plain tensor");
   return *impl;
+}
+
+// The DTensor whose local data `what` is about to read: a stale copy-view is refused.
+DTensorImpl& read_impl_of(const at::Tensor& t, const char* what) {
+  DTensorImpl& impl = impl_of(t, what);
+  if (C10_UNLIKELY(impl.is_copy_view()) && impl.copy_source()->writes_since() != 0)
+    stale_copy_view_error(*impl.copy_source(), std::string("hyper_parallel::") + what, "the DTensor " + impl.spec().short_string());
+  return impl;
 }
 
 // A plain gradient of a DTensor's global shape is one libtorch made in backward (e.g. an in-place
@@ -61,9 +87,11 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
                             std::shared_ptr<const DTensorSpec> spec) {
     ctx->saved_data["spec"] = capsule(spec);
+    remember_module(ctx);
     return make_dtensor(local.detach(), std::move(spec));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const BackwardModule module(ctx);
     const auto spec = uncapsule(ctx->saved_data["spec"]);
     at::Tensor g = whole_grad_as_replicate(grads[0], *spec);
     if (DTensorImpl* impl = dtensor_impl(g)) {
@@ -79,14 +107,15 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dtensor,
                             std::shared_ptr<const DTensorSpec> grad_spec) {
     ctx->saved_data["spec"] = capsule(std::move(grad_spec));
-    return impl_of(dtensor, "to_local").local().alias();
+    remember_module(ctx);
+    return read_impl_of(dtensor, "DTensor::to_local").local().alias();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto spec = uncapsule(ctx->saved_data["spec"]);
     at::Tensor g = grads[0];
     if (!g.defined() || dtensor_impl(g) != nullptr) return {g, at::Tensor()};
     const auto expected = spec->local_shape();
-    TORCH_CHECK(g.sizes() == c10::IntArrayRef(expected), "to_local backward: the gradient of the local tensor has shape ",
+    TORCH_CHECK(g.sizes() == c10::IntArrayRef(expected), "hyper_parallel::DTensor::to_local (backward): the gradient of the local tensor has shape ",
                 g.sizes(), " but the local shard has shape ", c10::IntArrayRef(expected));
     return {make_dtensor(g, spec), at::Tensor()};
   }
@@ -95,8 +124,10 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
 struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
                             std::shared_ptr<const DTensorSpec> dst) {
-    const DTensorImpl& in = impl_of(input, "redistribute");
+    const DTensorImpl& in = read_impl_of(input, "DTensor::redistribute");
     ctx->saved_data["src"] = capsule(in.spec_ptr());
+    remember_module(ctx);
+    if (CommDebugMode::op_tracing()) trace_redistribute(in.spec(), dst->placements);
     at::Tensor local = redistribute_local(in.local(), in.spec(), dst->placements);
     // A new tensor, as PyTorch's: a local chunk of the source (Replicate -> Shard) is copied, and
     // the data laid out as the global strides say (a gather builds it contiguous).
@@ -105,6 +136,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     return make_dtensor(std::move(local), std::move(dst));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const BackwardModule module(ctx);
     const auto src = uncapsule(ctx->saved_data["src"]);
     return {grad_to(grads[0], *src, without_partial(src->placements)), at::Tensor()};
   }
@@ -114,7 +146,7 @@ thread_local bool t_implicit_replication = false;
 
 // The placements of a new DTensor made from plain tensor `t`, checked and normalised.
 Placements checked_placements(const char* what, const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements) {
-  HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, " needs a defined plain tensor",
+  HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, ": needs a defined plain tensor",
              (t.defined() ? ", got a DTensor" : ""));
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), what, ": ",
              to_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
@@ -129,16 +161,16 @@ bool is_dtensor(const at::Tensor& t) { return dtensor_impl(t) != nullptr; }
 DTensor::DTensor(at::Tensor t) : at::Tensor(std::move(t)) {
   HP_CHECK_T(c10::TypeError, !defined() || is_dtensor(*this),
              "hyper_parallel::DTensor: the tensor is a plain tensor, not a DTensor (use "
-             "DTensor::from_local or distribute_tensor)");
+             "hyper_parallel::DTensor::from_local or distribute_tensor)");
 }
 
-const DTensorSpec& DTensor::spec() const { return impl_of(*this, "spec()").spec(); }
+const DTensorSpec& DTensor::spec() const { return impl_of(*this, "DTensor::spec").spec(); }
 const Placements& DTensor::placements() const { return spec().placements; }
 const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
-bool DTensor::is_copy_view() const { return impl_of(*this, "is_copy_view()").is_copy_view(); }
+bool DTensor::is_copy_view() const { return impl_of(*this, "DTensor::is_copy_view").is_copy_view(); }
 
 at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
-  const DTensorImpl& impl = impl_of(*this, "to_local");
+  const DTensorImpl& impl = read_impl_of(*this, "DTensor::to_local");
   if (!impl.spec().has_partial() && !grad_placements && !requires_grad()) return impl.local();
   auto grad_spec = spec_with_placements(
       impl.spec(), grad_placements ? normalize_placements(*grad_placements, impl.spec().ndim())
@@ -148,12 +180,12 @@ at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
 }
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements) const {
-  const DTensorImpl& impl = impl_of(*this, "redistribute");
+  const DTensorImpl& impl = read_impl_of(*this, "DTensor::redistribute");
   HP_CHECK_T(c10::ValueError, mesh == impl.spec().mesh,
-             "redistribute: moving a DTensor to another mesh is not supported (from ",
+             "hyper_parallel::DTensor::redistribute: moving a DTensor to another mesh is not supported (from ",
              impl.spec().mesh.to_string(), " to ", mesh.to_string(), ")");
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
-             "redistribute: ", to_string(placements), " has ", placements.size(),
+             "hyper_parallel::DTensor::redistribute: ", to_string(placements), " has ", placements.size(),
              " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements dst = normalize_placements(placements, impl.spec().ndim());
   if (dst == impl.spec().placements) return *this;
@@ -161,7 +193,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
   // the value, and what would its gradient be?).
   for (size_t i = 0; i < dst.size(); ++i)
     HP_CHECK_T(c10::ValueError, !dst[i].is_partial() || dst[i] == impl.spec().placements[i],
-               "redistribute: redistributing to ", dst[i].to_string(), " (mesh dim ", i, ", from ",
+               "hyper_parallel::DTensor::redistribute: redistributing to ", dst[i].to_string(), " (mesh dim ", i, ", from ",
                impl.spec().placements[i].to_string(), ") is not supported; Partial placements "
                "come from ops (e.g. a Rowwise matmul), or build one with DTensor::from_local");
   // A new tensor: laid out as clone() would lay it out (a dense layout is kept, a view's gaps and
@@ -185,13 +217,13 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             const Placements& placements, bool run_check,
                             c10::optional<at::IntArrayRef> shape,
                             c10::optional<at::IntArrayRef> stride) {
-  const Placements pl = checked_placements("DTensor::from_local", local, mesh, placements);
+  const Placements pl = checked_placements("hyper_parallel::DTensor::from_local", local, mesh, placements);
   at::Tensor data = local;
   std::vector<int64_t> global;
   if (shape) {
     global = shape->vec();
     HP_CHECK_T(c10::ValueError, global.size() == static_cast<size_t>(local.dim()),
-               "DTensor::from_local: shape ", *shape, " has another rank than the local tensor ",
+               "hyper_parallel::DTensor::from_local: shape ", *shape, " has another rank than the local tensor ",
                local.sizes());
   } else {
     global = local.sizes().vec();
@@ -220,12 +252,12 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
         if (same) continue;
         std::string shapes;
         for (const auto& s : all) shapes += c10::str(shapes.empty() ? "" : ", ", c10::IntArrayRef(s));
-        HP_CHECK_T(c10::ValueError, false, "DTensor::from_local(run_check): local shapes ", shapes, " differ in dim ", d,
+        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::DTensor::from_local(run_check): local shapes ", shapes, " differ in dim ", d,
                    ", which mesh dim ", i, " does not shard");
       }
     }
     auto [expect, offset] = spec->local_shape_and_offset(*mesh.get_coordinate());
-    HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "DTensor::from_local(run_check): rank ",
+    HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "hyper_parallel::DTensor::from_local(run_check): rank ",
                get_rank(), " holds a local tensor of shape ", local.sizes(), " but ", to_string(spec->placements),
                " of the global shape ", c10::IntArrayRef(spec->shape), " gives it ", c10::IntArrayRef(expect));
     // Replicate: coordinate 0's values win, written into the local tensor as PyTorch does.
@@ -243,10 +275,10 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, c10::optional<int64_t> src_data_rank) {
-  auto spec = std::make_shared<DTensorSpec>(mesh, checked_placements("distribute_tensor", tensor, mesh, placements),
+  auto spec = std::make_shared<DTensorSpec>(mesh, checked_placements("hyper_parallel::distribute_tensor", tensor, mesh, placements),
                                             tensor.sizes().vec(), tensor.scalar_type());
   const auto coord_opt = mesh.get_coordinate();
-  TORCH_CHECK(coord_opt.has_value(), "distribute_tensor: this rank is not part of ", mesh.to_string());
+  TORCH_CHECK(coord_opt.has_value(), "hyper_parallel::distribute_tensor: this rank is not part of ", mesh.to_string());
   const auto& coord = *coord_opt;
 
   // Ranks that disagree on the shape, dtype or placements would scatter mismatched pieces or
@@ -275,7 +307,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
     for (size_t i = 0; i < spec->placements.size(); ++i) {
       const Placement& p = spec->placements[i];
       const Group& g = mesh.get_group(static_cast<int64_t>(i));
-      HP_CHECK_T(c10::ValueError, src >= 0 && src < g.size(), "distribute_tensor: src_data_rank ",
+      HP_CHECK_T(c10::ValueError, src >= 0 && src < g.size(), "hyper_parallel::distribute_tensor: src_data_rank ",
                  src, " is not a rank of mesh dimension ", i, " (size ", g.size(), ")");
       if (p.is_shard()) {
         local = scatter(local, p.dim(), src, g);
@@ -300,7 +332,7 @@ bool ImplicitReplicationGuard::enabled() { return t_implicit_replication; }
 
 std::ostream& operator<<(std::ostream& os, const DTensor& t) {
   if (!t.defined()) return os << "DTensor(undefined)";
-  const DTensorImpl& impl = impl_of(t, "printing");
+  const DTensorImpl& impl = read_impl_of(t, "operator<<(DTensor)");
   os << "DTensor(mesh=" << impl.spec().mesh.to_string() << ", placements="
      << to_string(impl.spec().placements) << ", shape=" << t.sizes() << ", dtype=" << t.scalar_type()
      << (t.requires_grad() ? ", requires_grad=True" : "") << ", local=\n"

@@ -39,7 +39,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_impl(VersionCounter&& vc, 
   auto r = c10::make_intrusive<DTensorImpl>(local_, spec_);
   r->set_version_counter(std::forward<VersionCounter>(vc));
   r->set_allow_tensor_metadata_change(allow);
-  r->copy_view_ = copy_view_;
+  r->copy_source_ = copy_source_;
   return r;
 }
 
@@ -59,7 +59,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
   spec_ = other->spec_;
-  copy_view_ = other->copy_view_;
+  copy_source_ = other->copy_source_;
 }
 
 void DTensorImpl::release_resources() {

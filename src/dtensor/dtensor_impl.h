@@ -9,6 +9,8 @@
 
 #include <hyper_parallel/dtensor/dtensor_spec.h>
 
+#include "copy_view_watch.h"
+
 namespace hyper_parallel {
 
 /// The dispatch key whose boxed fallback receives every aten op on DTensors. `Fake` is unused by
@@ -32,8 +34,11 @@ class DTensorImpl final : public c10::TensorImpl {
   /// Whether this DTensor is a view whose local data is a copy (its base had to be redistributed,
   /// or the local piece could not be viewed): an in-place write would not reach the base, so the
   /// dispatcher refuses it instead of losing it silently.
-  bool is_copy_view() const { return copy_view_; }
-  void set_copy_view(bool v) { copy_view_ = v; }
+  bool is_copy_view() const { return copy_source_ != nullptr; }
+  /// Where a copy-view's values came from (null for other DTensors): a read after a write into
+  /// that source is refused (copy_view_watch.h).
+  const std::shared_ptr<const CopySource>& copy_source() const { return copy_source_; }
+  void set_copy_source(std::shared_ptr<const CopySource> s) { copy_source_ = std::move(s); }
   /// The new geometry after an in-place view op (squeeze_, t_, transpose_, unsqueeze_): the
   /// reshaped local data and the spec with the new sizes and strides.
   void set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
@@ -53,7 +58,7 @@ class DTensorImpl final : public c10::TensorImpl {
 
   at::Tensor local_;
   std::shared_ptr<const DTensorSpec> spec_;
-  bool copy_view_ = false;
+  std::shared_ptr<const CopySource> copy_source_;
 };
 
 /// The DTensorImpl behind `t`, or nullptr when `t` is not a DTensor.

@@ -81,4 +81,28 @@ std::string DTensorSpec::to_string() const {
   return os.str();
 }
 
+std::string short_dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "f32";
+    case at::kDouble: return "f64";
+    case at::kHalf: return "f16";
+    case at::kBFloat16: return "bf16";
+    case at::kLong: return "i64";
+    case at::kInt: return "i32";
+    case at::kShort: return "i16";
+    case at::kChar: return "i8";
+    case at::kByte: return "u8";
+    case at::kBool: return "b8";
+    case at::kComplexFloat: return "c64";
+    case at::kComplexDouble: return "c128";
+    default: return c10::toString(dtype);
+  }
+}
+
+std::string DTensorSpec::short_string() const {
+  std::string s = short_dtype_name(dtype) + "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "] " + hyper_parallel::short_string(placements);
+}
+
 }  // namespace hyper_parallel

@@ -26,7 +26,7 @@ void check_written_views(const OpInfo& info, const Decision& d) {
     const auto& in = info.inputs()[k];
     const at::Tensor t = tensor_arg(info.arg(in.arg), in.elem);
     DTensorImpl* impl = dtensor_impl(t);
-    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel: ",
+    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel::dispatch: ",
                info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
                "(making the view needed communication, e.g. a narrow/select/split along a sharded dim): "
                "the write would not reach the viewed DTensor. In-place operations that require "
@@ -112,14 +112,18 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
     // tracking gives it the base's version counter), as libtorch's own views are.
     const bool normal_view = base != nullptr && c10::InferenceMode::is_enabled() && !base->is_inference();
     const bool is_view = d.view_return_arg[r] >= 0;
+    std::shared_ptr<const CopySource> source;
     auto wrap_output = [&](const at::Tensor& result, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& shape,
                            const LocalLayout& strides) {
       c10::optional<c10::InferenceMode> normal;
       if (normal_view) normal.emplace(false);
       const at::Tensor local = is_view ? result : as_new_result(result, strides, info, original, d.unsafe_view);
       at::Tensor w = wrap(local, spec, shape, info);
-      if (base != nullptr && w.defined() && (d.view_base_moved[r] || base->is_copy_view() || !local.is_alias_of(base->local())))
-        static_cast<DTensorImpl*>(w.unsafeGetTensorImpl())->set_copy_view(true);
+      if (base != nullptr && w.defined() && (d.view_base_moved[r] || base->is_copy_view() || !local.is_alias_of(base->local()))) {
+        // A copy of a copy-view follows the same source; one source serves a list of views.
+        if (!source) source = base->is_copy_view() ? base->copy_source() : std::make_shared<const CopySource>(base->local(), info.name());
+        static_cast<DTensorImpl*>(w.unsafeGetTensorImpl())->set_copy_source(source);
+      }
       return w;
     };
     if (v.isTensor()) {
@@ -140,6 +144,10 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
 
 void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
   check_written_views(info, d);
+  for (size_t k : d.written_inputs) {
+    const auto& in = info.inputs()[k];
+    if (DTensorImpl* impl = dtensor_impl(tensor_arg(info.arg(in.arg), in.elem))) note_dtensor_write(impl->local());
+  }
   const size_t nargs = info.num_args();
   const size_t base = stack->size() - nargs;
   // The global arguments move off the stack and stay alive until the returns are wrapped (the

@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include <hyper_parallel/runtime/errors.h>
+
 namespace hyper_parallel {
 
 OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t nargs, const DeviceMesh& mesh)
@@ -64,23 +66,37 @@ const DTensorSpec* OpInfo::spec(size_t arg, int64_t elem) const {
   return nullptr;
 }
 
+const DTensorSpec& OpInfo::input_spec(size_t arg, int64_t elem) const {
+  const DTensorSpec* s = spec(arg, elem);
+  if (s != nullptr) return *s;
+  const auto& args = schema().arguments();
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::dispatch: ", describe(), ": the sharding rule needs argument ",
+             (arg < args.size() ? "'" + args[arg].name() + "'" : std::to_string(arg)),
+             (elem >= 0 ? "[" + std::to_string(elem) + "]" : std::string()),
+             " to be a DTensor, but it is a plain tensor (or none); make it a DTensor with distribute_tensor or "
+             "DTensor::from_local");
+  TORCH_INTERNAL_ASSERT(false);
+}
+
 int64_t OpInfo::input_index(size_t arg, int64_t elem) const {
   for (size_t k = 0; k < inputs_.size(); ++k)
     if (inputs_[k].arg == arg && inputs_[k].elem == elem) return static_cast<int64_t>(k);
   return -1;
 }
 
+std::string OpInfo::input_name(size_t k) const {
+  const auto& in = inputs_.at(k);
+  std::string s = schema().arguments()[in.arg].name();
+  if (in.elem >= 0) s += "[" + std::to_string(in.elem) + "]";
+  return s;
+}
+
 std::string OpInfo::describe() const {
-  std::ostringstream os;
-  os << name() << " with inputs (";
-  for (size_t k = 0; k < inputs_.size(); ++k) {
-    const auto& in = inputs_[k];
-    os << (k ? ", " : "") << schema().arguments()[in.arg].name();
-    if (in.elem >= 0) os << "[" << in.elem << "]";
-    os << ": " << to_string(in.spec->placements) << " " << c10::IntArrayRef(in.spec->shape) << " " << in.spec->dtype;
-  }
-  os << ")";
-  return os.str();
+  std::string s = name() + "(";
+  for (size_t k = 0; k < inputs_.size(); ++k) s += (k ? ", " : "") + input_name(k) + ": " + inputs_[k].spec->short_string();
+  s += ")";
+  if (mesh_ != nullptr) s += " on " + mesh_->short_string();
+  return s;
 }
 
 }  // namespace hyper_parallel

@@ -17,6 +17,21 @@ std::string Placement::to_string() const {
   return "?";
 }
 
+std::string Placement::short_string() const {
+  switch (kind_) {
+    case Kind::Shard: return "S(" + std::to_string(dim_) + ")";
+    case Kind::Replicate: return "R";
+    case Kind::Partial: return std::string("P(") + reduce_op_name(op_) + ")";
+  }
+  return "?";
+}
+
+std::string short_string(const Placements& placements) {
+  std::string s;
+  for (const auto& p : placements) s += p.short_string();
+  return s;
+}
+
 std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << p.to_string(); }
 
 std::string to_string(const Placements& placements) {

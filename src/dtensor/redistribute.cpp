@@ -22,6 +22,36 @@ int64_t level_size(const DTensorSpec& spec, const Placements& cur, int64_t mesh_
 
 }  // namespace
 
+std::string describe_redistribution(const DTensorSpec& src, const std::vector<RedistributeStep>& steps) {
+  if (steps.empty()) return short_string(src.placements) + " (unchanged)";
+  std::string s = short_string(src.placements) + " -> " + short_string(steps.back().after) + ":";
+  const auto coord = src.mesh.get_coordinate();
+  const auto& names = src.mesh.mesh_dim_names();
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(src.dtype));
+  Placements cur = src.placements;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const RedistributeStep& st = steps[i];
+    const size_t md = static_cast<size_t>(st.mesh_dim);
+    const std::string over = md < names.size() && !names[md].empty() ? names[md] : "mesh dim " + std::to_string(md);
+    int64_t bytes = elem;
+    if (coord)
+      for (int64_t n : compute_local_shape_and_offset(src.shape, src.mesh.shape(), *coord, cur).first) bytes *= n;
+    const char* kind = "";
+    switch (st.kind) {
+      case RedistributeStep::Kind::AllGather: kind = "all_gather"; break;
+      case RedistributeStep::Kind::AllReduce: kind = "all_reduce"; break;
+      case RedistributeStep::Kind::ReduceScatter: kind = "reduce_scatter"; break;
+      case RedistributeStep::Kind::AllToAll: kind = "all_to_all"; break;
+      case RedistributeStep::Kind::Chunk: kind = "chunk"; break;
+      case RedistributeStep::Kind::ToPartial: kind = "to_partial"; break;
+    }
+    const bool local = st.kind == RedistributeStep::Kind::Chunk || st.kind == RedistributeStep::Kind::ToPartial;
+    s += std::string(i ? "," : "") + " " + kind + " over " + over + (local ? " (local)" : " (" + std::to_string(bytes) + " B)");
+    cur = st.after;
+  }
+  return s;
+}
+
 std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements) {
   auto s = std::make_shared<DTensorSpec>(spec);
   s->placements = std::move(placements);

@@ -3,6 +3,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <hyper_parallel/dtensor/dtensor_spec.h>
 #include <hyper_parallel/dtensor/redistribute_plan.h>
@@ -24,5 +26,9 @@ at::Tensor local_piece_of_whole(const at::Tensor& whole, const std::vector<int64
 /// `spec` with other placements (and contiguous strides when they change).
 std::shared_ptr<const DTensorSpec> spec_with_placements(const DTensorSpec& spec, Placements placements);
 
+/// The transition `src` -> `steps`' last placements in the compact form of traces and errors,
+/// with each collective, its mesh dim and the bytes this rank contributes, e.g.
+/// "S(0) -> R: all_gather over tp (256 B)".
+std::string describe_redistribution(const DTensorSpec& src, const std::vector<RedistributeStep>& steps);
 
 }  // namespace hyper_parallel

@@ -197,6 +197,7 @@ struct InputCollector {
     } else if (DTensorImpl* d = dtensor_impl(t)) {
       HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel: ", info.name(),
                  " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
+      if (C10_UNLIKELY(d->is_copy_view()) && d->copy_source()->writes_since() != 0) stale_read(arg, elem, *d);
       key_spec(key, d->spec());
       OpInfoAccess::add_input(info, arg, elem, &d->spec());
     } else {
@@ -209,6 +210,12 @@ struct InputCollector {
     key.push_back(static_cast<int64_t>(size));
   }
   void value(const c10::IValue& v) { key_value(key, v); }
+
+  [[noreturn]] void stale_read(size_t arg, int64_t elem, const DTensorImpl& d) {
+    std::string name = "argument '" + info.schema().arguments()[arg].name() + "'";
+    if (elem >= 0) name += "[" + std::to_string(elem) + "]";
+    stale_copy_view_error(*d.copy_source(), "hyper_parallel::dispatch: " + info.name(), name + " (" + d.spec().short_string() + ")");
+  }
 
   // A plain tensor among DTensors: a 0-dim tensor is a scalar; otherwise an error unless implicit
   // replication is on, when it becomes a Replicate input.
@@ -401,6 +408,9 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   resolve_inputs(info, s, *d);
   alias_returns(info, *d);
   output_specs(info, s, *d);
+  d->implicit_communication = std::move(s.implicit_communication);
+  d->any_redistribute = !d->implicit_communication.empty();
+  for (bool r : d->redistribute) d->any_redistribute = d->any_redistribute || r;
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
   if (!s.handler.empty()) {

@@ -20,6 +20,8 @@ namespace hyper_parallel {
 struct Decision {
   std::vector<Placements> input_placements;  // one per input, resolved
   std::vector<bool> redistribute;            // per input: placements differ
+  bool any_redistribute = false;             // some input is redistributed, or implicit_communication
+  std::string implicit_communication;        // the rule's (OpSharding::implicit_communication)
   // Per input: the redistribution steps (empty when unchanged); planned once per decision.
   std::vector<std::vector<RedistributeStep>> plans;
   // Per return slot: one spec (Tensor) or one per element (Tensor[]); null for non-tensors.

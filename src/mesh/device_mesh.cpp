@@ -111,6 +111,17 @@ c10::optional<int64_t> DeviceMesh::dim_in_root() const {
   return m.root_dim;
 }
 
+std::string DeviceMesh::short_string() const {
+  const auto& m = get(impl_);
+  std::string s = "mesh(";
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    if (i) s += ", ";
+    if (i < m.dim_names.size() && !m.dim_names[i].empty()) s += m.dim_names[i] + "=";
+    s += std::to_string(m.shape[i]);
+  }
+  return s + ")";
+}
+
 std::string DeviceMesh::to_string() const {
   const auto& m = get(impl_);
   std::ostringstream os;

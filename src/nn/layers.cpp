@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
+#include <hyper_parallel/dtensor/random.h>
+
 #include <cmath>
 
 namespace hyper_parallel {
@@ -72,7 +74,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   return weight() * normed;
 }
 
-at::Tensor DropoutImpl::forward(const at::Tensor& input) { return at::dropout(input, p, is_training()); }
+at::Tensor DropoutImpl::forward(const at::Tensor& input) { return hyper_parallel::dropout(input, p, is_training()); }
 at::Tensor ReLUImpl::forward(const at::Tensor& input) { return at::relu(input); }
 at::Tensor GELUImpl::forward(const at::Tensor& input) { return at::gelu(input, approximate); }
 at::Tensor SiLUImpl::forward(const at::Tensor& input) { return at::silu(input); }

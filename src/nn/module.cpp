@@ -128,6 +128,32 @@ void check_compatible(const std::string& module, const char* what, const std::st
 }
 }  // namespace
 
+bool detail::ModuleCallScope::enter(Module& m) {
+  const torch::nn::Module* self = &m;
+  const auto* parent = static_cast<const torch::nn::Module*>(call_context::current_module());
+  // The path from the calling module: a breadth-first search of its submodules (a decoder layer
+  // is called by the model, but registered inside its ModuleList). Only while tracking.
+  if (parent != nullptr) {
+    std::vector<std::pair<std::string, const torch::nn::Module*>> level{{"", parent}}, next;
+    while (!level.empty()) {
+      for (const auto& [prefix, mod] : level)
+        for (const auto& child : mod->named_children()) {
+          std::string path = prefix.empty() ? child.key() : prefix + "." + child.key();
+          if (child.value().get() == self) {
+            const std::string& base = call_context::current_fqn();
+            call_context::push_module(self, base.empty() ? path : base + "." + path);
+            return true;
+          }
+          next.emplace_back(std::move(path), child.value().get());
+        }
+      level.swap(next);
+      next.clear();
+    }
+  }
+  call_context::push_module(self, "", m.name());  // called from outside any module: a root
+  return true;
+}
+
 std::vector<std::pair<std::string, torch::nn::Module*>> modules_with_names(torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::nn::Module*>> out{{"", &module}};
   for (const auto& item : module.named_modules("", /*include_self=*/false)) out.emplace_back(item.key(), item.value().get());

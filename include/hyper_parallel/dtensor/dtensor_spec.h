@@ -43,7 +43,13 @@ struct DTensorSpec {
   std::vector<int64_t> mesh_dims_sharding(int64_t dim) const;
   /// e.g. "DTensorSpec(placements=(Shard(dim=0),), shape=[4, 8], dtype=Float)".
   std::string to_string() const;
+  /// The compact form every DTensor error and trace uses: dtype, global shape, placements,
+  /// e.g. "f32[8,16] S(0)", "bf16[2,4,64] S(1)R".
+  std::string short_string() const;
 };
+
+/// "f32", "bf16", "i64", ... (the compact dtype names of short_string).
+std::string short_dtype_name(at::ScalarType dtype);
 
 /// Contiguous strides of `shape`.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);

@@ -35,6 +35,8 @@ class Placement {
   Placement normalized(int64_t ndim) const;
   /// "Shard(dim=0)", "Replicate()", "Partial(sum)", as PyTorch prints them.
   std::string to_string() const;
+  /// The compact form of traces and errors: "S(0)", "R", "P(sum)".
+  std::string short_string() const;
   size_t hash() const {
     return (static_cast<size_t>(kind_) << 16) ^ (static_cast<size_t>(dim_ + 64) << 4) ^ static_cast<size_t>(op_);
   }
@@ -65,6 +67,8 @@ using Placements = std::vector<Placement>;
 std::ostream& operator<<(std::ostream& os, const Placement& p);
 /// "(Shard(dim=0), Replicate())".
 std::string to_string(const Placements& placements);
+/// The compact form: one placement per mesh dimension, run together: "S(0)", "S(0)R", "RP(sum)".
+std::string short_string(const Placements& placements);
 /// `placements` with every Partial turned into Replicate (what a reduction leaves, and the
 /// placements a gradient takes for a Partial value).
 Placements without_partial(Placements placements);

@@ -52,11 +52,17 @@ class OpInfo {
   const std::vector<int64_t>& coordinate() const;
   /// The spec of argument `arg` (element `elem` of a list), or nullptr when it is not an input.
   const DTensorSpec* spec(size_t arg, int64_t elem = -1) const;
+  /// The spec of argument `arg`, which the rule needs to be a DTensor: a c10::ValueError naming
+  /// the op and the argument when it is not (e.g. a 0-dim plain tensor taken as a scalar).
+  const DTensorSpec& input_spec(size_t arg, int64_t elem = -1) const;
+  /// The name of input `k` (its argument's name, with the element of a list), e.g. "tensors[1]".
+  std::string input_name(size_t k) const;
   /// Index into inputs() of argument `arg`, or -1.
   int64_t input_index(size_t arg, int64_t elem = -1) const;
   /// Argument written by the op (self of an in-place op, out of an out= op), or -1.
   int64_t written_arg() const;
-  /// The op and its inputs' placements, for error messages.
+  /// The op and its inputs in the compact form of every DTensor error and trace, e.g.
+  /// "aten::mm(self: f32[8,16] S(0), mat2: f32[16,4] R) on mesh(tp=2)".
   std::string describe() const;
 
  private:
@@ -99,6 +105,10 @@ struct OpSharding {
   /// sharded dim). Named, so a decision stays plain data.
   std::string handler;
   std::vector<int64_t> handler_params;
+  /// What the handler communicates that the caller did not ask for, in the compact form (e.g.
+  /// "self P(sum) -> R: all_reduce over tp, in place"): the ExplicitRedistribution guard refuses
+  /// it like an input redistribution. Empty for a handler whose communication is the op itself.
+  std::string implicit_communication;
 };
 
 using ShardingRule = std::function<OpSharding(const OpInfo&)>;

@@ -53,6 +53,8 @@ class DeviceMesh {
   uint64_t shared_seed() const;
   /// e.g. "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))".
   std::string to_string() const;
+  /// The compact form of traces and errors: "mesh(dp=2, tp=4)" (sizes alone when unnamed).
+  std::string short_string() const;
 
   /// Same ranks in the same layout with the same names and device type.
   bool operator==(const DeviceMesh& other) const;

@@ -7,6 +7,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <hyper_parallel/runtime/call_context.h>
+
 #include <array>
 #include <functional>
 #include <memory>
@@ -184,10 +186,30 @@ struct has_tensor_forward<D, std::void_t<decltype(std::declval<D&>().forward(std
 
 }  // namespace detail
 
+namespace detail {
+/// While module paths are tracked (runtime/call_context.h), the call pushes its module's FQN.
+class ModuleCallScope {
+ public:
+  explicit ModuleCallScope(Module& m) {
+    if (C10_UNLIKELY(call_context::tracking())) active_ = enter(m);
+  }
+  ~ModuleCallScope() {
+    if (active_) call_context::pop_module();
+  }
+  ModuleCallScope(const ModuleCallScope&) = delete;
+  ModuleCallScope& operator=(const ModuleCallScope&) = delete;
+
+ private:
+  static bool enter(Module& m);
+  bool active_ = false;
+};
+}  // namespace detail
+
 /// Calls `m.forward(args...)` with `m`'s hooks around it. Without hooks it is a direct call.
 template <class M, class... Args>
 auto call_with_hooks(M& m, Args&&... args) -> std::decay_t<decltype(m.forward(std::forward<Args>(args)...))> {
   using R = decltype(m.forward(std::forward<Args>(args)...));
+  const detail::ModuleCallScope scope(m);
   if (!m.has_hooks()) return m.forward(std::forward<Args>(args)...);
   std::vector<c10::IValue> pos;
   Kwargs kw;

@@ -11,7 +11,7 @@ namespace {
 
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 OpSharding embedding_rule(const OpInfo& info) {
-  const DTensorSpec& w = *info.spec(0);
+  const DTensorSpec& w = info.input_spec(0);
   const DTensorSpec* idx = info.spec(1);
   HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel: ", info.describe(),
              ": the indices must be a DTensor too (e.g. DTensor::from_local(ids, mesh, {Replicate()}))");
@@ -66,7 +66,7 @@ OpSharding embedding_rule(const OpInfo& info) {
 
 // embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
 OpSharding embedding_backward_rule(const OpInfo& info) {
-  const DTensorSpec& g = *info.spec(0);
+  const DTensorSpec& g = info.input_spec(0);
   const DTensorSpec* idx = info.spec(1);
   HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel: ", info.describe(), ": indices must be a DTensor");
   const size_t nmesh = g.placements.size();

@@ -21,7 +21,7 @@ std::vector<int64_t> stats_shape(const std::vector<int64_t>& shape, int64_t norm
 
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 OpSharding forward_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.spec(0);
+  const DTensorSpec& in = info.input_spec(0);
   const int64_t nn = static_cast<int64_t>(int_list(info, 1).size());
   const Placements x = layer_norm_input(in, nn);
   OpSharding s;
@@ -34,7 +34,7 @@ OpSharding forward_rule(const OpInfo& info) {
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
 // output_mask) -> (grad_input, grad_weight, grad_bias)
 OpSharding backward_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.spec(1);
+  const DTensorSpec& in = info.input_spec(1);
   const auto normalized = int_list(info, 2);
   const int64_t nn = static_cast<int64_t>(normalized.size());
   const Placements x = layer_norm_input(in, nn);

@@ -29,7 +29,7 @@ at::Tensor local_targets(const at::Tensor& target, int64_t begin, int64_t size, 
 // Whether nll_loss on these inputs can run class-parallel: 2-D input with the class dim sharded
 // and no class weights (they would have to be sharded alike).
 bool class_parallel(const OpInfo& info, size_t self_arg, size_t weight_arg, Placements& self_p) {
-  const DTensorSpec& self = *info.spec(self_arg);
+  const DTensorSpec& self = info.input_spec(self_arg);
   const c10::IValue& w = info.arg(weight_arg);
   const bool weighted = !w.isNone() && !(w.isTensor() && !w.toTensor().defined());
   if (self.ndim() != 2 || weighted) return false;
@@ -43,7 +43,7 @@ bool class_parallel(const OpInfo& info, size_t self_arg, size_t weight_arg, Plac
 OpSharding nll_forward_rule(const OpInfo& info) {
   Placements self_p;
   if (!class_parallel(info, 0, 2, self_p)) return all_replicated(info);
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   Placements loss_p(self_p.size());
   for (size_t i = 0; i < self_p.size(); ++i) loss_p[i] = self_p[i].is_shard(1) ? Partial() : Replicate();
   OpSharding s;
@@ -79,7 +79,7 @@ OpSharding nll_forward_rule(const OpInfo& info) {
 OpSharding nll_backward_rule(const OpInfo& info) {
   Placements self_p;
   if (!class_parallel(info, 1, 3, self_p)) return all_replicated(info);
-  const DTensorSpec& self = *info.spec(1);
+  const DTensorSpec& self = info.input_spec(1);
   OpSharding s;
   for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 1 ? self_p : replicate(info));
   s.output_placements = {self_p};
@@ -102,7 +102,7 @@ struct Registrar {
     for (const char* n : {"aten::mse_loss_backward", "aten::binary_cross_entropy_backward", "aten::nll_loss2d_backward"})
       register_sharding_rule(n, [](const OpInfo& i) {  // (grad_output, self, ...) -> like self
         OpSharding s = all_replicated(i);
-        s.output_shapes = {i.spec(1)->shape};
+        s.output_shapes = {i.input_spec(1).shape};
         return s;
       });
     // nll_loss2d_forward(self [N,C,H,W], target [N,H,W], weight, reduction, ignore_index) -> (output, total_weight)

@@ -252,6 +252,10 @@ OpSharding pointwise_sharding(const OpInfo& info, Linearity linearity) {
                                        ? info.inputs()[k].spec->placements
                                        : input_placements(info, linearity, b, as_replicated, k, -1));
     s.handler = "hp::write_partial";
+    if (s.handler_params[1] != 0)
+      s.implicit_communication = info.input_name(static_cast<size_t>(written_input)) + " " +
+                                 short_string(info.inputs()[static_cast<size_t>(written_input)].spec->placements) +
+                                 " -> R: all_reduce before the in-place op";
   } else {
     s.adjust_args = zero_scalars_off_coordinate_0(info, linearity, out);
     for (size_t k = 0; k < info.inputs().size(); ++k)
@@ -276,7 +280,7 @@ ShardingRule rule(Linearity l) {
 // (what a reduction of the cast value would do). To integer or bool types each rank's addend
 // would be truncated on its own: the value is reduced first.
 OpSharding to_copy_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.spec(0);
+  const DTensorSpec& in = info.input_spec(0);
   const c10::IValue* dtype = arg_named(info, "dtype");
   const at::ScalarType target = dtype != nullptr && !dtype->isNone() ? static_cast<at::ScalarType>(dtype->toInt()) : in.dtype;
   const bool linear = is_float_like(in.dtype) && is_float_like(target);

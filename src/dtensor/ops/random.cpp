@@ -1,113 +1,225 @@
-// Random ops (native_dropout, bernoulli_, uniform_, normal_; dropout on CPU decomposes into
-// bernoulli_). Ranks holding the same piece of a tensor draw the same numbers: the device's
-// generator is seeded from the mesh's shared seed, a per-mesh call counter and the index of the
-// piece, then restored, so replicated dropout masks agree everywhere.
+// Random ops on DTensors: each rank draws only its own piece from the counter-based generator
+// (dtensor/philox_draw.h), so every element's value is the same whatever the mesh and placements.
+// dropout on the CPU decomposes into bernoulli_; native_dropout (CUDA's fused path) and the
+// *_like factories are drawn the same way.
 #include "rule_utils.h"
 
-#include <ATen/core/Generator.h>
-
-#include <mutex>
-#include <unordered_map>
+#include "../philox_draw.h"
 
 namespace hyper_parallel {
 namespace ops {
 namespace {
 
-uint64_t next_call(const DeviceMesh& mesh) {
-  static std::mutex m;
-  static std::unordered_map<const void*, uint64_t> counters;
-  std::lock_guard<std::mutex> lock(m);
-  return counters[mesh.impl()]++;
+enum class Op { Uniform, Normal, BernoulliFloat, BernoulliTensor, Bernoulli, BernoulliP, Exponential, Random, RandomFrom, RandomTo,
+                NativeDropout, RandLike, RandnLike };
+
+bool in_place(Op op) { return op != Op::Bernoulli && op != Op::BernoulliP && op != Op::NativeDropout && op != Op::RandLike && op != Op::RandnLike; }
+
+// The range random_ draws from when `to` is not given: as torch, up to 2^digits for floating
+// types (every integer there is exact) and the dtype's maximum for integral ones.
+uint64_t default_random_end(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return (1ull << 53) + 1;
+    case at::kFloat: return (1ull << 24) + 1;
+    case at::kHalf: return (1ull << 11) + 1;
+    case at::kBFloat16: return (1ull << 8) + 1;
+    case at::kBool: return 2;
+    case at::kByte: return 256;
+    case at::kChar: return 128;
+    case at::kShort: return 1ull << 15;
+    case at::kInt: return 1ull << 31;
+    default: return 1ull << 63;
+  }
 }
 
-// Index of this rank's piece: ranks that differ only along Replicate/Partial mesh dims share it.
-uint64_t piece_index(const OpInfo& info, const Placements& placements) {
-  uint64_t idx = 0;
-  for (size_t i = 0; i < placements.size(); ++i)
-    idx = idx * static_cast<uint64_t>(info.mesh_shape()[i]) +
-          (placements[i].is_shard() ? static_cast<uint64_t>(info.coordinate()[i]) : 0);
-  return idx;
-}
-
-// The local op with the device's default generator seeded for this call from the mesh's shared
-// seed, a per-mesh call counter and the piece index; params: {piece, generator argument or -1}.
-void seeded_random(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
-                   const std::vector<int64_t>& params) {
-  const uint64_t piece = static_cast<uint64_t>(params[0]);
-  const int64_t generator_arg = params[1];
-  const size_t nargs = op.schema().arguments().size();
-  const c10::IValue& first = (*stack)[stack->size() - nargs];
-  if (generator_arg >= 0 && !(*stack)[stack->size() - nargs + static_cast<size_t>(generator_arg)].isNone()) {
-    op.callBoxed(stack);  // the caller chose a generator
-    return;
-  }
-  const uint64_t base = mesh.shared_seed();
-  const uint64_t call = next_call(mesh);
-  at::Generator gen = at::globalContext().defaultGenerator(first.toTensor().device());
-  // The kernels lock the generator themselves: hold its mutex only around our own accesses.
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    saved = gen.get_state();
-    gen.set_current_seed(base * 1000003ull + call * 7919ull + piece);
-  }
-  auto restore = [&] {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(saved);
+// The draw of one call from its local arguments (`args`, as the schema orders them).
+DrawParams params_of(Op op, const torch::jit::Stack& args, const at::Tensor& self) {
+  DrawParams p;
+  const char* name = "";
+  auto floating = [&](const char* n) {
+    HP_CHECK_T(c10::TypeError, at::isFloatingType(self.scalar_type()), "hyper_parallel::dispatch: ", n,
+               " needs a floating-point tensor, got ", self.scalar_type());
   };
-  try {
-    op.callBoxed(stack);
-  } catch (...) {
-    restore();
-    throw;
+  switch (op) {
+    case Op::Uniform:
+      name = "aten::uniform_";
+      floating(name);
+      p.kind = DrawParams::Kind::Uniform;
+      p.a = args[1].toDouble();
+      p.b = args[2].toDouble();
+      HP_CHECK_T(c10::ValueError, p.a <= p.b, "hyper_parallel::dispatch: aten::uniform_ expects from <= to, got from=", p.a,
+                 " to=", p.b);
+      break;
+    case Op::Normal:
+    case Op::RandnLike:
+      p.kind = DrawParams::Kind::Normal;
+      if (op == Op::Normal) {
+        floating("aten::normal_");
+        p.a = args[1].toDouble();
+        p.b = args[2].toDouble();
+        HP_CHECK_T(c10::ValueError, p.b >= 0.0, "hyper_parallel::dispatch: aten::normal_ expects std >= 0.0, got std=", p.b);
+      }
+      break;
+    case Op::RandLike:
+      p.kind = DrawParams::Kind::Uniform;
+      break;
+    case Op::BernoulliFloat:
+    case Op::BernoulliP:
+    case Op::NativeDropout:
+      p.kind = DrawParams::Kind::Bernoulli;
+      p.a = args[1].toDouble();
+      HP_CHECK_T(c10::ValueError, p.a >= 0.0 && p.a <= 1.0, "hyper_parallel::dispatch: aten::",
+                 (op == Op::NativeDropout ? "native_dropout expects a dropout probability" : "bernoulli expects p"),
+                 " in [0, 1], got ", p.a);
+      if (op == Op::NativeDropout) p.a = 1.0 - p.a;  // the probability of keeping an element
+      break;
+    case Op::BernoulliTensor:
+    case Op::Bernoulli:
+      p.kind = DrawParams::Kind::UniformForBernoulli;
+      break;
+    case Op::Exponential:
+      floating("aten::exponential_");
+      p.kind = DrawParams::Kind::Exponential;
+      p.a = args[1].toDouble();
+      HP_CHECK_T(c10::ValueError, p.a > 0.0, "hyper_parallel::dispatch: aten::exponential_ expects lambd > 0.0, got ", p.a);
+      break;
+    case Op::Random:
+    case Op::RandomFrom:
+    case Op::RandomTo: {
+      p.kind = DrawParams::Kind::RandomInt;
+      int64_t from = 0;
+      uint64_t end = default_random_end(self.scalar_type());
+      bool bounded = false;
+      if (op == Op::RandomFrom) {
+        from = args[1].toInt();
+        if (!args[2].isNone()) {
+          HP_CHECK_T(c10::ValueError, from < args[2].toInt(), "hyper_parallel::dispatch: aten::random_ expects from < to, got from=",
+                     from, " to=", args[2].toInt());
+          p.range = static_cast<uint64_t>(args[2].toInt()) - static_cast<uint64_t>(from);
+          bounded = true;
+        }
+      } else if (op == Op::RandomTo) {
+        HP_CHECK_T(c10::ValueError, args[1].toInt() > 0, "hyper_parallel::dispatch: aten::random_ expects to > 0, got ", args[1].toInt());
+        p.range = static_cast<uint64_t>(args[1].toInt());
+        bounded = true;
+      }
+      if (!bounded) p.range = end - static_cast<uint64_t>(from);
+      p.from = from;
+      break;
+    }
   }
-  restore();
+  return p;
 }
 
-void use_seeded(OpSharding& s, const OpInfo& info, const Placements& placements, int64_t generator_arg) {
-  s.handler = "hp::seeded_random";
-  s.handler_params = {static_cast<int64_t>(piece_index(info, placements)), generator_arg};
+// The local op: this rank's piece of call `next_random_call()`; params: the op, the global shape
+// and the piece's offset.
+Kernel draw_kernel(Op op, std::vector<int64_t> shape, std::vector<int64_t> offset) {
+  return [op, shape = std::move(shape), offset = std::move(offset)](const c10::OperatorHandle& h, torch::jit::Stack* stack) {
+    const torch::jit::Stack args = pop_args(h, stack);
+    const at::Tensor self = args[0].toTensor();
+    const DrawParams p = params_of(op, args, self);
+    const uint64_t call = next_random_call();
+    switch (op) {
+      case Op::BernoulliTensor: {
+        at::Tensor u = at::empty(self.sizes(), self.options().dtype(at::kDouble));
+        philox_draw(u, shape, offset, p, call);
+        self.copy_(u.lt(args[1].toTensor()));
+        stack->emplace_back(self);
+        return;
+      }
+      case Op::Bernoulli: {
+        at::Tensor u = at::empty(self.sizes(), self.options().dtype(at::kDouble));
+        philox_draw(u, shape, offset, p, call);
+        stack->emplace_back(u.lt(self).to(self.scalar_type()));
+        return;
+      }
+      case Op::BernoulliP: {
+        at::Tensor out = at::empty_like(self, at::MemoryFormat::Contiguous);
+        philox_draw(out, shape, offset, p, call);
+        stack->emplace_back(out);
+        return;
+      }
+      case Op::NativeDropout: {
+        const bool train = args[2].isNone() || args[2].toBool();
+        if (!train) {
+          stack->emplace_back(self.clone());
+          stack->emplace_back(at::ones_like(self, self.options().dtype(at::kBool)));
+          return;
+        }
+        at::Tensor mask = at::empty(self.sizes(), self.options().dtype(at::kBool));
+        philox_draw(mask, shape, offset, p, call);
+        const double scale = p.a == 0.0 ? 0.0 : 1.0 / p.a;
+        stack->emplace_back(self * mask * scale);
+        stack->emplace_back(mask);
+        return;
+      }
+      case Op::RandLike:
+      case Op::RandnLike: {
+        c10::TensorOptions o = self.options();
+        if (!args[1].isNone()) o = o.dtype(args[1].toScalarType());
+        if (!args[3].isNone()) o = o.device(args[3].toDevice());
+        at::Tensor out = at::empty(self.sizes(), o);
+        philox_draw(out, shape, offset, p, call);
+        stack->emplace_back(out);
+        return;
+      }
+      default:
+        philox_draw(self, shape, offset, p, call);
+        stack->emplace_back(self);
+        return;
+    }
+  };
 }
 
-int64_t generator_arg_of(const OpInfo& info) {
+OpSharding random_rule(const OpInfo& info, Op op) {
+  const DTensorSpec& self = info.input_spec(0);
   const auto& args = info.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].name() == "generator") return static_cast<int64_t>(i);
-  return -1;
-}
-
-// native_dropout(input, p, train) -> (output, mask)
-OpSharding native_dropout_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.spec(0);
-  const Placements x = without_partial(in.placements);
-  OpSharding s;
-  s.input_placements = {x};
-  s.output_placements = {x, x};
-  s.output_shapes = {in.shape, in.shape};
-  use_seeded(s, info, x, -1);
-  return s;
-}
-
-// In-place fills: self keeps its layout; a Partial self cannot hold random values.
-OpSharding fill_random_rule(const OpInfo& info) {
-  const DTensorSpec& self = *info.spec(0);
-  HP_CHECK_T(c10::ValueError, !self.has_partial(), "hyper_parallel: ", info.describe(),
+    HP_CHECK_T(c10::NotImplementedError, args[i].name() != "generator" || info.arg(i).isNone(), "hyper_parallel::dispatch: ",
+               info.describe(), ": a random op on a DTensor draws from hyper_parallel's layout-independent generator "
+               "(seeded by hyper_parallel::manual_seed) and cannot take a torch::Generator");
+  HP_CHECK_T(c10::ValueError, !in_place(op) || !self.has_partial(), "hyper_parallel::dispatch: ", info.describe(),
              ": cannot fill a Partial DTensor with random values");
+  const Placements x = in_place(op) ? self.placements : without_partial(self.placements);
   OpSharding s;
-  for (const auto& in : info.inputs())
-    s.input_placements.push_back(in.arg == 0 ? self.placements : replicate(info));
-  s.output_placements = {self.placements};
-  use_seeded(s, info, self.placements, generator_arg_of(info));
+  for (const auto& in : info.inputs()) {
+    if (in.arg == 0) {
+      s.input_placements.push_back(x);
+      continue;
+    }
+    // bernoulli_(p: Tensor): the probabilities are read element by element with self's layout.
+    HP_CHECK_T(c10::NotImplementedError, in.spec->shape == self.shape || in.spec->ndim() == 0, "hyper_parallel::dispatch: ",
+               info.describe(), ": the probabilities must have self's shape (or be 0-dim)");
+    s.input_placements.push_back(in.spec->shape == self.shape ? x : replicate(info));
+  }
+  if (op == Op::NativeDropout) s.output_placements = {x, x};
+  else s.output_placements = {x};
+  if (!in_place(op)) s.output_shapes = std::vector<std::vector<int64_t>>(s.output_placements.size(), self.shape);
+  s.kernel = draw_kernel(op, self.shape, compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), x).second);
   return s;
 }
 
 struct Registrar {
   Registrar() {
-    register_op_handler("hp::seeded_random", seeded_random);
-    register_sharding_rule("aten::native_dropout", native_dropout_rule);
-    for (const char* n : {"aten::bernoulli_", "aten::uniform_", "aten::normal_", "aten::random_",
-                          "aten::exponential_"})
-      register_sharding_rule(n, fill_random_rule);
+    const std::pair<const char*, Op> ops[] = {
+        {"aten::uniform_", Op::Uniform},          {"aten::normal_", Op::Normal},
+        {"aten::bernoulli_.float", Op::BernoulliFloat}, {"aten::bernoulli_.Tensor", Op::BernoulliTensor},
+        {"aten::bernoulli", Op::Bernoulli},        {"aten::bernoulli.p", Op::BernoulliP},
+        {"aten::exponential_", Op::Exponential},   {"aten::random_", Op::Random},
+        {"aten::random_.from", Op::RandomFrom},    {"aten::random_.to", Op::RandomTo},
+        {"aten::native_dropout", Op::NativeDropout}, {"aten::rand_like", Op::RandLike},
+        {"aten::randn_like", Op::RandnLike}};
+    for (const auto& [name, op] : ops) {
+      const Op o = op;
+      // A rule named without an overload also answers the overloads that have no rule of their
+      // own (bernoulli.Tensor, random_.out, ...): those are refused, not drawn as another op.
+      const std::string full = name, overload = full.find('.') == std::string::npos ? "" : full.substr(full.find('.') + 1);
+      register_sharding_rule(name, [o, overload](const OpInfo& info) {
+        HP_CHECK_T(c10::NotImplementedError, info.schema().overload_name() == overload, "hyper_parallel::dispatch: no sharding rule for ",
+                   info.describe(), "; register one with hyper_parallel::register_sharding_rule");
+        return random_rule(info, o);
+      });
+    }
   }
 } registrar;
 

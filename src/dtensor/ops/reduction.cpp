@@ -46,7 +46,7 @@ Kernel empty_piece_identity(bool is_max, size_t nargs, bool has_dims) {
 
 // `dim_arg`: index of the dims argument (-1: reduces every dim); `keepdim_arg` likewise.
 OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int64_t keepdim_arg) {
-  const DTensorSpec& in = *info.spec(0);
+  const DTensorSpec& in = info.input_spec(0);
   const int64_t nd = in.ndim();
   std::vector<bool> reduced(static_cast<size_t>(nd), dim_arg < 0);
   if (dim_arg >= 0) {

@@ -69,7 +69,7 @@ void softmax_backward_over_shards(const c10::OperatorHandle& op, torch::jit::Sta
 
 // softmax(self, dim, half_to_float) / log_softmax(...)
 OpSharding softmax_rule(const OpInfo& info, bool log) {
-  const DTensorSpec& in = *info.spec(0);
+  const DTensorSpec& in = info.input_spec(0);
   const int64_t dim = wrap_dim(info.arg(1).toInt(), in.ndim());
   const Placements x = without_partial(in.placements);
   OpSharding s;
@@ -84,7 +84,7 @@ OpSharding softmax_rule(const OpInfo& info, bool log) {
 
 // _softmax_backward_data(grad_output, output, dim, input_dtype) and the log variant.
 OpSharding softmax_backward_rule(const OpInfo& info, bool log) {
-  const DTensorSpec& out = *info.spec(1);
+  const DTensorSpec& out = info.input_spec(1);
   const int64_t dim = wrap_dim(info.arg(2).toInt(), out.ndim());
   const Placements x = without_partial(out.placements);
   OpSharding s;

@@ -11,7 +11,7 @@ namespace {
 // zeros_like(self, ...): values do not depend on self: no communication, self's layout (a
 // Partial becomes Replicate: every rank makes the whole value).
 OpSharding like_rule(const OpInfo& info) {
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   OpSharding s;
   for (const auto& in : info.inputs()) s.input_placements.push_back(in.spec->placements);
   s.output_placements = {without_partial(self.placements)};
@@ -21,7 +21,7 @@ OpSharding like_rule(const OpInfo& info) {
 // new_zeros(self, size, ...): the given global size; self's layout when it is self's size,
 // replicated otherwise. The size argument becomes the local size.
 OpSharding new_rule(const OpInfo& info, bool strided) {
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   const std::vector<int64_t> size = int_list(info, 1);
   Placements out = size == self.shape ? without_partial(self.placements) : replicate(info);
   OpSharding s;
@@ -47,7 +47,7 @@ OpSharding new_rule(const OpInfo& info, bool strided) {
 }
 
 OpSharding keep_self_rule(const OpInfo& info) {
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   OpSharding s;
   for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 0 ? self.placements : replicate(info));
   s.output_placements = {self.placements};
@@ -57,7 +57,7 @@ OpSharding keep_self_rule(const OpInfo& info) {
 // fill_ of a Partial(sum) tensor: the value once, on coordinate 0 (the additive rule zeroes the
 // scalar operand elsewhere).
 OpSharding fill_rule(const OpInfo& info) {
-  if (info.spec(0)->has_partial()) return pointwise_sharding(info, Linearity::Additive);
+  if (info.input_spec(0).has_partial()) return pointwise_sharding(info, Linearity::Additive);
   return keep_self_rule(info);
 }
 
@@ -86,7 +86,7 @@ OpSharding replicated_inputs(const OpInfo& info) {
 
 // Ops whose result at a position depends on positions along `dims` (negative: from the end).
 OpSharding positional_rule(const OpInfo& info, std::vector<int64_t> dims, bool linear) {
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   for (auto& d : dims) d = wrap_dim(d, self.ndim());
   Placements want = without_shards(self.placements, [&](int64_t d) {
     return std::find(dims.begin(), dims.end(), d) != dims.end();
@@ -105,7 +105,7 @@ OpSharding positional_rule(const OpInfo& info, std::vector<int64_t> dims, bool l
 // sort / topk: the values along `dim` must all be on one rank; other dims keep their shards.
 // Several returns (values, indices) laid out alike; the shapes come from the meta kernels.
 OpSharding along_dim_rule(const OpInfo& info, size_t dim_arg) {
-  const DTensorSpec& self = *info.spec(0);
+  const DTensorSpec& self = info.input_spec(0);
   const int64_t dim = wrap_dim(info.arg(dim_arg).toInt(), self.ndim());
   Placements want = without_partial(without_shards(self.placements, [dim](int64_t d) { return d == dim; }));
   OpSharding s;
@@ -130,12 +130,12 @@ struct Registrar {
     register_sharding_rule("aten::roll", [](const OpInfo& i) {
       std::vector<int64_t> dims = int_list(i, 2);
       if (dims.empty())  // roll of the flattened tensor
-        for (int64_t d = 0; d < i.spec(0)->ndim(); ++d) dims.push_back(d);
+        for (int64_t d = 0; d < i.input_spec(0).ndim(); ++d) dims.push_back(d);
       return positional_rule(i, dims, true);
     });
     register_sharding_rule("aten::repeat", [](const OpInfo& i) {
       const auto reps = int_list(i, 1);
-      std::vector<int64_t> shape = i.spec(0)->shape;
+      std::vector<int64_t> shape = i.input_spec(0).shape;
       shape.insert(shape.begin(), reps.size() - std::min(reps.size(), shape.size()), 1);
       for (size_t k = 0; k < shape.size(); ++k) shape[k] *= reps[k];
       return indexed_rule(i, shape);
@@ -147,9 +147,9 @@ struct Registrar {
     for (const char* n : {"aten::scatter", "aten::scatter_add", "aten::scatter_", "aten::scatter_add_",
                           "aten::index_put_", "aten::index_put", "aten::_index_put_impl_", "aten::index_add",
                           "aten::index_add_", "aten::index_fill_", "aten::index_fill"})
-      register_sharding_rule(n, [](const OpInfo& i) { return indexed_rule(i, i.spec(0)->shape); });
-    for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-                          "aten::rand_like", "aten::randn_like"})
+      register_sharding_rule(n, [](const OpInfo& i) { return indexed_rule(i, i.input_spec(0).shape); });
+    // rand_like and randn_like draw from the layout-independent generator (ops/random.cpp).
+    for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"})
       register_sharding_rule(n, like_rule);
     for (const char* n : {"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"})
       register_sharding_rule(n, [](const OpInfo& i) { return new_rule(i, false); });

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
+#include <hyper_parallel/dtensor/random.h>
 
 #include "../../common/test_util.h"
 #include "model.h"
@@ -98,4 +99,39 @@ TEST(Qwen3TensorParallel, IndivisibleHeadsAndSequenceFailCleanly) {
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
   }
+}
+
+// Attention dropout draws its mask from the layout-independent generator: 20 AdamW steps under TP
+// (heads sharded) give the losses of one process, within float rounding, and the dropout does
+// change them (the test could not pass with a mask that ignored the draws).
+TEST(Qwen3TensorParallel, DropoutTrainsToTheLossesOfOneProcess) {
+  auto c = small_config();
+  c.attention_dropout = 0.2;
+  const int64_t seq = 4 * hp::get_world_size();
+  const auto losses = [&](const c10::optional<hp::DeviceMesh>& tp, double dropout) {
+    auto cfg = c;
+    cfg.attention_dropout = dropout;
+    auto model = build(cfg);
+    if (tp) qwen3::parallelize_qwen3_tp(*model, *tp, /*sequence_parallel=*/true);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
+    hp::manual_seed(21);
+    std::vector<double> out;
+    for (int64_t step = 0; step < 20; ++step) {
+      at::Tensor ids = at::randint(cfg.vocab_size, {2, seq + 1}, at::detail::createCPUGenerator(100 + step), at::kLong);
+      at::Tensor loss = qwen3::causal_lm_loss(model(ids.narrow(1, 0, seq)), ids.narrow(1, 1, seq));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      out.push_back(loss.item<double>());
+    }
+    return out;
+  };
+  const auto tp = losses(world_mesh(), 0.2), single = losses(c10::nullopt, 0.2), no_dropout = losses(c10::nullopt, 0.0);
+  double worst = 0, dropout_effect = 0;
+  for (size_t i = 0; i < tp.size(); ++i) {
+    worst = std::max(worst, std::abs(tp[i] - single[i]));
+    dropout_effect = std::max(dropout_effect, std::abs(single[i] - no_dropout[i]));
+  }
+  EXPECT_LT(worst, 1e-4) << "max |loss_tp - loss_single| over 20 steps with dropout 0.2";
+  EXPECT_GT(dropout_effect, 1e-3) << "dropout did not change the losses";
 }

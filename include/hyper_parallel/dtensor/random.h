@@ -1,0 +1,55 @@
+#pragma once
+// Random numbers that do not depend on the layout. Every random op on a DTensor (uniform_,
+// normal_, bernoulli_, exponential_, random_, native_dropout, rand_like/randn_like, and dropout,
+// which decomposes into bernoulli_) and the functions below give element i of a tensor a value
+// that depends only on (seed, call, i): the seed of hyper_parallel::manual_seed, the number of
+// random calls made since, and i, the element's row-major index in the tensor's *global* shape.
+// The generator is counter-based (Philox4x32-10): each rank evaluates it for its own elements
+// only, so a tensor sharded over any mesh, replicated, or plain in one process holds the same
+// values, and a run's losses do not depend on the tensor-parallel degree.
+//
+// What is drawn, per element (u: the element's uniform number in [0, 1)):
+// - uniform_(from, to): from + u * (to - from), u from 24 bits (53 for double);
+// - normal_(mean, std): mean + std * sqrt(-2 ln(1 - u1)) * cos(2 pi u2), u1, u2 from 32 bits each;
+// - bernoulli_(p): 1 when u < p, u from 32 bits; dropout keeps an element when its bernoulli_(1 - p)
+//   is 1 and scales it by 1 / (1 - p);
+// - exponential_(lambd): -log(1 - u) / lambd, u from 53 bits;
+// - random_(from, to): from + (64 random bits mod (to - from)).
+// This is not the stream of torch's CPU or CUDA generator: plain tensors draw these values only
+// through the functions here (and the layers built on them, e.g. hyper_parallel::nn::Dropout);
+// at::dropout on a plain tensor still uses torch's generator.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <hyper_parallel/dtensor/dtensor.h>
+
+namespace hyper_parallel {
+
+/// Seeds the generator and restarts the call count. Every rank must pass the same seed (as with
+/// torch.manual_seed under SPMD). Until it is called the seed is 0.
+/// e.g. `hp::manual_seed(42);`
+void manual_seed(uint64_t seed);
+/// The seed of the last manual_seed.
+uint64_t initial_seed();
+
+/// In-place fills of plain tensors and DTensors alike, with the values described above.
+at::Tensor& uniform_(at::Tensor& t, double from = 0.0, double to = 1.0);
+at::Tensor& normal_(at::Tensor& t, double mean = 0.0, double std = 1.0);
+at::Tensor& bernoulli_(at::Tensor& t, double p = 0.5);
+
+/// Dropout with the layout-independent mask: `input` when `!train` or `p == 0`, else
+/// input * bernoulli(1 - p) / (1 - p), computed as at::dropout computes it on the CPU.
+/// e.g. `probs = hp::dropout(probs, 0.1, is_training());`
+at::Tensor dropout(const at::Tensor& input, double p, bool train);
+
+/// A DTensor of `shape` laid out by `placements`, with uniform [0, 1) or standard normal values:
+/// each rank draws only its own piece (PyTorch's torch.distributed.tensor.rand/randn).
+/// e.g. `auto w = hp::randn({1024, 256}, tp, {hp::Shard(0)});`
+DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, const Placements& placements,
+             const at::TensorOptions& options = {});
+DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, const Placements& placements,
+              const at::TensorOptions& options = {});
+
+}  // namespace hyper_parallel

@@ -1,0 +1,18 @@
+#pragma once
+// Reports on one op's decision (internal): the ExplicitRedistribution guard's check and the
+// sharding trace's line (runtime/comm_debug_mode.h).
+#include "sharding_propagation.h"
+
+namespace hyper_parallel {
+
+/// Throws (or warns) under an ExplicitRedistribution guard when `d` redistributes an input or
+/// communicates implicitly; nothing otherwise. Cheap when no guard is alive.
+void check_explicit_redistribution(const OpInfo& info, const Decision& d);
+
+/// Records the op's trace line when tracing is on (CommDebugMode(trace) or HP_LOG=dtensor).
+void trace_op(const OpInfo& info, const Decision& d);
+
+/// Records an explicitly requested redistribution (DTensor::redistribute) in the trace.
+void trace_redistribute(const DTensorSpec& src, const Placements& dst);
+
+}  // namespace hyper_parallel
