@@ -21,6 +21,7 @@ Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_par
   Pretrained out;
   out.model = build_model(load_config(dir + "/config.json"), tp_mesh, dtype, device);
   out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, {hf_key});
+  out.model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return out;
 }
 

@@ -23,7 +23,7 @@ CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::D
 
 /// Reads `dir`/config.json, builds the model in `dtype` on `device`, applies the Qwen TP plan
 /// without sequence parallelism (generation decodes one position at a time) when `tp_mesh` is
-/// given, and loads the checkpoint. e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
+/// given, and loads the checkpoint. The model is in eval mode, as transformers' (no dropout). e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
                            at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
 

@@ -16,6 +16,7 @@
 #include <hyper_parallel/dtensor/placement.h>
 #include <hyper_parallel/dtensor/dtensor_spec.h>
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/explicit_redistribution.h>
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/dtensor/redistribute_plan.h>
 #include <hyper_parallel/dtensor/sharding_rule.h>

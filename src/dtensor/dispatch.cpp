@@ -6,8 +6,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <hyper_parallel/runtime/comm_debug_mode.h>
-
 #include <memory>
 
 #include "dtensor_impl.h"
@@ -41,8 +39,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo info(op, args, nargs, *mesh);
   std::shared_ptr<const Decision> d = propagate(info, collect_inputs(info));
   if (d == nullptr) return decompose(op, args, nargs, stack);
-  if (C10_UNLIKELY(d->any_redistribute)) check_explicit_redistribution(info, *d);
-  if (C10_UNLIKELY(CommDebugMode::op_tracing())) trace_op(info, *d);
+  if (C10_UNLIKELY(d->communicates)) check_explicit_redistribution(info, *d);
   execute(info, *d, stack);
 }
 
@@ -72,7 +69,7 @@ const FallbackRegistration& registration() {
 }  // namespace
 
 void check_dtensor_key_is_ours() {
-  TORCH_CHECK(!registration().taken_by_another, "hyper_parallel: another library in this process registered a fallback for ",
+  TORCH_CHECK(!registration().taken_by_another, "hyper_parallel::DTensor: another library in this process registered a fallback for ",
               "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",
               "key's fallback (src/dtensor/dtensor_impl.h, kDTensorKey), so none can be made. Load only one of the two.");
 }

@@ -55,7 +55,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
 
 void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
   auto* other = dynamic_cast<DTensorImpl*>(impl.get());
-  TORCH_CHECK(other != nullptr, "hyper_parallel: cannot copy a plain tensor's metadata into a DTensor");
+  TORCH_CHECK(other != nullptr, "hyper_parallel::DTensor::shallow_copy_from: cannot copy a plain tensor's metadata into a DTensor");
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
   spec_ = other->spec_;

@@ -95,6 +95,7 @@ std::string short_dtype_name(at::ScalarType dtype) {
     case at::kBool: return "b8";
     case at::kComplexFloat: return "c64";
     case at::kComplexDouble: return "c128";
+    case at::ScalarType::Undefined: return "?";
     default: return c10::toString(dtype);
   }
 }

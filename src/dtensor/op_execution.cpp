@@ -1,5 +1,6 @@
 #include "op_execution.h"
 
+#include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 #include "dtensor_impl.h"
 #include "local_layout.h"
 #include "op_args.h"
+#include "op_report.h"
 #include "redistribute.h"
 
 namespace hyper_parallel {
@@ -69,10 +71,9 @@ at::Tensor as_new_result(at::Tensor t, const LocalLayout& layout, const OpInfo& 
 at::Tensor wrap(const at::Tensor& t, std::shared_ptr<const DTensorSpec>& spec, const std::vector<int64_t>& local_shape,
                 const OpInfo& info) {
   if (!t.defined()) return t;
-  TORCH_CHECK(t.sizes() == c10::IntArrayRef(local_shape), "hyper_parallel: ", info.describe(),
-              " produced a local result of shape ", t.sizes(), " where ", to_string(spec->placements),
-              " of the global shape ", c10::IntArrayRef(spec->shape), " needs ", c10::IntArrayRef(local_shape),
-              " (a sharding rule is wrong)");
+  HP_CHECK_T(c10::ValueError, t.sizes() == c10::IntArrayRef(local_shape), "hyper_parallel::dispatch: ", info.describe(),
+             " produced a local result of shape ", t.sizes(), " where ", short_string(spec->placements), " of the global shape ",
+             c10::IntArrayRef(spec->shape), " needs ", c10::IntArrayRef(local_shape), " (", rule_name(info), " is wrong)");
   if (spec->dtype != t.scalar_type()) {
     auto s = std::make_shared<DTensorSpec>(*spec);
     s->dtype = t.scalar_type();
@@ -95,9 +96,9 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
       v = original[static_cast<size_t>(d.written_return_arg[r])];
       if (d.inplace_view && local.defined() && !d.outputs[r].empty() && d.outputs[r][0]) {
         DTensorImpl* self = dtensor_impl(v.toTensor());
-        TORCH_CHECK(local.sizes() == c10::IntArrayRef(d.local_shapes[r][0]), "hyper_parallel: ", info.describe(),
-                    " produced a local result of shape ", local.sizes(), " where ", c10::IntArrayRef(d.local_shapes[r][0]),
-                    " was expected (a sharding rule is wrong)");
+        HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(d.local_shapes[r][0]), "hyper_parallel::dispatch: ",
+                   info.describe(), " produced a local result of shape ", local.sizes(), " where ",
+                   c10::IntArrayRef(d.local_shapes[r][0]), " was expected (", rule_name(info), " is wrong)");
         self->set_local_and_spec(local, d.outputs[r][0]);
       }
       continue;
@@ -131,8 +132,8 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
         v = wrap_output(v.toTensor(), d.outputs[r][0], d.local_shapes[r][0], d.local_strides[r][0]);
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
-      TORCH_CHECK(l.size() == d.outputs[r].size(), "hyper_parallel: ", info.describe(), " returned ", l.size(),
-                  " local tensors where the global op returns ", d.outputs[r].size());
+      HP_CHECK_T(c10::ValueError, l.size() == d.outputs[r].size(), "hyper_parallel::dispatch: ", info.describe(), " returned ",
+                 l.size(), " local tensors where the global op returns ", d.outputs[r].size(), " (", rule_name(info), " is wrong)");
       for (size_t j = 0; j < l.size(); ++j)
         l.set(j, wrap_output(l.get(j), d.outputs[r][j], d.local_shapes[r][j], d.local_strides[r][j]));
       v = l;
@@ -171,6 +172,7 @@ void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
     else info.op().callBoxed(stack);
   }
   wrap_returns(info, d, original, stack);
+  if (C10_UNLIKELY(CommDebugMode::op_tracing())) trace_op(info, d);
 }
 
 }  // namespace hyper_parallel

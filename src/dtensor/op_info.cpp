@@ -18,7 +18,7 @@ const std::vector<int64_t>& OpInfo::mesh_shape() const {
 const std::vector<int64_t>& OpInfo::coordinate() const {
   if (!geometry_known_) {
     const auto coord = mesh_->get_coordinate();
-    TORCH_CHECK(coord.has_value(), "hyper_parallel: this rank is not part of ", mesh_->to_string());
+    TORCH_CHECK(coord.has_value(), "hyper_parallel::dispatch: this rank is not part of ", mesh_->to_string());
     mesh_shape_ = mesh_->shape();
     coordinate_ = *coord;
     geometry_known_ = true;
@@ -36,7 +36,7 @@ OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
       geometry_known_(true),
       mesh_shape_(std::move(mesh_shape)),
       coordinate_(std::move(coordinate)) {
-  TORCH_CHECK(mesh_shape_.size() == coordinate_.size(), "OpInfo: a coordinate of ", coordinate_.size(),
+  TORCH_CHECK(mesh_shape_.size() == coordinate_.size(), "hyper_parallel::OpInfo: a coordinate of ", coordinate_.size(),
               " entries on a mesh of ", mesh_shape_.size(), " dimensions");
 }
 

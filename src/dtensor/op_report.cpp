@@ -58,7 +58,7 @@ c10::optional<ExplicitRedistribution::Mode> ExplicitRedistribution::current() {
 
 void check_explicit_redistribution(const OpInfo& info, const Decision& d) {
   const int m = g_mode.load(std::memory_order_relaxed);
-  if (C10_LIKELY(m == 0 || !d.any_redistribute)) return;
+  if (C10_LIKELY(m == 0 || !d.communicates)) return;  // a local chunk of a Replicate input moves nothing
   const std::string what = c10::str(info.describe(), " in ", call_context::describe_current_module(), " (",
                                     call_context::phase(), ") needs an implicit redistribution: ", transitions(info, d));
   if (static_cast<ExplicitRedistribution::Mode>(m - 1) == ExplicitRedistribution::Mode::warn) {
@@ -75,15 +75,17 @@ void check_explicit_redistribution(const OpInfo& info, const Decision& d) {
 }
 
 void trace_op(const OpInfo& info, const Decision& d) {
-  std::string line = info.describe() + " -> " + outputs(d, info);
+  std::string line = std::string(call_context::in_backward() ? "[backward] " : "") + info.describe() + " -> " + outputs(d, info);
   if (d.any_redistribute) line += "; redistributes " + transitions(info, d);
   CommDebugMode::record_op(line);
 }
 
 void trace_redistribute(const DTensorSpec& src, const Placements& dst) {
   const auto steps = plan_redistribute(src.mesh.shape(), src.placements, dst, src.ndim());
-  CommDebugMode::record_op("DTensor::redistribute(" + src.short_string() + ") -> " + short_string(dst) + ": " +
-                           describe_redistribution(src, steps));
+  std::string shape;
+  for (size_t i = 0; i < src.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(src.shape[i]);
+  CommDebugMode::record_op(std::string(call_context::in_backward() ? "[backward] " : "") + "DTensor::redistribute(" +
+                           short_dtype_name(src.dtype) + "[" + shape + "]) " + describe_redistribution(src, steps));
 }
 
 }  // namespace hyper_parallel

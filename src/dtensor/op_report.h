@@ -9,7 +9,8 @@ namespace hyper_parallel {
 /// communicates implicitly; nothing otherwise. Cheap when no guard is alive.
 void check_explicit_redistribution(const OpInfo& info, const Decision& d);
 
-/// Records the op's trace line when tracing is on (CommDebugMode(trace) or HP_LOG=dtensor).
+/// Records the op's trace line (CommDebugMode(trace) or HP_LOG=dtensor): called after the op ran,
+/// while its arguments are alive, so the output dtypes a rule left to the local result are known.
 void trace_op(const OpInfo& info, const Decision& d);
 
 /// Records an explicitly requested redistribution (DTensor::redistribute) in the trace.

@@ -77,7 +77,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const std::vector<RedistributeStep>& steps) {
   if (steps.empty()) return local;
   const auto coord_opt = src.mesh.get_coordinate();
-  TORCH_CHECK(coord_opt.has_value(), "redistribute: this rank is not part of ", src.mesh.to_string());
+  TORCH_CHECK(coord_opt.has_value(), "hyper_parallel::DTensor::redistribute: this rank is not part of ", src.mesh.to_string());
   const auto& coord = *coord_opt;
   at::Tensor t = local;
   Placements cur = src.placements;

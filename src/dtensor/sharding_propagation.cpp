@@ -96,9 +96,17 @@ const ShardingRule* find_rule(const c10::OperatorHandle& op) {
   return it == r.rules.end() ? nullptr : &it->second;
 }
 
+std::string rule_name(const OpInfo& info) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto& n = info.op().operator_name();
+  const std::string full = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  return "the sharding rule registered for '" + (r.rules.count(full) != 0 ? full : n.name) + "'";
+}
+
 OpSharding apply_sharding_rule(const OpInfo& info) {
   const ShardingRule* rule = find_rule(info.op());
-  HP_CHECK_T(c10::NotImplementedError, rule != nullptr, "hyper_parallel: no sharding rule for ", info.describe(),
+  HP_CHECK_T(c10::NotImplementedError, rule != nullptr, "hyper_parallel::dispatch: no sharding rule for ", info.describe(),
              "; register one with hyper_parallel::register_sharding_rule, or leave DTensor land "
              "first (full_tensor() / to_local())");
   return (*rule)(info);
@@ -146,7 +154,7 @@ void key_value(std::vector<int64_t>& k, const c10::IValue& v) {
 }
 
 [[noreturn]] void mixed_error(const OpInfo& info, size_t arg, const at::Tensor& t) {
-  TORCH_CHECK(false, "hyper_parallel: ", info.name(), " got a plain tensor (argument '",
+  TORCH_CHECK(false, "hyper_parallel::dispatch: ", info.name(), " got a plain tensor (argument '",
               info.schema().arguments()[arg].name(), "', shape ", t.sizes(),
               ") mixed with DTensors; convert it with DTensor::from_local or distribute_tensor, "
               "or run the op inside an ImplicitReplicationGuard to treat it as replicated");
@@ -195,7 +203,7 @@ struct InputCollector {
     if (!t.defined()) {
       key.push_back(kNone);
     } else if (DTensorImpl* d = dtensor_impl(t)) {
-      HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel: ", info.name(),
+      HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel::dispatch: ", info.name(),
                  " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
       if (C10_UNLIKELY(d->is_copy_view()) && d->copy_source()->writes_since() != 0) stale_read(arg, elem, *d);
       key_spec(key, d->spec());
@@ -277,13 +285,13 @@ std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
   try {
     info.op().callBoxed(&s);
   } catch (const c10::NotImplementedError& e) {
-    TORCH_CHECK(false, "hyper_parallel: cannot infer the output shapes of ", info.describe(),
+    TORCH_CHECK(false, "hyper_parallel::dispatch: cannot infer the output shapes of ", info.describe(),
                 ": the op has no meta kernel and its sharding rule gives no output shapes (",
                 e.what_without_backtrace(), ")");
   } catch (const c10::Error& e) {
     // The op itself refuses these inputs (a dtype or shape mismatch): the same error a plain
     // tensor would get, with the placements.
-    TORCH_CHECK(false, "hyper_parallel: ", info.describe(), ": ", e.what_without_backtrace());
+    TORCH_CHECK(false, "hyper_parallel::dispatch: ", info.describe(), ": ", e.what_without_backtrace());
   }
   return s;
 }
@@ -292,9 +300,14 @@ std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
 // op cannot change placements.
 void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
   const auto& inputs = info.inputs();
-  TORCH_INTERNAL_ASSERT(s.input_placements.empty() || s.input_placements.size() == inputs.size(),
-                        "sharding rule of ", info.name(), " gave ", s.input_placements.size(),
-                        " input placements for ", inputs.size(), " inputs");
+  HP_CHECK_T(c10::ValueError, s.input_placements.empty() || s.input_placements.size() == inputs.size(), "hyper_parallel::dispatch: ",
+             info.describe(), ": ", rule_name(info), " gave ", s.input_placements.size(), " input placements for ", inputs.size(),
+             " DTensor inputs (one per input, or none to keep them)");
+  const auto mesh_ndim = static_cast<size_t>(info.mesh_ndim());
+  for (size_t k = 0; k < s.input_placements.size(); ++k)
+    HP_CHECK_T(c10::ValueError, s.input_placements[k].size() == mesh_ndim, "hyper_parallel::dispatch: ", info.describe(), ": ",
+               rule_name(info), " gave input ", k, " the placements ", to_string(s.input_placements[k]), " on a mesh of ", mesh_ndim,
+               " dimensions");
   const auto& args = info.schema().arguments();
   d.input_placements.resize(inputs.size());
   d.redistribute.resize(inputs.size());
@@ -307,7 +320,7 @@ void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
     const auto* alias = args[inputs[k].arg].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;
     d.written_inputs.push_back(k);
-    HP_CHECK_T(c10::ValueError, !d.redistribute[k], "hyper_parallel: ", info.describe(),
+    HP_CHECK_T(c10::ValueError, !d.redistribute[k], "hyper_parallel::dispatch: ", info.describe(),
                " would have to change the placements of its in-place/out argument '", args[inputs[k].arg].name(),
                "' from ", to_string(in.placements), " to ", to_string(d.input_placements[k]), "; use the out-of-place op");
   }
@@ -376,8 +389,12 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
   for (size_t r = 0; r < rets.size(); ++r) {
     if (d.written_return_arg[r] >= 0 && !(d.inplace_view && need_meta)) { ++shape_index; continue; }
     if (!is_tensor_return(rets[r])) continue;
-    TORCH_INTERNAL_ASSERT(r < s.output_placements.size(), "sharding rule of ", info.name(), " gave no placements for return ", r);
+    HP_CHECK_T(c10::ValueError, r < s.output_placements.size(), "hyper_parallel::dispatch: ", info.describe(), ": ", rule_name(info),
+               " gave no output placements for return ", r);
     const Placements& pl = s.output_placements[r];
+    HP_CHECK_T(c10::ValueError, pl.size() == static_cast<size_t>(info.mesh_ndim()), "hyper_parallel::dispatch: ", info.describe(),
+               ": ", rule_name(info), " gave return ", r, " the placements ", to_string(pl), " on a mesh of ", info.mesh_ndim(),
+               " dimensions");
     const bool is_list = rets[r].type()->kind() != c10::TypeKind::TensorType;
     if (need_meta) {
       const c10::IValue& m = meta[r];
@@ -391,10 +408,10 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
         d.local_strides[r].emplace_back();
       }
     } else {
-      TORCH_INTERNAL_ASSERT(!is_list && shape_index < s.output_shapes.size(), "sharding rule of ", info.name(),
-                            " gave no output shape for return ", r);
-      TORCH_INTERNAL_ASSERT(s.output_strides.empty() || shape_index < s.output_strides.size(), "sharding rule of ",
-                            info.name(), " gave no output strides for return ", r);
+      HP_CHECK_T(c10::ValueError, !is_list && shape_index < s.output_shapes.size(), "hyper_parallel::dispatch: ", info.describe(),
+                 ": ", rule_name(info), " gave no output shape for return ", r);
+      HP_CHECK_T(c10::ValueError, s.output_strides.empty() || shape_index < s.output_strides.size(), "hyper_parallel::dispatch: ",
+                 info.describe(), ": ", rule_name(info), " gave no output strides for return ", r);
       add(r, pl, s.output_shapes[shape_index], at::ScalarType::Undefined,
           s.output_strides.empty() ? std::vector<int64_t>{} : s.output_strides[shape_index]);
     }
@@ -410,12 +427,17 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   output_specs(info, s, *d);
   d->implicit_communication = std::move(s.implicit_communication);
   d->any_redistribute = !d->implicit_communication.empty();
-  for (bool r : d->redistribute) d->any_redistribute = d->any_redistribute || r;
+  d->communicates = !d->implicit_communication.empty();
+  for (size_t k = 0; k < d->redistribute.size(); ++k) {
+    d->any_redistribute = d->any_redistribute || d->redistribute[k];
+    for (const RedistributeStep& st : d->plans[k])
+      d->communicates = d->communicates || (st.kind != RedistributeStep::Kind::Chunk && st.kind != RedistributeStep::Kind::ToPartial);
+  }
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
   if (!s.handler.empty()) {
     d->handler = find_handler(s.handler);
-    TORCH_CHECK(d->handler != nullptr, "hyper_parallel: the sharding rule of ", info.name(), " names the op handler '",
+    HP_CHECK_T(c10::ValueError, d->handler != nullptr, "hyper_parallel::dispatch: ", info.describe(), ": ", rule_name(info), " names the op handler '",
                 s.handler, "', which is not registered (hyper_parallel::register_op_handler)");
     d->handler_params = std::move(s.handler_params);
   }

@@ -21,6 +21,7 @@ struct Decision {
   std::vector<Placements> input_placements;  // one per input, resolved
   std::vector<bool> redistribute;            // per input: placements differ
   bool any_redistribute = false;             // some input is redistributed, or implicit_communication
+  bool communicates = false;                 // one of those steps is a collective (not a local chunk)
   std::string implicit_communication;        // the rule's (OpSharding::implicit_communication)
   // Per input: the redistribution steps (empty when unchanged); planned once per decision.
   std::vector<std::vector<RedistributeStep>> plans;
@@ -56,6 +57,10 @@ const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs);
 
 /// The rule registered for `op` (its overload, else its name), or nullptr.
 const ShardingRule* find_rule(const c10::OperatorHandle& op);
+
+/// "the sharding rule registered for 'aten::add'": the name the rule of `info.op()` was registered
+/// under, for the errors a rule's wrong answer gets.
+std::string rule_name(const OpInfo& info);
 
 /// Fills `info`'s inputs (DTensors, and plain tensors taken as Replicate under implicit
 /// replication) and returns the key of its decision (a per-thread buffer, valid until the next

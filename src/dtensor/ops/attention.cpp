@@ -30,7 +30,7 @@ template <typename Local>
 std::pair<at::Tensor, at::Tensor> sdpa_on_dtensors(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                                    const c10::optional<at::Tensor>& attn_mask, Local local) {
   HP_CHECK_T(c10::ValueError, is_dtensor(query) && is_dtensor(key) && is_dtensor(value),
-             "hyper_parallel: scaled_dot_product_attention needs query, key and value all DTensors or all plain");
+             "hyper_parallel::dispatch: aten::scaled_dot_product_attention needs query, key and value all DTensors or all plain");
   const DTensor q(query), k(key), v(value);
   const DeviceMesh& mesh = q.device_mesh();
   const int64_t nd = query.dim();
@@ -40,7 +40,7 @@ std::pair<at::Tensor, at::Tensor> sdpa_on_dtensors(const at::Tensor& query, cons
   for (auto& p : want)
     if (p.is_partial() || (p.is_shard() && p.dim() >= nd - 2)) p = Replicate();
   HP_CHECK_T(c10::ValueError, k.device_mesh() == mesh && v.device_mesh() == mesh && key.dim() == nd && value.dim() == nd,
-             "hyper_parallel: scaled_dot_product_attention needs query, key and value on one mesh with the same rank");
+             "hyper_parallel::dispatch: aten::scaled_dot_product_attention needs query, key and value on one mesh with the same rank");
   const DTensor lq = q.redistribute(want), lk = k.redistribute(want), lv = v.redistribute(want);
   c10::optional<at::Tensor> mask = attn_mask;
   if (mask && mask->defined()) {
@@ -52,7 +52,7 @@ std::pair<at::Tensor, at::Tensor> sdpa_on_dtensors(const at::Tensor& query, cons
       const int64_t md = p.dim() - (nd - m.dim());
       sharded = sharded || (md >= 0 && m.size(md) > 1);
     }
-    HP_CHECK_T(c10::NotImplementedError, !sharded, "hyper_parallel: scaled_dot_product_attention with a mask of shape ",
+    HP_CHECK_T(c10::NotImplementedError, !sharded, "hyper_parallel::dispatch: aten::scaled_dot_product_attention with a mask of shape ",
                m.sizes(), " over dims that ", to_string(want), " shards is not supported; give a [L, S] mask");
     mask = m;
   }

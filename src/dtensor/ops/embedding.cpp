@@ -13,7 +13,7 @@ namespace {
 OpSharding embedding_rule(const OpInfo& info) {
   const DTensorSpec& w = info.input_spec(0);
   const DTensorSpec* idx = info.spec(1);
-  HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel: ", info.describe(),
+  HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel::dispatch: ", info.describe(),
              ": the indices must be a DTensor too (e.g. DTensor::from_local(ids, mesh, {Replicate()}))");
   const size_t nmesh = w.placements.size();
   const int64_t out_nd = idx->ndim() + 1;
@@ -68,7 +68,7 @@ OpSharding embedding_rule(const OpInfo& info) {
 OpSharding embedding_backward_rule(const OpInfo& info) {
   const DTensorSpec& g = info.input_spec(0);
   const DTensorSpec* idx = info.spec(1);
-  HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel: ", info.describe(), ": indices must be a DTensor");
+  HP_CHECK_T(c10::ValueError, idx != nullptr, "hyper_parallel::dispatch: ", info.describe(), ": indices must be a DTensor");
   const size_t nmesh = g.placements.size();
   const int64_t last = g.ndim() - 1;
   Placements pg(nmesh), pi(nmesh), out(nmesh);

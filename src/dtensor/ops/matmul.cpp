@@ -30,7 +30,7 @@ Choice choose(const Placement& pa, const Placement& pb, bool batched) {
 OpSharding product(const OpInfo& info, size_t a_arg, size_t b_arg, bool batched, int64_t self_arg) {
   const DTensorSpec* a = info.spec(a_arg);
   const DTensorSpec* b = info.spec(b_arg);
-  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel: ", info.describe(),
+  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel::dispatch: ", info.describe(),
              " needs both matrix operands to be DTensors");
   const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
   Placements pa(nmesh), pb(nmesh), out(nmesh);
@@ -113,11 +113,11 @@ using VectorChoice = Placement (*)(const Placement&, const Placement&, Placement
 OpSharding vector_product(const OpInfo& info, VectorChoice choice, int64_t kind) {
   const DTensorSpec* a = info.spec(0);
   const DTensorSpec* b = info.spec(1);
-  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel: ", info.describe(), " needs both operands to be DTensors");
+  HP_CHECK_T(c10::ValueError, a && b, "hyper_parallel::dispatch: ", info.describe(), " needs both operands to be DTensors");
   const size_t nmesh = static_cast<size_t>(info.mesh_ndim());
   Placements pa(nmesh), pb(nmesh), out(nmesh);
   for (size_t i = 0; i < nmesh; ++i) out[i] = choice(a->placements[i], b->placements[i], pa[i], pb[i]);
-  HP_CHECK_T(c10::ValueError, kind != 0 || a->shape == b->shape, "hyper_parallel: ", info.describe(),
+  HP_CHECK_T(c10::ValueError, kind != 0 || a->shape == b->shape, "hyper_parallel::dispatch: ", info.describe(),
              ": the vectors have different sizes");
   OpSharding s;
   s.input_placements = {pa, pb};

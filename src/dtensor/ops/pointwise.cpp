@@ -18,7 +18,7 @@ std::vector<int64_t> broadcast_shape(const std::vector<const std::vector<int64_t
       int64_t& o = out[nd - s->size() + k];
       const int64_t v = (*s)[k];
       if (o == 1) o = v;
-      else HP_CHECK_T(c10::ValueError, v == 1 || v == o, "shapes do not broadcast");
+      else HP_CHECK_T(c10::ValueError, v == 1 || v == o, "hyper_parallel::dispatch: shapes do not broadcast");
     }
   return out;
 }

@@ -69,7 +69,7 @@ OpSharding copy_rule(const OpInfo& info) {
   const DTensorSpec* src = info.spec(1);
   if (self != nullptr && src != nullptr && src->has_partial()) {
     HP_CHECK_T(c10::ValueError, !self->has_partial() || (is_float_like(self->dtype) && is_float_like(src->dtype)),
-               "hyper_parallel: ", info.describe(), ": copying a Partial value from ", src->dtype,
+               "hyper_parallel::dispatch: ", info.describe(), ": copying a Partial value from ", src->dtype,
                " into a Partial ", self->dtype, " tensor would round each rank's addend on its own; "
                "redistribute the source to Replicate first");
   }

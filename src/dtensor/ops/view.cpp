@@ -22,7 +22,7 @@ OpSharding single_input(const OpInfo& info, Placements in, Placements out) {
 
 const DTensorSpec& self_spec(const OpInfo& info) {
   const DTensorSpec* s = info.spec(0);
-  HP_CHECK_T(c10::ValueError, s != nullptr, "hyper_parallel: ", info.describe(), " needs a DTensor self");
+  HP_CHECK_T(c10::ValueError, s != nullptr, "hyper_parallel::dispatch: ", info.describe(), " needs a DTensor self");
   return *s;
 }
 
@@ -286,7 +286,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
     s.kernel = kernel_returning([=](const torch::jit::Stack& a) {
       const at::Tensor& self = a[0].toTensor();
       HP_CHECK_T(c10::NotImplementedError, has_layout(self, global_stride),
-                 "hyper_parallel: ", what, ": the local data is laid out with strides ", self.strides(),
+                 "hyper_parallel::dispatch: ", what, ": the local data is laid out with strides ", self.strides(),
                  " where the DTensor reports ", c10::IntArrayRef(global_stride), "; as_strided cannot be replayed");
       return self.as_strided(size, stride, self.storage_offset() + (offset - global_offset));
     });
@@ -306,7 +306,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
             size[static_cast<size_t>(k - view->base_dim.begin())] == in.shape[static_cast<size_t>(b)];
     if (whole) out[i] = Shard(k - view->base_dim.begin());
   }
-  HP_CHECK_T(c10::NotImplementedError, whole, "hyper_parallel: ", info.describe(), " with size ", c10::IntArrayRef(size),
+  HP_CHECK_T(c10::NotImplementedError, whole, "hyper_parallel::dispatch: ", info.describe(), " with size ", c10::IntArrayRef(size),
              " stride ", c10::IntArrayRef(stride), " offset ", offset,
              " on a sharded DTensor is not supported: it is not a view that keeps every sharded dim whole (autograd "
              "replays an in-place op on a view of a sharded DTensor this way: run the op out of place, or "
@@ -334,7 +334,7 @@ OpSharding as_strided_rule(const OpInfo& info) {
 // cat / stack: every input laid out like the first one, the joined dim unsharded.
 OpSharding join_rule(const OpInfo& info, bool stack) {
   const auto& inputs = info.inputs();
-  HP_CHECK_T(c10::ValueError, !inputs.empty(), "hyper_parallel: ", info.name(), " of no DTensors");
+  HP_CHECK_T(c10::ValueError, !inputs.empty(), "hyper_parallel::dispatch: ", info.name(), " of no DTensors");
   const DTensorSpec* first = nullptr;
   for (const auto& in : inputs)
     if (!(in.spec->ndim() == 1 && in.spec->shape[0] == 0)) { first = in.spec; break; }  // cat skips legacy empties
