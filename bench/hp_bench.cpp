@@ -105,6 +105,27 @@ void adam_step(const hp::DeviceMesh& mesh) {
   emit(name, "\"hidden\": 256, \"params\": 4, ", d, "us", p, d / p);
 }
 
+// Dropout with the layout-independent mask (hp::dropout: Philox per element) vs at::dropout on
+// the same plain tensor (torch's generator), per element; and the same on a DTensor's shard.
+void dropout_cost(const hp::DeviceMesh& mesh) {
+  const std::string name = "dropout_cost";
+  if (!wanted(name)) return;
+  const int64_t rows = 256, cols = 1024;
+  at::Tensor x = at::randn({rows, cols}, at::TensorOptions().device(at::Device(mesh.device_type())));
+  at::NoGradGuard no_grad;
+  const double n = static_cast<double>(rows * cols);
+  const auto [torch_us, ours_us] = time_pair([&] { at::dropout(x, 0.1, true); }, [&] { hp::dropout(x, 0.1, true); }, 30, 15);
+  // value: ns per element of hp::dropout; baseline: of at::dropout.
+  emit(name, "\"tensor\": \"plain\", \"shape\": [256, 1024], \"p\": 0.1, ", 1e3 * ours_us / n, "ns", 1e3 * torch_us / n,
+       ours_us / torch_us);
+  hp::DTensor d = hp::distribute_tensor(x, mesh, {hp::Shard(1)});
+  const double local = n / static_cast<double>(mesh.size());
+  const auto [plain_us, dt_us] = time_pair([&] { hp::dropout(x, 0.1, true); }, [&] { hp::dropout(d, 0.1, true); }, 30, 15);
+  // value: ns per local element of the DTensor's dropout; baseline: per element of the plain one.
+  emit(name, "\"tensor\": \"DTensor Shard(1)\", \"shape\": [256, 1024], \"p\": 0.1, ", 1e3 * dt_us / local, "ns",
+       1e3 * plain_us / n, (dt_us / local) / (plain_us / n));
+}
+
 // A hook-free module call vs calling forward directly.
 void module_call_overhead() {
   const std::string name = "module_call_overhead";
@@ -236,6 +257,7 @@ int main(int argc, char** argv) {
                 blas_in_use().c_str(), at::get_num_threads(), static_cast<long long>(hp::get_world_size()));
   dtensor_op_overhead(mesh);
   adam_step(mesh);
+  dropout_cost(mesh);
   module_call_overhead();
   hp::destroy_process_group();
   tp_benchmarks(argv[0]);

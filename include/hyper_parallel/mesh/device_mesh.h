@@ -48,8 +48,9 @@ class DeviceMesh {
   DeviceMesh root_mesh() const;
   /// For a slice: its dimension in root_mesh(); nullopt for a root.
   c10::optional<int64_t> dim_in_root() const;
-  /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation), so
-  /// replicated random ops (dropout on a Replicate input) draw identical values everywhere.
+  /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation). Random
+  /// ops on DTensors do not use it: they draw from hyper_parallel::manual_seed's counter-based
+  /// generator (dtensor/random.h), the same values whatever the mesh.
   uint64_t shared_seed() const;
   /// e.g. "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))".
   std::string to_string() const;
