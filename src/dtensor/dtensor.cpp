@@ -149,7 +149,7 @@ Placements checked_placements(const char* what, const at::Tensor& t, const Devic
   HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, ": needs a defined plain tensor",
              (t.defined() ? ", got a DTensor" : ""));
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), what, ": ",
-             to_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
+             short_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
              " dimensions");
   return normalize_placements(placements, t.dim());
 }
@@ -185,7 +185,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
              "hyper_parallel::DTensor::redistribute: moving a DTensor to another mesh is not supported (from ",
              impl.spec().mesh.to_string(), " to ", mesh.to_string(), ")");
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(),
-             "hyper_parallel::DTensor::redistribute: ", to_string(placements), " has ", placements.size(),
+             "hyper_parallel::DTensor::redistribute: ", short_string(placements), " has ", placements.size(),
              " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements dst = normalize_placements(placements, impl.spec().ndim());
   if (dst == impl.spec().placements) return *this;
@@ -193,8 +193,8 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
   // the value, and what would its gradient be?).
   for (size_t i = 0; i < dst.size(); ++i)
     HP_CHECK_T(c10::ValueError, !dst[i].is_partial() || dst[i] == impl.spec().placements[i],
-               "hyper_parallel::DTensor::redistribute: redistributing to ", dst[i].to_string(), " (mesh dim ", i, ", from ",
-               impl.spec().placements[i].to_string(), ") is not supported; Partial placements "
+               "hyper_parallel::DTensor::redistribute: redistributing to ", dst[i].short_string(), " (mesh dim ", i, ", from ",
+               impl.spec().placements[i].short_string(), ") is not supported; Partial placements "
                "come from ops (e.g. a Rowwise matmul), or build one with DTensor::from_local");
   // A new tensor: laid out as clone() would lay it out (a dense layout is kept, a view's gaps and
   // offset are not).
@@ -258,7 +258,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
     }
     auto [expect, offset] = spec->local_shape_and_offset(*mesh.get_coordinate());
     HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "hyper_parallel::DTensor::from_local(run_check): rank ",
-               get_rank(), " holds a local tensor of shape ", local.sizes(), " but ", to_string(spec->placements),
+               get_rank(), " holds a local tensor of shape ", local.sizes(), " but ", short_string(spec->placements),
                " of the global shape ", c10::IntArrayRef(spec->shape), " gives it ", c10::IntArrayRef(expect));
     // Replicate: coordinate 0's values win, written into the local tensor as PyTorch does.
     for (int64_t i = 0; i < mesh.ndim(); ++i) {

@@ -24,10 +24,10 @@ void check_floating(const at::Tensor& t, const char* what) {
 DTensor random_dtensor(const char* what, const std::vector<int64_t>& shape, const DeviceMesh& mesh, const Placements& placements,
                        const at::TensorOptions& options, DrawParams::Kind kind) {
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), "hyper_parallel::", what, ": ",
-             to_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(), " dimensions");
+             short_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements pl = normalize_placements(placements, static_cast<int64_t>(shape.size()));
   for (const auto& p : pl)
-    HP_CHECK_T(c10::ValueError, !p.is_partial(), "hyper_parallel::", what, ": a random tensor cannot be ", p.to_string());
+    HP_CHECK_T(c10::ValueError, !p.is_partial(), "hyper_parallel::", what, ": a random tensor cannot be ", p.short_string());
   const at::ScalarType dtype = options.has_dtype() ? options.dtype().toScalarType() : at::kFloat;
   HP_CHECK_T(c10::TypeError, at::isFloatingType(dtype), "hyper_parallel::", what, ": needs a floating-point dtype, got ", dtype);
   const auto coord = mesh.get_coordinate();

@@ -37,19 +37,19 @@ std::vector<RedistributeStep> plan_redistribute(const std::vector<int64_t>& mesh
                                                 int64_t ndim) {
   const size_t n = mesh_shape.size();
   HP_CHECK_T(c10::ValueError, src.size() == n && dst.size() == n, "hyper_parallel::plan_redistribute: ",
-             to_string(src), " -> ", to_string(dst), " needs one placement per mesh dimension (",
+             short_string(src), " -> ", short_string(dst), " needs one placement per mesh dimension (",
              n, ")");
   for (const auto* ps : {&src, &dst})
     for (const auto& p : *ps)
       HP_CHECK_T(c10::ValueError, !p.is_shard() || (p.dim() >= 0 && p.dim() < ndim),
-                 "hyper_parallel::plan_redistribute: ", p.to_string(), " is out of range for a tensor with ", ndim,
+                 "hyper_parallel::plan_redistribute: ", p.short_string(), " is out of range for a tensor with ", ndim,
                  " dimensions");
   std::vector<bool> needs(n);
   for (size_t i = 0; i < n; ++i) {
     needs[i] = src[i] != dst[i];
     HP_CHECK_T(c10::ValueError,
                !(src[i].is_partial() && dst[i].is_partial() && src[i] != dst[i]),
-               "hyper_parallel::plan_redistribute: cannot turn ", src[i].to_string(), " into ", dst[i].to_string(),
+               "hyper_parallel::plan_redistribute: cannot turn ", src[i].short_string(), " into ", dst[i].short_string(),
                " on mesh dim ", i);
   }
   // A change on mesh dim i disturbs later mesh dims that shard the same tensor dims: their

@@ -306,7 +306,7 @@ void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
   const auto mesh_ndim = static_cast<size_t>(info.mesh_ndim());
   for (size_t k = 0; k < s.input_placements.size(); ++k)
     HP_CHECK_T(c10::ValueError, s.input_placements[k].size() == mesh_ndim, "hyper_parallel::dispatch: ", info.describe(), ": ",
-               rule_name(info), " gave input ", k, " the placements ", to_string(s.input_placements[k]), " on a mesh of ", mesh_ndim,
+               rule_name(info), " gave input ", k, " the placements ", short_string(s.input_placements[k]), " on a mesh of ", mesh_ndim,
                " dimensions");
   const auto& args = info.schema().arguments();
   d.input_placements.resize(inputs.size());
@@ -322,7 +322,7 @@ void resolve_inputs(const OpInfo& info, const OpSharding& s, Decision& d) {
     d.written_inputs.push_back(k);
     HP_CHECK_T(c10::ValueError, !d.redistribute[k], "hyper_parallel::dispatch: ", info.describe(),
                " would have to change the placements of its in-place/out argument '", args[inputs[k].arg].name(),
-               "' from ", to_string(in.placements), " to ", to_string(d.input_placements[k]), "; use the out-of-place op");
+               "' from ", short_string(in.placements), " to ", short_string(d.input_placements[k]), "; use the out-of-place op");
   }
 }
 
@@ -393,7 +393,7 @@ void output_specs(const OpInfo& info, const OpSharding& s, Decision& d) {
                " gave no output placements for return ", r);
     const Placements& pl = s.output_placements[r];
     HP_CHECK_T(c10::ValueError, pl.size() == static_cast<size_t>(info.mesh_ndim()), "hyper_parallel::dispatch: ", info.describe(),
-               ": ", rule_name(info), " gave return ", r, " the placements ", to_string(pl), " on a mesh of ", info.mesh_ndim(),
+               ": ", rule_name(info), " gave return ", r, " the placements ", short_string(pl), " on a mesh of ", info.mesh_ndim(),
                " dimensions");
     const bool is_list = rets[r].type()->kind() != c10::TypeKind::TensorType;
     if (need_meta) {

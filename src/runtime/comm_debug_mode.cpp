@@ -33,15 +33,6 @@ bool log_dtensor() {
   return on;
 }
 
-// The module tracking HP_LOG=dtensor needs for the whole process.
-void ensure_log_tracking() {
-  static const bool started = [] {
-    if (log_dtensor()) new call_context::Tracking();  // never ends: the process logs until it exits
-    return true;
-  }();
-  (void)started;
-}
-
 std::string human_bytes(int64_t b) {
   char buf[32];
   if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
@@ -55,12 +46,29 @@ std::string display(const std::string& fqn, const std::string& root) {
 }
 }  // namespace
 
+namespace detail {
+std::atomic<int> g_op_tracing{0};
+}  // namespace detail
+
+namespace {
+// HP_LOG=dtensor: op lines and the module tracking they need, for the whole process (from load).
+[[maybe_unused]] const bool g_log_at_load = [] {
+  if (!log_dtensor()) return false;
+  detail::g_op_tracing.fetch_add(1);
+  new call_context::Tracking();  // never ends: the process logs until it exits
+  return true;
+}();
+}  // namespace
+
 CommDebugMode::CommDebugMode(bool trace) : trace_(trace) {
   if (trace_) tracking_ = std::make_unique<call_context::Tracking>();
   std::lock_guard<std::mutex> lock(g_mutex);
   active().push_back(this);
   g_active_count.fetch_add(1);
-  if (trace_) g_tracing_count.fetch_add(1);
+  if (trace_) {
+    g_tracing_count.fetch_add(1);
+    detail::g_op_tracing.fetch_add(1);
+  }
 }
 
 CommDebugMode::~CommDebugMode() {
@@ -68,7 +76,10 @@ CommDebugMode::~CommDebugMode() {
   auto& a = active();
   a.erase(std::remove(a.begin(), a.end(), this), a.end());
   g_active_count.fetch_sub(1);
-  if (trace_) g_tracing_count.fetch_sub(1);
+  if (trace_) {
+    g_tracing_count.fetch_sub(1);
+    detail::g_op_tracing.fetch_sub(1);
+  }
 }
 
 void CommDebugMode::record(const char* kind, int64_t bytes) {
@@ -98,11 +109,6 @@ void CommDebugMode::record(const char* kind, int64_t bytes) {
       s.bytes += bytes;
     }
   }
-}
-
-bool CommDebugMode::op_tracing() {
-  ensure_log_tracking();
-  return g_tracing_count.load(std::memory_order_relaxed) != 0 || log_dtensor();
 }
 
 void CommDebugMode::record_op(const std::string& line) {

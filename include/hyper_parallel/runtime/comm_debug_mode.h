@@ -1,5 +1,6 @@
 #pragma once
 // Counting collectives, as PyTorch's CommDebugMode does, and tracing DTensor ops.
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -10,6 +11,11 @@
 #include <hyper_parallel/runtime/call_context.h>
 
 namespace hyper_parallel {
+
+namespace detail {
+/// How many listeners want op lines (tracing modes, and HP_LOG=dtensor for the whole process).
+extern std::atomic<int> g_op_tracing;
+}  // namespace detail
 
 /// RAII scope that counts every collective this process issues while it is alive (on any
 /// thread, so autograd's backward is counted too). Kinds: "all_gather", "all_reduce",
@@ -59,8 +65,9 @@ class CommDebugMode {
 
   /// Called by the collectives.
   static void record(const char* kind, int64_t bytes);
-  /// Whether op lines are wanted now (a tracing mode is alive, or HP_LOG=dtensor).
-  static bool op_tracing();
+  /// Whether op lines are wanted now (a tracing mode is alive, or HP_LOG=dtensor): one relaxed
+  /// load, as every DTensor op asks.
+  static bool op_tracing() { return detail::g_op_tracing.load(std::memory_order_relaxed) != 0; }
   /// Records one op line for the current module (deduplicated per mode).
   static void record_op(const std::string& line);
 

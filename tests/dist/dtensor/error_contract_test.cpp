@@ -37,17 +37,18 @@ at::Tensor call_axpy(const at::Tensor& x, const at::Tensor& y) {
   return op.typed<at::Tensor(const at::Tensor&, const at::Tensor&)>().call(x, y);
 }
 
-// Runs `f`, expects a c10::ValueError whose message starts with `prefix` and contains `part`.
-void expect_value_error(const std::function<void()>& f, const std::string& prefix, const std::string& part) {
+// Runs `f`, expects an `E` whose message starts with `prefix` and contains `part`.
+template <class E = c10::ValueError>
+void expect_error(const std::function<void()>& f, const std::string& prefix, const std::string& part = "") {
   try {
     f();
     ADD_FAILURE() << "no error; expected " << prefix;
-  } catch (const c10::ValueError& e) {
+  } catch (const E& e) {
     const std::string m = e.what_without_backtrace();
     EXPECT_EQ(m.rfind(prefix, 0), 0u) << m;
     EXPECT_NE(m.find(part), std::string::npos) << m;
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a c10::ValueError: " << e.what();
+    ADD_FAILURE() << "not the expected exception type: " << e.what();
   }
 }
 
@@ -66,7 +67,7 @@ TEST(ErrorContractDist, AUserRuleThatAnswersWronglyIsAValueErrorNamingIt) {
     s.output_placements = {{hp::Shard(0), hp::Replicate()}};
     return s;
   });
-  expect_value_error([&] { call_scale2(x); }, head, rule + " gave return 0 the placements");
+  expect_error([&] { call_scale2(x); }, head, rule + " gave return 0 the placements");
   // Two input placements for one input.
   hp::register_sharding_rule("hp_contract_test::scale2", [](const hp::OpInfo&) {
     hp::OpSharding s;
@@ -74,10 +75,10 @@ TEST(ErrorContractDist, AUserRuleThatAnswersWronglyIsAValueErrorNamingIt) {
     s.output_placements = {{hp::Shard(0)}};
     return s;
   });
-  expect_value_error([&] { call_scale2(x); }, head, rule + " gave 2 input placements for 1 DTensor inputs");
+  expect_error([&] { call_scale2(x); }, head, rule + " gave 2 input placements for 1 DTensor inputs");
   // No output placements at all.
   hp::register_sharding_rule("hp_contract_test::scale2", [](const hp::OpInfo&) { return hp::OpSharding{}; });
-  expect_value_error([&] { call_scale2(x); }, head, rule + " gave no output placements for return 0");
+  expect_error([&] { call_scale2(x); }, head, rule + " gave no output placements for return 0");
   if (hp::get_world_size() > 1) {
     // Output placements that do not describe the local result: Shard(1) of a row piece.
     hp::register_sharding_rule("hp_contract_test::scale2", [](const hp::OpInfo&) {
@@ -85,7 +86,7 @@ TEST(ErrorContractDist, AUserRuleThatAnswersWronglyIsAValueErrorNamingIt) {
       s.output_placements = {{hp::Shard(1)}};
       return s;
     });
-    expect_value_error([&] { call_scale2(x); }, head, "(" + rule + " is wrong)");
+    expect_error([&] { call_scale2(x); }, head, "(" + rule + " is wrong)");
   }
   // A right rule works.
   hp::register_sharding_rule("hp_contract_test::scale2", [](const hp::OpInfo& info) {
@@ -104,7 +105,7 @@ TEST(ErrorContractDist, ARuleAskingForAMissingInputSpecGetsAClearError) {
     s.output_placements = {info.input_spec(1).placements};  // y: may be a 0-dim plain tensor
     return s;
   });
-  expect_value_error([&] { call_axpy(x, at::scalar_tensor(2.0)); },
+  expect_error([&] { call_axpy(x, at::scalar_tensor(2.0)); },
                      "hyper_parallel::dispatch: hp_contract_test::axpy(x: f32[4,6] S(0)) on mesh(tp=" + ws() + ")",
                      "needs argument 'y' to be a DTensor");
 }
@@ -112,15 +113,7 @@ TEST(ErrorContractDist, ARuleAskingForAMissingInputSpecGetsAClearError) {
 TEST(ErrorContractDist, DTensorErrorsStartWithTheQualifiedFunctionName) {
   auto mesh = world_mesh();
   hp::DTensor x = hp::distribute_tensor(values({4, 6}).cpu(), mesh, {hp::Shard(0)});
-  const auto starts = [](const std::function<void()>& f, const std::string& prefix) {
-    try {
-      f();
-      ADD_FAILURE() << "no error; expected " << prefix;
-    } catch (const c10::Error& e) {
-      const std::string m = e.what_without_backtrace();
-      EXPECT_EQ(m.rfind(prefix, 0), 0u) << m;
-    }
-  };
+  const auto starts = [](const std::function<void()>& f, const std::string& prefix) { expect_error<c10::Error>(f, prefix); };
   starts([&] { x.redistribute({hp::Partial()}); }, "hyper_parallel::DTensor::redistribute: ");
   starts([&] { x.redistribute({hp::Shard(0), hp::Shard(1)}); }, "hyper_parallel::DTensor::redistribute: ");
   starts([&] { hp::DTensor::from_local(at::ones({2}), mesh, {hp::Shard(0), hp::Shard(0)}); }, "hyper_parallel::DTensor::from_local: ");
