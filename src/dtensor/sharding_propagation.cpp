@@ -283,6 +283,9 @@ at::Tensor meta_of(const at::Tensor& t) {
 std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
   torch::jit::Stack s = map_tensor_args(info.args(), info.num_args(), [](size_t, int64_t, const at::Tensor& t) { return meta_of(t); });
   try {
+    // Below autograd: shapes need no graph, and a custom op with a Meta kernel but no autograd
+    // kernel runs there on 1.13 too (2.x falls through autograd for such ops).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     info.op().callBoxed(&s);
   } catch (const c10::NotImplementedError& e) {
     TORCH_CHECK(false, "hyper_parallel::dispatch: cannot infer the output shapes of ", info.describe(),

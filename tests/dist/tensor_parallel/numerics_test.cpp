@@ -149,7 +149,8 @@ TEST(TensorParallelNumerics, DtypeMismatchIsReportedAsSuch) {
   } catch (const c10::Error& e) {
     const std::string m = e.what();
     EXPECT_EQ(m.find("no meta kernel"), std::string::npos) << m;
-    EXPECT_TRUE(m.find("Double") != std::string::npos || m.find("double") != std::string::npos) << m;
+    // The compact spec names the dtype (f64) where libtorch 1.13's own message does not.
+    EXPECT_TRUE(m.find("f64[2,4]") != std::string::npos) << m;
   }
 }
 
