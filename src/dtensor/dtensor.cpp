@@ -41,13 +41,10 @@ void remember_module(AutogradContext* ctx) {
   if (call_context::tracking()) ctx->saved_data["module"] = call_context::current_fqn();
 }
 struct BackwardModule {
-  std::string fqn;
   c10::optional<call_context::ModuleOverride> scope;
   explicit BackwardModule(AutogradContext* ctx) {
     auto it = ctx->saved_data.find("module");
-    if (it == ctx->saved_data.end()) return;
-    fqn = it->second.toStringRef();
-    scope.emplace(&fqn);
+    if (it != ctx->saved_data.end()) scope.emplace(&it->second.toStringRef());
   }
 };
 
@@ -60,7 +57,7 @@ DTensorImpl& impl_of(const at::Tensor& t, const char* what) {
 // The DTensor whose local data `what` is about to read: a stale copy-view is refused.
 DTensorImpl& read_impl_of(const at::Tensor& t, const char* what) {
   DTensorImpl& impl = impl_of(t, what);
-  if (C10_UNLIKELY(impl.is_copy_view()) && impl.copy_source()->writes_since() != 0)
+  if (impl.is_stale_copy_view())
     stale_copy_view_error(*impl.copy_source(), std::string("hyper_parallel::") + what, "the DTensor " + impl.spec().short_string());
   return impl;
 }

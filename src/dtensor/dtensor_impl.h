@@ -39,6 +39,8 @@ class DTensorImpl final : public c10::TensorImpl {
   /// that source is refused (copy_view_watch.h).
   const std::shared_ptr<const CopySource>& copy_source() const { return copy_source_; }
   void set_copy_source(std::shared_ptr<const CopySource> s) { copy_source_ = std::move(s); }
+  /// A copy-view whose source was written since the copy: reading it is refused.
+  bool is_stale_copy_view() const { return C10_UNLIKELY(copy_source_ != nullptr) && copy_source_->writes_since() != 0; }
   /// The new geometry after an in-place view op (squeeze_, t_, transpose_, unsqueeze_): the
   /// reshaped local data and the spec with the new sizes and strides.
   void set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);

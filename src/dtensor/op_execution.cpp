@@ -22,8 +22,9 @@ namespace {
 using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
 
 // A write into a view whose local data is a copy would be lost: refuse it (on every rank: the
-// flag comes from placements, which all ranks share).
-void check_written_views(const OpInfo& info, const Decision& d) {
+// flag comes from placements, which all ranks share). Other writes are noted for the copy-views
+// of the written storage (copy_view_watch.h).
+void check_and_note_writes(const OpInfo& info, const Decision& d) {
   for (size_t k : d.written_inputs) {
     const auto& in = info.inputs()[k];
     const at::Tensor t = tensor_arg(info.arg(in.arg), in.elem);
@@ -34,6 +35,7 @@ void check_written_views(const OpInfo& info, const Decision& d) {
                "the write would not reach the viewed DTensor. In-place operations that require "
                "placement changes are not supported; write into the base with an out-of-place op and "
                "copy_, or redistribute the base first");
+    if (impl != nullptr) note_dtensor_write(impl->local());
   }
 }
 
@@ -144,11 +146,7 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
 }  // namespace
 
 void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
-  check_written_views(info, d);
-  for (size_t k : d.written_inputs) {
-    const auto& in = info.inputs()[k];
-    if (DTensorImpl* impl = dtensor_impl(tensor_arg(info.arg(in.arg), in.elem))) note_dtensor_write(impl->local());
-  }
+  check_and_note_writes(info, d);
   const size_t nargs = info.num_args();
   const size_t base = stack->size() - nargs;
   // The global arguments move off the stack and stay alive until the returns are wrapped (the

@@ -58,7 +58,7 @@ c10::optional<ExplicitRedistribution::Mode> ExplicitRedistribution::current() {
 
 void check_explicit_redistribution(const OpInfo& info, const Decision& d) {
   const int m = g_mode.load(std::memory_order_relaxed);
-  if (C10_LIKELY(m == 0 || !d.communicates)) return;  // a local chunk of a Replicate input moves nothing
+  if (C10_LIKELY(m == 0)) return;
   const std::string what = c10::str(info.describe(), " in ", call_context::describe_current_module(), " (",
                                     call_context::phase(), ") needs an implicit redistribution: ", transitions(info, d));
   if (static_cast<ExplicitRedistribution::Mode>(m - 1) == ExplicitRedistribution::Mode::warn) {

@@ -5,8 +5,9 @@
 
 namespace hyper_parallel {
 
-/// Throws (or warns) under an ExplicitRedistribution guard when `d` redistributes an input or
-/// communicates implicitly; nothing otherwise. Cheap when no guard is alive.
+/// Throws (or warns) under an ExplicitRedistribution guard; nothing otherwise. Called for a
+/// decision that communicates (Decision::communicates: a local chunk of a Replicate input moves
+/// nothing). Cheap when no guard is alive.
 void check_explicit_redistribution(const OpInfo& info, const Decision& d);
 
 /// Records the op's trace line (CommDebugMode(trace) or HP_LOG=dtensor): called after the op ran,

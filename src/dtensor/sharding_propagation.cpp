@@ -205,7 +205,7 @@ struct InputCollector {
     } else if (DTensorImpl* d = dtensor_impl(t)) {
       HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel::dispatch: ", info.name(),
                  " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
-      if (C10_UNLIKELY(d->is_copy_view()) && d->copy_source()->writes_since() != 0) stale_read(arg, elem, *d);
+      if (d->is_stale_copy_view()) stale_read(arg, elem, *d);
       key_spec(key, d->spec());
       OpInfoAccess::add_input(info, arg, elem, &d->spec());
     } else {

@@ -41,9 +41,7 @@ std::string human_bytes(int64_t b) {
   return buf;
 }
 
-std::string display(const std::string& fqn, const std::string& root) {
-  return fqn.empty() ? (root.empty() ? "<root>" : "<root " + root + ">") : fqn;
-}
+std::string display(const std::string& fqn) { return fqn.empty() ? "<root>" : fqn; }
 }  // namespace
 
 namespace detail {
@@ -120,24 +118,25 @@ void CommDebugMode::record_op(const std::string& line) {
     const std::string key = fqn + "\n" + line;
     if (printed.insert(key).second) {
       const std::string rank = is_initialized() ? std::to_string(get_rank()) : "-";
-      std::fprintf(stderr, "[hp dtensor rank %s] %s (%s): %s\n", rank.c_str(), display(fqn, "").c_str(), call_context::phase(),
+      std::fprintf(stderr, "[hp dtensor rank %s] %s (%s): %s\n", rank.c_str(), display(fqn).c_str(), call_context::phase(),
                    line.c_str());
     }
   }
   if (g_tracing_count.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::string> enclosing = call_context::enclosing_fqns();
   if (enclosing.empty()) enclosing.push_back("");
+  // A backward's FQN prefixes may name containers never called: only its own module is added.
+  const bool backward = call_context::in_backward();
   std::lock_guard<std::mutex> lock(g_mutex);
   for (CommDebugMode* m : active()) {
     if (!m->trace_ || !m->seen_ops_.insert({fqn, line}).second) continue;
-    for (const std::string& e : enclosing)
-      if (e == fqn || (m->modules_.count(e) == 0 && !call_context::in_backward())) {
-        if (m->modules_.count(e) != 0) continue;
-        m->module_order_.push_back(e);
-        m->modules_[e];
-      }
+    for (const std::string& e : enclosing) {
+      if (m->modules_.count(e) != 0 || (backward && e != fqn)) continue;
+      m->module_order_.push_back(e);
+      m->modules_[e];
+    }
     m->module_ops_[fqn].push_back(line);
-    m->op_trace_.push_back(display(fqn, "") + ": " + line);
+    m->op_trace_.push_back(display(fqn) + ": " + line);
   }
 }
 
@@ -206,7 +205,7 @@ std::string CommDebugMode::generate_comm_debug_tracing_table(int noise_level) co
   out += line;
   for (const std::string& fqn : order) {
     const size_t depth = fqn.empty() ? 0 : 1 + static_cast<size_t>(std::count(fqn.begin(), fqn.end(), '.'));
-    const std::string name = std::string(2 * depth, ' ') + display(fqn, "");
+    const std::string name = std::string(2 * depth, ' ') + display(fqn);
     const auto it = modules_.find(fqn);
     bool first = true;
     if (it != modules_.end())
