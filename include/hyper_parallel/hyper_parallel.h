@@ -11,6 +11,7 @@
 #include <hyper_parallel/runtime/device_checks.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/launch_env.h>
+#include <hyper_parallel/runtime/memory_tracker.h>
 #include <hyper_parallel/runtime/process_group.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/dtensor/placement.h>

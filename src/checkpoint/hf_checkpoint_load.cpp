@@ -149,6 +149,7 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
 }  // namespace
 
 HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& path, const HFLoadOptions& options) {
+  require_real_world("load_hf_checkpoint", "real files and the values other ranks hold");
   const auto entries = hf_entries::entries_of(model, options.key_map);
   Checkpoint ck;
   std::vector<Load> loads;

@@ -275,6 +275,7 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
 }  // namespace
 
 HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir, const HFSaveOptions& options) {
+  require_real_world("save_hf_checkpoint", "the values every rank holds, which a fake world only simulates");
   const auto entries = hf_entries::entries_of(model, options.key_map);
   // A model of plain tensors belongs to the calling rank alone: it saves it by itself.
   const bool distributed = is_initialized() && hf_entries::holds_dtensor(entries);

@@ -106,6 +106,7 @@ void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
 }  // namespace
 
 void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {
+  require_real_world("save_sharded", "every rank to write its own files and agree on the commit");
   HP_CHECK_T(c10::ValueError, options.keep >= 1, "save_sharded: keep must be at least 1, got ", options.keep);
   const auto entries = entries_of(model);
   bool has_dtensors = false;
@@ -262,6 +263,7 @@ at::Tensor local_of(const at::Tensor& v) { return is_dtensor(v) ? DTensor(v).to_
 }  // namespace
 
 void load_sharded(torch::nn::Module& model, const std::string& dir) {
+  require_real_world("load_sharded", "real files written by every rank of a real job");
   const auto entries = entries_of(model);
   const bool distributed = is_initialized();
   std::vector<at::Tensor> staged;

@@ -24,6 +24,9 @@ namespace fsdp {
 struct FSDPParam {
   torch::nn::Module* owner = nullptr;
   std::string name;   // in owner
+  // The other slots that hold this very parameter (tied weights, e.g. lm_head sharing
+  // embed_tokens' weight): sharded once, and every slot gets the same tensors.
+  std::vector<std::pair<torch::nn::Module*, std::string>> aliases;
   at::Tensor sharded; // the DTensor parameter optimizers and state dicts see
 
   int64_t dp_size = 1, dp_rank = 0;

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -102,9 +103,16 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   // Plan every parameter first: nothing changes unless all of them can be sharded.
   std::vector<FSDPParam> params;
   std::vector<at::Tensor> originals;
+  std::map<const void*, size_t> planned;  // a tied parameter is one parameter, seen twice
   for (const auto& [prefix, owner] : nn::modules_with_names(module)) {
     for (const auto& item : owner->named_parameters(false)) {
+      const auto seen = planned.find(item.value().unsafeGetTensorImpl());
+      if (seen != planned.end()) {
+        params[seen->second].aliases.emplace_back(owner, item.key());
+        continue;
+      }
       if (already_sharded(item.value(), dp_mesh, dp_mesh.root_mesh())) continue;
+      planned.emplace(item.value().unsafeGetTensorImpl(), params.size());
       params.push_back(plan_param(item.value(), prefix.empty() ? item.key() : prefix + "." + item.key(), dp_mesh));
       params.back().owner = owner;
       params.back().name = item.key();
@@ -114,6 +122,7 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   for (size_t k = 0; k < params.size(); ++k) {
     params[k].sharded = make_sharded(params[k], originals[k], dp_mesh);
     nn::replace_parameter(*params[k].owner, params[k].name, params[k].sharded);  // keeps requires_grad
+    for (const auto& [owner, name] : params[k].aliases) nn::replace_parameter(*owner, name, params[k].sharded);
   }
   auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options.reshard_after_forward);
   platform::register_forward_pre_hook(module, [group](nn::Module&, const std::vector<c10::IValue>&) -> c10::optional<std::vector<c10::IValue>> {

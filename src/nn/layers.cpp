@@ -10,11 +10,21 @@
 namespace hyper_parallel {
 namespace nn {
 
+namespace {
+thread_local at::TensorOptions t_parameter_options = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+}  // namespace
+
+ParameterScope::ParameterScope(at::TensorOptions options) : previous_(t_parameter_options) {
+  t_parameter_options = t_parameter_options.device(options.device()).dtype(options.dtype());
+}
+ParameterScope::~ParameterScope() { t_parameter_options = previous_; }
+at::TensorOptions ParameterScope::current() { return t_parameter_options; }
+
 LinearImpl::LinearImpl(const LinearOptions& options_) : options(options_) { reset(); }
 
 void LinearImpl::reset() {
-  register_parameter("weight", at::empty({options.out_features(), options.in_features()}));
-  if (options.bias()) register_parameter("bias", at::empty({options.out_features()}));
+  register_parameter("weight", at::empty({options.out_features(), options.in_features()}, ParameterScope::current()));
+  if (options.bias()) register_parameter("bias", at::empty({options.out_features()}, ParameterScope::current()));
   reset_parameters();
 }
 
@@ -34,7 +44,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) { return at::linear(inpu
 EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options_) : options(options_) { reset(); }
 
 void EmbeddingImpl::reset() {
-  register_parameter("weight", at::empty({options.num_embeddings(), options.embedding_dim()}));
+  register_parameter("weight", at::empty({options.num_embeddings(), options.embedding_dim()}, ParameterScope::current()));
   reset_parameters();
 }
 
@@ -53,8 +63,8 @@ LayerNormImpl::LayerNormImpl(const LayerNormOptions& options_) : options(options
 
 void LayerNormImpl::reset() {
   if (!options.elementwise_affine()) return;
-  register_parameter("weight", at::ones(options.normalized_shape()));
-  register_parameter("bias", at::zeros(options.normalized_shape()));
+  register_parameter("weight", at::ones(options.normalized_shape(), ParameterScope::current()));
+  register_parameter("bias", at::zeros(options.normalized_shape(), ParameterScope::current()));
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
@@ -64,7 +74,7 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
 
 RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { reset(); }
 
-void RMSNormImpl::reset() { register_parameter("weight", at::ones({options.dim()})); }
+void RMSNormImpl::reset() { register_parameter("weight", at::ones({options.dim()}, ParameterScope::current())); }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   const auto dtype = input.scalar_type();

@@ -261,18 +261,20 @@ Work all_gather_async(const at::Tensor& local, int64_t dim, const Group& group, 
   const NormalTensors normal;
   dim = wrap_dim(dim, local.dim(), "all_gather");
   const int64_t g = group.size();
-  CommDebugMode::record("all_gather", nbytes(local));
+  const int64_t n = full_size ? *full_size : local.size(dim) * g;
+  CommDebugMode::record("all_gather", nbytes(local), group, padded_numel_of(local.sizes(), dim, n) * local.element_size());
   fingerprint(group, [&] {
     return c10::str("all_gather dim ", dim, " full_size ", full_size ? *full_size : -1, " ", local.scalar_type(), " ",
                     without_dim(local.sizes(), dim));
   });
-  const int64_t n = full_size ? *full_size : local.size(dim) * g;
   const int64_t padded = (n + g - 1) / g;
   const int64_t mine = chunk_size(n, g, group.rank());
   HP_CHECK_T(c10::ValueError, local.size(dim) == mine, "hyper_parallel::all_gather: rank ",
              group.rank(), " holds ", local.size(dim), " elements along dim ", dim,
              " but torch.chunk of ", n, " over ", g, " ranks gives it ", mine);
   if (g == 1) return Work::completed(local.clone());
+  // Meta tensors have no values: only the result's shape is computed (in any world).
+  if (local.is_meta()) return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
   // Nothing to move (every piece is empty on every rank: n == 0 or another dim is 0).
   if (padded_numel_of(local.sizes(), dim, padded) == 0)
     return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
@@ -305,9 +307,9 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group, 
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_group(group, "all_reduce");
   check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
-  CommDebugMode::record("all_reduce", nbytes(tensor));
+  CommDebugMode::record("all_reduce", nbytes(tensor), group, nbytes(tensor));
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
-  if (group.size() == 1 || tensor.numel() == 0) return Work::completed(tensor);
+  if (group.size() == 1 || tensor.numel() == 0 || tensor.is_meta()) return Work::completed(tensor);
   Transport& tr = transport_of(group);
   // Every buffer is in logical (row-major) order, whatever the caller's layout: ranks with
   // different strides must still add matching elements.
@@ -342,11 +344,12 @@ Work reduce_scatter_async(const at::Tensor& input, ReduceOp op, int64_t dim, con
   check_reduce_dtype(op, input.scalar_type(), "reduce_scatter");
   dim = wrap_dim(dim, input.dim(), "reduce_scatter");
   const int64_t g = group.size();
-  CommDebugMode::record("reduce_scatter", nbytes(input));
+  CommDebugMode::record("reduce_scatter", nbytes(input), group, nbytes(input));
   fingerprint(group, [&] { return c10::str("reduce_scatter ", reduce_op_name(op), " dim ", dim, " ", input.scalar_type(), " ", input.sizes()); });
   if (g == 1) return Work::completed(input.clone());
   const int64_t mine = chunk_size(input.size(dim), g, group.rank());
-  if (input.numel() == 0) return Work::completed(at::empty(with_size(input.sizes(), dim, mine), input.options()));
+  if (input.numel() == 0 || input.is_meta())
+    return Work::completed(at::empty(with_size(input.sizes(), dim, mine), input.options()));
   Transport& tr = transport_of(group);
   const at::Tensor send = stack_pieces(on_transport(input, tr, "reduce_scatter"), dim, g);  // [g, padded piece]
   std::function<at::Tensor()> finish = reduce_on(tr, send, op, true, g);
@@ -372,7 +375,7 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
   HP_CHECK_T(c10::ValueError, split_dim != concat_dim,
              "hyper_parallel::all_to_all: split_dim and concat_dim must differ");
   const int64_t g = group.size();
-  CommDebugMode::record("all_to_all", nbytes(local));
+  CommDebugMode::record("all_to_all", nbytes(local), group, nbytes(local));
   fingerprint(group, [&] {
     return c10::str("all_to_all split ", split_dim, " concat ", concat_dim, " ", local.scalar_type(), " ",
                     without_dim(local.sizes(), concat_dim));
@@ -384,8 +387,9 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: rank ", group.rank(), " holds ", local.size(concat_dim),
              " elements along concat dim ", concat_dim, " but torch.chunk of ", cn, " over ", g,
              " ranks gives it ", chunk_size(cn, g, group.rank()));
-  if (padded_numel_of(local.sizes(), concat_dim, cpad) == 0) {
-    // Nothing moves on any rank (the empty dim is the same everywhere, or concat is empty).
+  if (padded_numel_of(local.sizes(), concat_dim, cpad) == 0 || local.is_meta()) {
+    // Nothing moves on any rank (the empty dim is the same everywhere, or concat is empty), or
+    // a meta tensor, whose result is only a shape.
     auto shape = with_size(local.sizes(), concat_dim, cn);
     shape[static_cast<size_t>(split_dim)] = chunk_size(local.size(split_dim), g, group.rank());
     return at::empty(shape, local.options());
@@ -409,9 +413,9 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
   check_group(group, "broadcast");
   HP_CHECK_T(c10::ValueError, src >= 0 && src < group.size(), "hyper_parallel::broadcast: src ",
              src, " is not a rank of a group of size ", group.size());
-  CommDebugMode::record("broadcast", nbytes(tensor));
+  CommDebugMode::record("broadcast", nbytes(tensor), group, nbytes(tensor));
   fingerprint(group, [&] { return c10::str("broadcast src ", src, " ", tensor.scalar_type(), " ", tensor.sizes()); });
-  if (group.size() == 1 || tensor.numel() == 0) return tensor;
+  if (group.size() == 1 || tensor.numel() == 0 || tensor.is_meta()) return tensor;
   Transport& tr = transport_of(group);
   at::Tensor buf;
   {
@@ -433,13 +437,14 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   const int64_t g = group.size();
   const int64_t n = full.size(dim);
   const int64_t mine = chunk_size(n, g, group.rank());
-  CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0);
+  CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0, group, nbytes(full));
   fingerprint(group, [&] { return c10::str("scatter dim ", dim, " src ", src, " ", full.scalar_type(), " ", full.sizes()); });
   if (g == 1) return full.clone();
-  if (full.numel() == 0) return at::empty(with_size(full.sizes(), dim, mine), full.options());
+  if (full.numel() == 0 || full.is_meta()) return at::empty(with_size(full.sizes(), dim, mine), full.options());
   Transport& tr = transport_of(group);
   check_device(full, tr, "scatter");  // on every rank, not only where it is read
-  const at::Tensor staged = group.rank() == src ? on_transport(full, tr, "scatter") : at::Tensor();
+  const bool source = group.rank() == src || tr.capabilities().simulated;
+  const at::Tensor staged = source ? on_transport(full, tr, "scatter") : at::Tensor();
   const auto options = full.options().device(tr.device_type() == full.device().type() ? full.device() : c10::Device(tr.device_type()));
   at::Tensor out = at::empty(with_size(full.sizes(), dim, (n + g - 1) / g), options);
   const at::Tensor stacked = staged.defined() ? stack_pieces(staged, dim, g) : at::Tensor();
@@ -449,7 +454,7 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
 
 void barrier(const Group& group) {
   check_group(group, "barrier");
-  CommDebugMode::record("barrier", 0);
+  CommDebugMode::record("barrier", 0, group, 0);
   fingerprint(group, [] { return std::string("barrier"); });
   if (group.size() == 1) return;
   if (Completion done = transport_of(group).barrier()) done();

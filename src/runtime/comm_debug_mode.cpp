@@ -80,20 +80,23 @@ CommDebugMode::~CommDebugMode() {
   }
 }
 
-void CommDebugMode::record(const char* kind, int64_t bytes) {
+void CommDebugMode::record(const char* kind, int64_t bytes, const Group& group, int64_t full_bytes) {
   if (g_active_count.load(std::memory_order_relaxed) == 0) return;
   const bool tracing = g_tracing_count.load(std::memory_order_relaxed) != 0;
   std::vector<std::string> enclosing;
-  std::string phase;
+  const std::string phase = call_context::phase();
   if (tracing) {
     enclosing = call_context::enclosing_fqns();
     if (enclosing.empty()) enclosing.push_back("");
-    phase = call_context::phase();
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   for (CommDebugMode* m : active()) {
     m->counts_[kind] += 1;
     m->bytes_[kind] += bytes;
+    Stats& g = m->groups_[group.ranks()][phase][kind];
+    g.count += 1;
+    g.bytes += bytes;
+    g.full_bytes += full_bytes;
     if (!m->trace_) continue;
     for (size_t i = 0; i < enclosing.size(); ++i) {
       const std::string& fqn = enclosing[i];
@@ -169,6 +172,7 @@ void CommDebugMode::reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   counts_.clear();
   bytes_.clear();
+  groups_.clear();
   module_order_.clear();
   modules_.clear();
   module_ops_.clear();
@@ -188,6 +192,12 @@ std::string CommDebugMode::summary() const {
 std::map<std::string, std::map<std::string, std::map<std::string, CommDebugMode::Stats>>> CommDebugMode::get_comm_module_stats() const {
   std::lock_guard<std::mutex> lock(g_mutex);
   return modules_;
+}
+
+std::map<std::vector<int64_t>, std::map<std::string, std::map<std::string, CommDebugMode::Stats>>>
+CommDebugMode::get_comm_group_stats() const {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return groups_;
 }
 
 std::vector<std::string> CommDebugMode::get_op_trace() const {

@@ -11,9 +11,11 @@
 namespace hyper_parallel {
 namespace {
 
-// Host values as a tensor on the transport's device (the current device of an accelerator).
+// Host values as a tensor on the transport's device (the current device of an accelerator); a
+// fake world's transport takes them where they are, as it touches no device.
 at::Tensor on_device(const Transport& tr, const std::vector<int64_t>& values) {
-  return at::tensor(values, at::kLong).to(c10::Device(tr.device_type()));
+  const at::Tensor host = at::tensor(values, at::kLong);
+  return tr.capabilities().simulated ? host : host.to(c10::Device(tr.device_type()));
 }
 
 std::vector<int64_t> to_host(const at::Tensor& t) {
@@ -64,7 +66,7 @@ std::string control_broadcast_string(const Group& group, const std::string& text
   Transport& tr = transport_of(group);
   at::Tensor bytes = at::zeros({length}, at::kByte);
   if (group.rank() == src) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  bytes = bytes.to(c10::Device(tr.device_type()));
+  if (!tr.capabilities().simulated) bytes = bytes.to(c10::Device(tr.device_type()));
   finish(tr.broadcast(bytes, src));
   const at::Tensor h = bytes.to(at::kCPU);
   return std::string(static_cast<const char*>(h.data_ptr()), static_cast<size_t>(length));

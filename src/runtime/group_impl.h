@@ -20,7 +20,7 @@ struct Group::Impl {
   int64_t rank = 0;
   std::vector<int64_t> ranks;
   std::string device_type;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null in a fake world
   // For naming the ranks that did not arrive when a collective fails (through the job's store).
   std::string prefix;
   std::atomic<uint64_t> seq{0};  // c10d collectives issued on this group by this rank (numbered at issue)
@@ -42,6 +42,8 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
 /// Transports made for a group (gloo_transport.cpp, nccl_transport.cpp); `timeout` is the job's.
 std::unique_ptr<Transport> make_gloo_transport(Group::Impl& g);
 std::unique_ptr<Transport> make_nccl_transport(Group::Impl& g, std::chrono::milliseconds timeout);
+/// The transport of a fake world's group (fake_transport.cpp): no peers, documented values.
+std::unique_ptr<Transport> make_fake_transport(Group::Impl& g);
 
 /// The c10d reduction of `op`.
 inline c10d::ReduceOp to_c10d(ReduceOp op) {

@@ -41,11 +41,12 @@ int64_t Group::rank() const { return impl_->rank; }
 int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
 const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
 const std::string& Group::device_type() const { return impl_->device_type; }
-std::string Group::backend_name() const { return impl_->pg->getBackendName(); }
+std::string Group::backend_name() const { return impl_->pg ? impl_->pg->getBackendName() : std::string("fake"); }
 std::string Group::transport() const { return impl_->transport->name(); }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
   TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
+  require_real_world("c10d_group", "a c10d process group with real peers");
   return GroupAccess::impl(group).pg;
 }
 
@@ -54,6 +55,7 @@ namespace {
 struct State {
   std::mutex mutex;
   bool initialized = false;
+  bool fake = false;  // init_fake_process_group: no store, no peers
   LaunchEnv env;
   std::chrono::milliseconds timeout{300000};
   std::string device_type;
@@ -138,8 +140,12 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
   impl->rank = -1;
   for (size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i] == s.env.rank) impl->rank = static_cast<int64_t>(i);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
   impl->prefix = prefix;
+  if (s.fake) {
+    impl->transport = make_fake_transport(*impl);
+    return Group(std::move(impl));
+  }
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
   const TransportChoice choice = choose_transport(s.device_type);
   try {
     impl->pg = make_c10d_process_group(choice.backend, store, static_cast<int>(impl->rank),
@@ -253,7 +259,57 @@ void set_local_device(const std::string& device_type, int64_t local_rank) {
 }
 }  // namespace
 
+namespace {
+// A non-negative integer from environment variable `name`, or nullopt when it is unset.
+c10::optional<int64_t> env_count(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return c10::nullopt;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  HP_CHECK_T(c10::ValueError, *end == '\0' && n >= 0, "hyper_parallel: environment variable ", name, "='", v,
+             "' must be a non-negative integer");
+  return static_cast<int64_t>(n);
+}
+}  // namespace
+
+void init_fake_process_group(int64_t world_size, int64_t rank, const InitOptions& options) {
+  HP_CHECK_T(c10::ValueError, world_size >= 1, "hyper_parallel::init_fake_process_group: world_size ", world_size,
+             " must be at least 1");
+  HP_CHECK_T(c10::ValueError, rank >= 0 && rank < world_size, "hyper_parallel::init_fake_process_group: rank ", rank,
+             " is outside the world of size ", world_size);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  TORCH_CHECK(!s.initialized, "hyper_parallel: init_process_group() was already called");
+  // The device type is only a name here: no device is touched, so a plan for GPUs runs anywhere.
+  (void)c10::Device(options.device_type);  // c10 names an unknown type itself
+  s.env = LaunchEnv{};
+  s.env.rank = rank;
+  s.env.world_size = world_size;
+  s.env.local_rank = 0;
+  s.timeout = options.timeout ? *options.timeout : default_timeout();
+  s.device_type = options.device_type;
+  s.fake = true;
+  std::vector<int64_t> all(static_cast<size_t>(world_size));
+  for (int64_t r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
+  s.world = make_group(s, all, "hp/world/");
+  s.groups[all] = s.world;
+  s.initialized = true;
+}
+
+bool is_fake_world() { return state().initialized && state().fake; }
+
+void require_real_world(const char* what, const char* needs) {
+  HP_CHECK_T(c10::NotImplementedError, !is_fake_world(), "hyper_parallel::", what, ": this process is rank ",
+             state().env.rank, " of a fake world of ", state().env.world_size,
+             " ranks (init_fake_process_group or HP_FAKE_WORLD), which has no peers; ", what, " needs ", needs,
+             ". Run it in a real job");
+}
+
 void init_process_group(const InitOptions& options) {
+  if (const auto fake_world = env_count("HP_FAKE_WORLD")) {
+    init_fake_process_group(*fake_world, env_count("HP_FAKE_RANK").value_or(0), options);
+    return;
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   TORCH_CHECK(!s.initialized, "hyper_parallel: init_process_group() was already called");
@@ -311,6 +367,7 @@ void destroy_process_group() {
   s.world = Group();
   s.store.reset();
   s.initialized = false;
+  s.fake = false;
 }
 
 bool is_initialized() { return state().initialized; }

@@ -27,6 +27,9 @@ struct TransportCapabilities {
   bool reduce_16bit = false;    ///< adds bf16 and fp16 itself; otherwise they are reduced in fp32
   bool nan_max_min = false;     ///< max/min let a NaN win (torch.maximum); otherwise NaN flags travel along
   bool asynchronous = false;    ///< a collective may still run when the call returns
+  /// No peers (a fake world): every rank is taken to hold this rank's tensors, so a scatter's
+  /// source data is handed over on every rank.
+  bool simulated = false;
 };
 
 class Transport {

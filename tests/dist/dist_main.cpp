@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -16,7 +17,8 @@ class StopOnFailure : public ::testing::EmptyTestEventListener {
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (!info.result()->Failed()) return;
     std::fprintf(stderr, "rank %lld: %s.%s failed; stopping this rank\n",
-                 static_cast<long long>(hyper_parallel::get_rank()), info.test_suite_name(), info.name());
+                 static_cast<long long>(hyper_parallel::is_initialized() ? hyper_parallel::get_rank() : 0),
+                 info.test_suite_name(), info.name());
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(1);
@@ -33,6 +35,9 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: %s\n", why->c_str());
     return hp_test::kSkipped;
   }
+  // HP_TEST_NO_PROCESS_GROUP=1: tests that make their own world (a fake one) in one process.
+  const char* own = std::getenv("HP_TEST_NO_PROCESS_GROUP");
+  if (own != nullptr && std::string(own) == "1") return RUN_ALL_TESTS();
   hyper_parallel::InitOptions init;
   init.device_type = hp_test::test_device_type();
   hyper_parallel::init_process_group(init);

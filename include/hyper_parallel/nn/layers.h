@@ -15,6 +15,25 @@
 namespace hyper_parallel {
 namespace nn {
 
+/// While alive (on this thread), the layers below create their parameters with `options`' device
+/// and dtype, as Python's `with torch.device("meta"):` does, plus a default dtype. A model built
+/// under `at::kMeta` holds shapes only: no memory, instant for any size, and the styles and
+/// fully_shard take it as they take a real one (a plan, or a model whose weights are loaded after
+/// parallelize_module). Scopes nest; the innermost wins.
+/// e.g. `{ hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta)); model = qwen3::CausalLM(config); }`
+class ParameterScope {
+ public:
+  explicit ParameterScope(at::TensorOptions options);
+  ~ParameterScope();
+  ParameterScope(const ParameterScope&) = delete;
+  ParameterScope& operator=(const ParameterScope&) = delete;
+  /// The options parameters are created with now (float32 on the CPU outside any scope).
+  static at::TensorOptions current();
+
+ private:
+  at::TensorOptions previous_;
+};
+
 /// y = x W^T + b; weight [out_features, in_features], bias [out_features] (torch init).
 /// e.g. `Linear proj(LinearOptions(64, 32).bias(false));`
 struct LinearOptions {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <hyper_parallel/runtime/call_context.h>
+#include <hyper_parallel/runtime/process_group.h>
 
 namespace hyper_parallel {
 
@@ -50,8 +51,16 @@ class CommDebugMode {
 
   struct Stats {
     int64_t count = 0;
-    int64_t bytes = 0;
+    int64_t bytes = 0;       ///< this rank's input, as everywhere in CommDebugMode
+    /// The whole tensor the collective assembles or reduces (nccl-tests' "size"): an all_gather's
+    /// output, the input of the others. Kept per group only (get_comm_group_stats).
+    int64_t full_bytes = 0;
   };
+  /// Group (its global ranks, in group order) -> phase ("forward"/"backward", from autograd's
+  /// current graph task) -> kind -> count and bytes. Counted always, tracing or not; a mesh's
+  /// dimension is the group `mesh.get_group(dim).ranks()`.
+  /// e.g. `comm.get_comm_group_stats()[mesh.get_group("tp").ranks()]["forward"]["all_reduce"].count`
+  std::map<std::vector<int64_t>, std::map<std::string, std::map<std::string, Stats>>> get_comm_group_stats() const;
   /// With tracing: module FQN ("" for the root) -> phase ("forward"/"backward") -> kind ->
   /// count and bytes, inclusive of submodules (PyTorch's get_comm_module_counts). A backward
   /// collective counts for the module whose forward recorded the autograd function that issued it;
@@ -63,8 +72,8 @@ class CommDebugMode {
   /// collectives, count and bytes per phase; `noise_level` 1 adds each module's op lines.
   std::string generate_comm_debug_tracing_table(int noise_level = 0) const;
 
-  /// Called by the collectives.
-  static void record(const char* kind, int64_t bytes);
+  /// Called by the collectives: `bytes` this rank contributes, `full_bytes` as in Stats.
+  static void record(const char* kind, int64_t bytes, const Group& group, int64_t full_bytes);
   /// Whether op lines are wanted now (a tracing mode is alive, or HP_LOG=dtensor): one relaxed
   /// load, as every DTensor op asks.
   static bool op_tracing() { return detail::g_op_tracing.load(std::memory_order_relaxed) != 0; }
@@ -74,6 +83,7 @@ class CommDebugMode {
  private:
   std::map<std::string, int64_t> counts_;
   std::map<std::string, int64_t> bytes_;
+  std::map<std::vector<int64_t>, std::map<std::string, std::map<std::string, Stats>>> groups_;
   bool trace_ = false;
   std::unique_ptr<call_context::Tracking> tracking_;
   std::vector<std::string> module_order_;

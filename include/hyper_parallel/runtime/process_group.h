@@ -55,6 +55,25 @@ struct InitOptions {
 /// e.g. `hp::init_process_group();` in a program started by `hprun --nproc-per-node 2 prog`.
 void init_process_group(const InitOptions& options = {});
 
+/// Makes this process rank `rank` of a fake world of `world_size` ranks, to plan a large job on
+/// one machine (as PyTorch's fake process group): groups, meshes and every collective work
+/// without peers and without communicating. On meta tensors a collective only computes its
+/// result's shape; on real tensors it gives what it would if every rank of the group held this
+/// rank's tensors (an all_gather repeats them, a sum multiplies by the group size, max, min,
+/// avg and broadcast return them unchanged). CommDebugMode counts calls and bytes as a real run
+/// would. What needs real peers (checkpoints, c10d_group) raises c10::NotImplementedError.
+/// init_process_group() does the same when HP_FAKE_WORLD=N (and HP_FAKE_RANK=r, default 0) are set.
+/// No device is touched: device_type only names what the plan is for.
+/// e.g. `hp::init_fake_process_group(1024, 0); auto mesh = hp::init_device_mesh("cpu", {128, 8}, {"dp", "tp"});`
+void init_fake_process_group(int64_t world_size, int64_t rank = 0, const InitOptions& options = {});
+
+/// Whether this process is a rank of a fake world (init_fake_process_group).
+bool is_fake_world();
+
+/// Raises c10::NotImplementedError, naming `what` and what it `needs`, in a fake world.
+/// e.g. `hp::require_real_world("load_sharded", "every rank's files");`
+void require_real_world(const char* what, const char* needs);
+
 /// Leaves the job: drops the world group, every sub-group and the store.
 void destroy_process_group();
 

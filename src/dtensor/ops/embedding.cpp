@@ -47,13 +47,14 @@ OpSharding embedding_rule(const OpInfo& info) {
       const at::Tensor& ids = a[1].toTensor();
       // The ids are replicated, so every rank reaches the same verdict; as plain libtorch, an id
       // outside the vocabulary is an IndexError (not a row of zeros); on an accelerator without a
-      // host sync (see check_index).
-      if (ids.numel() > 0)
+      // host sync (see check_index). Meta ids have no values to check.
+      if (ids.numel() > 0 && !ids.is_meta())
         check_index(ids.min().ge(0).logical_and_(ids.max().lt(vocab)), [vocab] {
           return c10::str("index out of range in self: an embedding id is outside [0, ", vocab, ") (vocab-sharded Embedding)");
         });
       // Rows this rank does not hold contribute exact zeros to the sum.
-      at::Tensor outside = (ids < begin).logical_or_(ids >= begin + rows);
+      // bitwise_or: it has a meta kernel (logical_or has none in C++), the same on bools.
+      at::Tensor outside = (ids < begin).bitwise_or_(ids >= begin + rows);
       std::vector<int64_t> shape = ids.sizes().vec();
       shape.push_back(weight.size(1));
       if (rows == 0) return at::zeros(shape, weight.options());

@@ -78,10 +78,15 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardMlp) {
   }
 }
 
+// Also with lm_head tied to embed_tokens: one parameter, sharded and gathered once, whose gradient
+// sums both uses as in one process.
 TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   ASSERT_EQ(hp::get_world_size(), 4);
   auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  for (const bool tied : {false, true}) {
+  SCOPED_TRACE(tied ? "tied embeddings" : "untied");
   qwen3::Config c;
+  c.tie_word_embeddings = tied;
   c.vocab_size = 64;
   c.hidden_size = 32;
   c.intermediate_size = 32;
@@ -113,6 +118,11 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   opt.step();
   ref_opt.step();
   expect_params_match(*model, *ref, "after a step");
+  if (tied) {
+    EXPECT_TRUE(model->lm_head->weight().is_same(model->embed_tokens->weight()));
+    EXPECT_EQ(model->parameters().size(), ref->parameters().size());
+  }
+  }
 }
 
 // A float layer then a double one (two dtypes: two flat buffers when one group holds both).

@@ -1,0 +1,251 @@
+#include "plan.h"
+
+#include <hyper_parallel/hyper_parallel.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "parallelize.h"
+
+namespace hp = hyper_parallel;
+namespace hnn = hyper_parallel::nn;
+
+namespace qwen3 {
+namespace {
+
+at::Tensor local_of(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t).to_local() : t; }
+
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+std::string dtype_label(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : t == at::kHalf ? "float16" : "float32"; }
+
+// Tears down the fake world however planning ends.
+struct FakeWorld {
+  FakeWorld(int64_t size, int64_t rank, const std::string& device_type) {
+    hp::InitOptions o;
+    o.device_type = device_type;
+    hp::init_fake_process_group(size, rank, o);
+  }
+  ~FakeWorld() { hp::destroy_process_group(); }
+};
+
+std::string human(int64_t b) {
+  char buf[32];
+  const double v = static_cast<double>(b);
+  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else if (b < (int64_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024);
+  else if (b < (int64_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1 << 30));
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.find('=');
+    HP_CHECK_T(c10::ValueError, eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "--mesh '", text,
+               "': each dimension is name=size, e.g. dp=16,tp=8");
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item.substr(eq + 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    HP_CHECK_T(c10::ValueError, used == item.size() - eq - 1 && n > 0, "--mesh '", text, "': the size of '",
+               item.substr(0, eq), "' must be a positive integer");
+    out.emplace_back(item.substr(0, eq), n);
+  }
+  HP_CHECK_T(c10::ValueError, !out.empty(), "--mesh is empty; e.g. dp=16,tp=8");
+  return out;
+}
+
+namespace {
+
+// The mesh of `options` after checking its dimensions; `world` receives its size.
+struct MeshShape {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  int64_t world = 1, tp = 1, dp = 1;
+};
+
+MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
+  HP_CHECK_T(c10::ValueError, options.batch > 0 && options.seq > 0, what, ": batch ", options.batch, " and seq ",
+             options.seq, " must be positive");
+  HP_CHECK_T(c10::ValueError, options.optimizer_dtype == at::kFloat || options.optimizer_dtype == at::kBFloat16, what,
+             ": the optimizer state is float32 or bfloat16, got ", options.optimizer_dtype);
+  MeshShape m;
+  for (const auto& [name, size] : options.mesh) {
+    HP_CHECK_T(c10::ValueError, name == "dp" || name == "tp", what, ": mesh dimension '", name,
+               "': the demo's plan shards over 'dp' (fully_shard) and 'tp' (tensor parallelism) only");
+    (name == "tp" ? m.tp : m.dp) = size;
+    m.shape.push_back(size);
+    m.names.push_back(name);
+    m.world *= size;
+  }
+  HP_CHECK_T(c10::ValueError, !m.shape.empty(), what, ": the mesh is empty");
+  return m;
+}
+
+// One training step of the demo's plan in the current world, with tensors on `device` ("meta":
+// shapes only; "cpu": real values), measured.
+PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::string& device) {
+  const auto start = std::chrono::steady_clock::now();
+  const hp::DeviceMesh mesh = hp::init_device_mesh(options.device_type, m.shape, m.names);
+  CausalLM model{nullptr};
+  {
+    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.config.dtype));
+    if (device != "meta") at::manual_seed(0);  // the same weights on every rank of a real run
+    model = CausalLM(options.config);
+  }
+  if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
+  if (m.dp > 1) {
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"]);
+    hp::fully_shard(*model, mesh["dp"]);
+  }
+  model->train();
+
+  PlanReport r;
+  r.options = options;
+  r.world_size = m.world;
+  r.measured = device != "meta";
+  std::set<const void*> seen;  // tied weights count once
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : model->parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  int64_t elements = 0;
+  for (const at::Tensor& p : params) {
+    const at::Tensor l = local_of(p);
+    r.param_bytes += bytes_of(l);
+    elements += l.numel();
+  }
+  r.optimizer_bytes = 2 * elements * static_cast<int64_t>(c10::elementSize(options.optimizer_dtype));
+
+  const at::Tensor ids =
+      device == "meta" ? at::empty({options.batch, options.seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta))
+                       : at::randint(options.config.vocab_size, {options.batch, options.seq}, at::kLong);
+  hp::CommDebugMode comm;
+  int64_t transient = 0, peak = 0;
+  {
+    hp::MemoryTracker mem(device);
+    causal_lm_loss(model(ids), ids).backward();
+    transient = mem.transient_peak_bytes();
+    peak = mem.peak_bytes();
+  }
+  for (const at::Tensor& p : params) {
+    const at::Tensor g = p.grad();
+    if (g.defined()) r.grad_bytes += bytes_of(local_of(g));
+  }
+  r.activation_peak_bytes = transient;
+  r.step_peak_bytes = r.param_bytes + r.optimizer_bytes + peak;
+
+  // Each group's collectives under the mesh dimension it is.
+  std::map<std::vector<int64_t>, std::string> dim_of;
+  for (int64_t d = 0; d < mesh.ndim(); ++d) dim_of[mesh.get_group(d).ranks()] = m.names[static_cast<size_t>(d)];
+  for (const auto& [ranks, phases] : comm.get_comm_group_stats()) {
+    const auto it = dim_of.find(ranks);
+    const std::string dim = it != dim_of.end()                               ? it->second
+                            : ranks.size() == static_cast<size_t>(m.world) ? std::string("world")
+                                                                             : c10::str("group of ", ranks.size());
+    for (const char* phase : {"forward", "backward"}) {
+      const auto p = phases.find(phase);
+      if (p == phases.end()) continue;
+      for (const auto& [kind, st] : p->second) r.comm.push_back({dim, kind, phase, st.count, st.bytes, st.full_bytes});
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+}  // namespace
+
+PlanReport plan_training(const PlanOptions& options) {
+  HP_CHECK_T(c10::ValueError, !hp::is_initialized(), "qwen3::plan_training: a process group exists already; the plan ",
+             "runs in a fake world of its own");
+  const MeshShape m = mesh_shape_of(options, "qwen3::plan_training");
+  const FakeWorld fake(m.world, options.rank, options.device_type);
+  return run_step(options, m, "meta");
+}
+
+PlanReport measure_training(const PlanOptions& options) {
+  const MeshShape m = mesh_shape_of(options, "qwen3::measure_training");
+  HP_CHECK_T(c10::ValueError, hp::is_initialized() && !hp::is_fake_world() && hp::get_world_size() == m.world,
+             "qwen3::measure_training: it runs in a real job of ", m.world, " ranks (init_process_group under hprun)");
+  PlanOptions o = options;
+  o.rank = hp::get_rank();
+  return run_step(o, m, "cpu");
+}
+
+std::string PlanReport::to_table() const {
+  std::ostringstream os;
+  const Config& c = options.config;
+  os << "plan: Qwen3 " << c.num_layers << " layers, hidden " << c.hidden_size << ", " << c.num_heads << "/" << c.num_kv_heads
+     << " heads, " << dtype_label(c.dtype) << "; mesh";
+  for (const auto& [n, s] : options.mesh) os << " " << n << "=" << s;
+  os << " (" << world_size << " ranks)" << (options.sequence_parallel ? ", sequence parallel" : "") << "; batch "
+     << options.batch << " x seq " << options.seq << " per dp rank; rank " << options.rank << "\n";
+  char line[160];
+  const auto row = [&](const char* what, int64_t b) {
+    std::snprintf(line, sizeof line, "  %-24s %14s  (%lld)\n", what, human(b).c_str(), static_cast<long long>(b));
+    os << line;
+  };
+  os << "memory per rank:\n";
+  row("parameters", param_bytes);
+  row("gradients", grad_bytes);
+  row(optimizer_dtype_row().c_str(), optimizer_bytes);
+  row("activation peak", activation_peak_bytes);
+  row("step peak (all of it)", step_peak_bytes);
+  os << "communication per step:\n";
+  std::snprintf(line, sizeof line, "  %-10s %-16s %-9s %6s %14s %14s\n", "mesh_dim", "collective", "phase", "count", "bytes",
+                "full_bytes");
+  os << line;
+  for (const CommEntry& e : comm) {
+    std::snprintf(line, sizeof line, "  %-10s %-16s %-9s %6lld %14s %14s\n", e.mesh_dim.c_str(), e.collective.c_str(),
+                  e.phase.c_str(), static_cast<long long>(e.count), human(e.bytes).c_str(), human(e.full_bytes).c_str());
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "%s in %.2f s\n", measured ? "measured (a real run on the CPU)" : "planned", seconds);
+  os << line;
+  return os.str();
+}
+
+std::string PlanReport::optimizer_dtype_row() const {
+  return "optimizer (Adam, " + dtype_label(options.optimizer_dtype) + ")";
+}
+
+std::string PlanReport::to_json() const {
+  nlohmann::json j;
+  j["world_size"] = world_size;
+  j["rank"] = options.rank;
+  nlohmann::json mesh = nlohmann::json::object();
+  for (const auto& [n, s] : options.mesh) mesh[n] = s;
+  j["mesh"] = mesh;
+  j["sequence_parallel"] = options.sequence_parallel;
+  j["batch"] = options.batch;
+  j["seq"] = options.seq;
+  j["dtype"] = dtype_label(options.config.dtype);
+  j["optimizer_dtype"] = dtype_label(options.optimizer_dtype);
+  j["param_bytes"] = param_bytes;
+  j["grad_bytes"] = grad_bytes;
+  j["optimizer_bytes"] = optimizer_bytes;
+  j["activation_peak_bytes"] = activation_peak_bytes;
+  j["step_peak_bytes"] = step_peak_bytes;
+  nlohmann::json list = nlohmann::json::array();
+  for (const CommEntry& e : comm)
+    list.push_back({{"mesh_dim", e.mesh_dim}, {"collective", e.collective}, {"phase", e.phase}, {"count", e.count},
+                    {"bytes", e.bytes}, {"full_bytes", e.full_bytes}});
+  j["comm"] = list;
+  j["seconds"] = seconds;
+  j["measured"] = measured;
+  return j.dump(2);
+}
+
+}  // namespace qwen3

@@ -1,0 +1,84 @@
+#pragma once
+// Planning a Qwen3 training job on one machine: this process plays one rank of a fake world
+// (hyper_parallel::init_fake_process_group) and runs the demo's plan on the meta device
+// (parallelize_qwen3_tp, fully_shard over dp, one forward and backward), measuring what that
+// rank would hold and send.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model.h"
+
+namespace qwen3 {
+
+struct PlanOptions {
+  Config config;
+  /// Mesh dimensions, outermost first, named "dp" (fully_shard) and "tp" (the TP plan), e.g.
+  /// {{"dp", 16}, {"tp", 8}}; their product is the world size.
+  std::vector<std::pair<std::string, int64_t>> mesh;
+  bool sequence_parallel = false;
+  int64_t batch = 1;    ///< sequences per data-parallel rank in one step
+  int64_t seq = 4096;   ///< tokens per sequence
+  /// Adam's two moments per parameter element, in this dtype (float32 or bfloat16).
+  at::ScalarType optimizer_dtype = at::kFloat;
+  int64_t rank = 0;             ///< which rank of the world this process plays
+  std::string device_type = "cuda";  ///< what the job runs on (names only: nothing is allocated)
+};
+
+/// Collectives of one kind on one mesh dimension in one phase of the step.
+struct CommEntry {
+  std::string mesh_dim;    ///< "tp", "dp", or the group's ranks when it is no mesh dimension
+  std::string collective;  ///< "all_reduce", "all_gather", "reduce_scatter", ...
+  std::string phase;       ///< "forward" or "backward"
+  int64_t count = 0;
+  int64_t bytes = 0;       ///< what this rank contributes (each collective's input)
+  int64_t full_bytes = 0;  ///< the whole tensors assembled or reduced (nccl-tests' size)
+};
+
+/// What one rank holds and sends in one training step, all in bytes per rank.
+struct PlanReport {
+  PlanOptions options;
+  int64_t world_size = 0;
+  int64_t param_bytes = 0;      ///< this rank's parameter shards
+  int64_t grad_bytes = 0;       ///< their gradients after backward, as measured
+  int64_t optimizer_bytes = 0;  ///< Adam: 2 moments per local element in optimizer_dtype
+  /// The peak, over one forward and backward, of the bytes of local tensors allocated during
+  /// the step and freed again before it ends: saved activations, temporaries, gathered FSDP
+  /// parameters, communication buffers (hyper_parallel::MemoryTracker on the meta device).
+  int64_t activation_peak_bytes = 0;
+  /// Everything this rank holds at the step's worst moment: parameters, optimizer state, and
+  /// the step's peak of live allocations (activations plus the gradients made by then).
+  int64_t step_peak_bytes = 0;
+  std::vector<CommEntry> comm;
+  double seconds = 0;     ///< wall time of the planning (or the measured run) itself
+  bool measured = false;  ///< a real run on CPU tensors (measure_training), not a plan
+
+  /// A table for people.
+  std::string to_table() const;
+  /// One JSON object: param_bytes, grad_bytes, optimizer_bytes, activation_peak_bytes,
+  /// step_peak_bytes, comm [{mesh_dim, collective, phase, count, bytes, full_bytes}], and the options.
+  std::string to_json() const;
+
+ private:
+  std::string optimizer_dtype_row() const;
+};
+
+/// Plans one training step of `options` as rank `options.rank` of a fake world of the mesh's
+/// size: initialises that world (refused when a process group exists already), builds the
+/// model on the meta device in config.dtype, applies the demo's plan, runs forward, the loss and
+/// backward on meta token ids [batch, seq], and tears the world down again. A plan the real run
+/// would refuse (indivisible dims, heads that do not divide tp) raises the same error here.
+/// e.g. `auto r = qwen3::plan_training(o); std::cout << r.to_table();`
+PlanReport plan_training(const PlanOptions& options);
+
+/// The same step run for real, on CPU tensors, in the current job (init_process_group, as many
+/// ranks as the mesh holds; options.device_type must be the job's): the parameters, gradients
+/// and communication it measures, and its activation peak counted by a MemoryTracker on the
+/// CPU allocator. What plan_training estimates is checked against this.
+PlanReport measure_training(const PlanOptions& options);
+
+/// "dp=16,tp=8" as PlanOptions::mesh (c10::ValueError for anything else).
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text);
+
+}  // namespace qwen3

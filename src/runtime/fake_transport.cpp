@@ -1,0 +1,61 @@
+// The transport of a fake world (init_fake_process_group): no peers, no communication. Each
+// collective gives what it would if every rank of the group held exactly this rank's tensors,
+// so shapes, dtypes and devices are those of a real run and the values are documented ones.
+#include <ATen/ATen.h>
+
+#include "group_impl.h"
+
+namespace hyper_parallel {
+namespace {
+
+class FakeTransport final : public Transport {
+ public:
+  FakeTransport(int64_t rank, int64_t size, c10::DeviceType device) : rank_(rank), size_(size), device_(device) {}
+  const char* name() const override { return "fake"; }
+  c10::DeviceType device_type() const override { return device_; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.reduce_scatter = c.average = c.reduce_16bit = c.nan_max_min = true;
+    c.simulated = true;
+    return c;
+  }
+
+  Completion all_gather(const at::Tensor& in, const at::Tensor& out) override {
+    out.view({size_, -1}).copy_(in.reshape({1, -1}).expand({size_, in.numel()}));
+    return {};
+  }
+  Completion all_reduce(const at::Tensor& buf, ReduceOp op) override {
+    if (op == ReduceOp::SUM) buf.mul_(size_);  // the sum of `size` equal tensors
+    return {};
+  }
+  Completion reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override {
+    const at::Tensor block = in.view({size_, -1})[rank_];
+    out.view({-1}).copy_(block);
+    if (op == ReduceOp::SUM) out.mul_(size_);
+    return {};
+  }
+  Completion all_to_all(const at::Tensor& in, const at::Tensor& out) override {
+    // Block j of the result is block `rank` of rank j's input, which is this rank's own.
+    const at::Tensor block = in.view({size_, -1})[rank_];
+    out.view({size_, -1}).copy_(block.unsqueeze(0).expand({size_, block.numel()}));
+    return {};
+  }
+  Completion broadcast(const at::Tensor&, int64_t) override { return {}; }
+  Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t) override {
+    out.view({-1}).copy_(in.view({size_, -1})[rank_]);
+    return {};
+  }
+  Completion barrier() override { return {}; }
+
+ private:
+  int64_t rank_, size_;
+  c10::DeviceType device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_fake_transport(Group::Impl& g) {
+  return std::make_unique<FakeTransport>(g.rank, static_cast<int64_t>(g.ranks.size()), c10::Device(g.device_type).type());
+}
+
+}  // namespace hyper_parallel

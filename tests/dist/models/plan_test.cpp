@@ -1,0 +1,281 @@
+// hp_plan's report (qwen3::plan_training, a fake world on the meta device) against formulas
+// nobody here wrote and against a real run of the same step:
+// - per-rank parameter bytes: the analytic count of the config's matrices, split as Megatron-LM
+//   splits them (Shoeybi et al. 2019) and then over dp;
+// - communication per decoder layer: Megatron's 2 all-reduces of b*s*h forward and 2 backward
+//   (TP), or 2 all-gathers and 2 reduce-scatters each way with sequence parallelism (Korthikanti
+//   et al. 2022); FSDP's all-gathers and reduce-scatters: the parameter bytes over dp;
+// - plans the real run refuses are refused with the same message;
+// - a real 2- and 4-rank job (hp_plan --measure under hprun) counts the very same collectives
+//   and bytes, and its measured activation peak is compared with the estimate.
+// One process (HP_TEST_NO_PROCESS_GROUP=1): every test makes its own fake world.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <hyper_parallel/runtime/process_group.h>
+
+#include "config.h"
+#include "plan.h"
+
+namespace {
+
+using qwen3::Config;
+using qwen3::PlanOptions;
+using qwen3::PlanReport;
+
+// Paths from CTest's environment (tests/CMakeLists.txt).
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : v;
+}
+std::string repo_file(const std::string& rel) { return env("HP_SOURCE_DIR") + "/" + rel; }
+
+Config small_config() {
+  Config c;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 3;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 8;
+  return c;
+}
+
+PlanOptions options(const Config& c, const std::string& mesh, bool sp = false, int64_t batch = 2, int64_t seq = 32) {
+  PlanOptions o;
+  o.config = c;
+  o.mesh = qwen3::parse_mesh(mesh);
+  o.sequence_parallel = sp;
+  o.batch = batch;
+  o.seq = seq;
+  o.device_type = "cpu";
+  return o;
+}
+
+// Parameter elements one rank holds, from the config alone: q/k/v/gate/up split by rows over tp,
+// o/down by columns, embedding and lm_head by vocabulary rows, norms whole; then fully_shard
+// divides every tensor over dp.
+int64_t analytic_local_elements(const Config& c, int64_t tp, int64_t dp) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size, d = c.head_dim;
+  const int64_t q = c.num_heads * d, kv = c.num_kv_heads * d;
+  const int64_t layer = (h * q + 2 * h * kv + q * h + 3 * h * i) / tp + 2 * h + 2 * d;
+  const int64_t vocab = c.vocab_size * h / tp * (c.tie_word_embeddings ? 1 : 2);
+  return (vocab + c.num_layers * layer + h) / dp;
+}
+
+// The entry of `r.comm` for (mesh_dim, collective, phase); zero counts when there is none.
+qwen3::CommEntry entry(const PlanReport& r, const std::string& dim, const std::string& kind, const std::string& phase) {
+  for (const auto& e : r.comm)
+    if (e.mesh_dim == dim && e.collective == kind && e.phase == phase) return e;
+  return {dim, kind, phase, 0, 0, 0};
+}
+
+int64_t elem(const Config& c) { return static_cast<int64_t>(c10::elementSize(c.dtype)); }
+
+std::string run(const std::string& command) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen((command + " 2>&1").c_str(), "r"), pclose);
+  if (!p) return "popen failed";
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p.get())) out.append(buf.data(), n);
+  return out;
+}
+
+std::string write_config(const Config& c, const std::string& name) {
+  const std::string path = env("HP_TEST_TMP") + "/" + name;
+  std::ofstream(path) << qwen3::config_to_json(c);
+  return path;
+}
+
+// The same step run for real: hp_plan --measure in a job of `nproc` ranks; rank 0's JSON.
+std::string real_run(const std::string& config, const std::string& mesh, int nproc, bool sp, int64_t batch, int64_t seq) {
+  return run(env("HPRUN_BIN") + " --nproc-per-node " + std::to_string(nproc) + " " + env("HP_PLAN_BIN") +
+             " --measure --json --config " + config + " --mesh " + mesh + (sp ? " --sp" : "") + " --batch " +
+             std::to_string(batch) + " --seq " + std::to_string(seq));
+}
+
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(PlanReportFake, ParameterBytesAreTheAnalyticCount) {
+  // Qwen3-32B's config: the analytic count at tp = dp = 1 is the published 32.8B parameters.
+  const Config c32 = qwen3::load_config(repo_file("examples/qwen3/configs/qwen3_32b.json"));
+  EXPECT_NEAR(static_cast<double>(analytic_local_elements(c32, 1, 1)), 32.8e9, 0.05e9);
+  const Config c72 = qwen3::load_config(repo_file("examples/qwen3/configs/qwen3_72b_dense.json"));
+  Config tied = small_config();
+  tied.tie_word_embeddings = true;
+  struct Case {
+    Config c;
+    std::string mesh;
+    int64_t tp, dp;
+  };
+  for (const Case& k : {Case{small_config(), "tp=4", 4, 1}, Case{small_config(), "dp=4,tp=2", 2, 4},
+                        Case{tied, "dp=2,tp=4", 4, 2}, Case{c32, "dp=16,tp=8", 8, 16}, Case{c72, "dp=128,tp=8", 8, 128},
+                        Case{c72, "dp=64", 1, 64}}) {
+    const PlanReport r = qwen3::plan_training(options(k.c, k.mesh, false, 1, 16));
+    const int64_t n = analytic_local_elements(k.c, k.tp, k.dp);
+    EXPECT_EQ(r.param_bytes, n * elem(k.c)) << k.mesh;
+    EXPECT_EQ(r.grad_bytes, r.param_bytes) << k.mesh;
+    EXPECT_EQ(r.optimizer_bytes, 2 * n * 4) << k.mesh;  // Adam's two float32 moments
+    EXPECT_FALSE(hyper_parallel::is_initialized());     // the fake world is gone again
+  }
+}
+
+// TP alone (Shoeybi et al. 2019, section 3): per decoder layer 2 all-reduces of b*s*h forward
+// (after attention and after the MLP) and 2 backward (the inputs' gradients). The embedding
+// split over the vocabulary adds one forward, lm_head's input gradient one backward, and the
+// replicated logits one all-gather. Beyond Megatron: the q/k norms' weights are replicated over
+// heads split across tp, so their gradients (head_dim elements each) are all-reduced backward.
+TEST(PlanReportFake, TensorParallelCommunicationIsMegatrons) {
+  const Config c = small_config();
+  const int64_t L = c.num_layers, b = 2, s = 32, a = b * s * c.hidden_size * elem(c);
+  for (const std::string mesh : {"tp=4", "dp=2,tp=2"}) {
+    const PlanReport r = qwen3::plan_training(options(c, mesh, false, b, s));
+    const auto fwd = entry(r, "tp", "all_reduce", "forward");
+    EXPECT_EQ(fwd.count, 2 * L + 1) << mesh;
+    EXPECT_EQ(fwd.full_bytes, (2 * L + 1) * a) << mesh;
+    const auto bwd = entry(r, "tp", "all_reduce", "backward");
+    EXPECT_EQ(bwd.count, 2 * L + 1 + 2 * L) << mesh;
+    EXPECT_EQ(bwd.full_bytes, (2 * L + 1) * a + 2 * L * c.head_dim * elem(c)) << mesh;
+    const auto logits = entry(r, "tp", "all_gather", "forward");
+    EXPECT_EQ(logits.count, 1) << mesh;
+    EXPECT_EQ(logits.full_bytes, b * s * c.vocab_size * elem(c)) << mesh;
+    EXPECT_EQ(entry(r, "tp", "reduce_scatter", "forward").count, 0) << mesh;
+  }
+}
+
+// Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): each all-reduce becomes a
+// reduce-scatter and an all-gather of the same b*s*h tensor: per layer 2 all-gathers and 2
+// reduce-scatters forward and the same backward. The norms' weights are replicated over the
+// split sequence, so their gradients are all-reduced (h elements each, head_dim for q/k).
+TEST(PlanReportFake, SequenceParallelCommunicationIsKorthikantis) {
+  const Config c = small_config();
+  const int64_t L = c.num_layers, b = 2, s = 32, a = b * s * c.hidden_size * elem(c);
+  const int64_t n = 2 * L + 1;  // the layers' two each, and the embedding's / lm_head's input
+  const PlanReport r = qwen3::plan_training(options(c, "tp=4", true, b, s));
+  EXPECT_EQ(entry(r, "tp", "all_gather", "forward").count, n + 1);  // + the logits
+  EXPECT_EQ(entry(r, "tp", "all_gather", "forward").full_bytes, n * a + b * s * c.vocab_size * elem(c));
+  EXPECT_EQ(entry(r, "tp", "all_gather", "forward").bytes * 4, entry(r, "tp", "all_gather", "forward").full_bytes);
+  for (const char* phase : {"forward", "backward"}) {
+    EXPECT_EQ(entry(r, "tp", "reduce_scatter", phase).count, n) << phase;
+    EXPECT_EQ(entry(r, "tp", "reduce_scatter", phase).full_bytes, n * a) << phase;
+  }
+  EXPECT_EQ(entry(r, "tp", "all_gather", "backward").count, n);
+  EXPECT_EQ(entry(r, "tp", "all_gather", "backward").full_bytes, n * a);
+  EXPECT_EQ(entry(r, "tp", "all_reduce", "forward").count, 0);
+  EXPECT_EQ(entry(r, "tp", "all_reduce", "backward").count, 4 * L + 1);
+  EXPECT_EQ(entry(r, "tp", "all_reduce", "backward").full_bytes,
+            (2 * L * c.head_dim + (2 * L + 1) * c.hidden_size) * elem(c));
+}
+
+// fully_shard over dp: forward gathers every parameter once (each rank sends its shard: the
+// parameter bytes per rank); backward gathers the blocks again (the root keeps its own) and
+// reduce-scatters every gradient (each rank sends the whole TP-local gradient).
+TEST(PlanReportFake, FsdpMovesTheParameterBytesOverDp) {
+  for (const bool sp : {false, true}) {
+    Config c = small_config();
+    c.dtype = at::kBFloat16;
+    const int64_t dp = 4, tp = 2, L = c.num_layers;
+    const PlanReport r = qwen3::plan_training(options(c, "dp=4,tp=2", sp));
+    const int64_t root = (2 * c.vocab_size * c.hidden_size / tp + c.hidden_size) / dp * elem(c);
+    EXPECT_EQ(entry(r, "dp", "all_gather", "forward").count, L + 1);
+    EXPECT_EQ(entry(r, "dp", "all_gather", "forward").bytes, r.param_bytes);
+    EXPECT_EQ(entry(r, "dp", "all_gather", "forward").full_bytes, r.param_bytes * dp);
+    EXPECT_EQ(entry(r, "dp", "all_gather", "backward").count, L);
+    EXPECT_EQ(entry(r, "dp", "all_gather", "backward").bytes, r.param_bytes - root);
+    EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").count, L + 1);
+    EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp);
+    EXPECT_EQ(entry(r, "dp", "all_reduce", "backward").count + entry(r, "dp", "all_reduce", "forward").count, 0);
+  }
+}
+
+// Plans the real run refuses fail with the real run's message: heads that do not divide tp, and
+// an MLP width that does not.
+TEST(PlanReportFake, InvalidPlansFailAsTheRealRunDoes) {
+  Config heads = small_config();  // 8 query heads over tp=3
+  heads.vocab_size = 255;          // divisible: the heads are what fails
+  Config width = heads;
+  width.num_heads = 6;
+  width.num_kv_heads = 3;
+  width.hidden_size = 48;
+  width.intermediate_size = 100;  // 100 columns over tp=3
+  for (const auto& [c, name, expect] : {std::make_tuple(heads, "plan_heads.json", "heads"),
+                                        std::make_tuple(width, "plan_width.json", "100")}) {
+    const std::string fake = message_of([&] { qwen3::plan_training(options(c, "tp=3")); });
+    EXPECT_NE(fake.find(expect), std::string::npos) << fake;
+    EXPECT_FALSE(hyper_parallel::is_initialized());
+    const std::string real = real_run(write_config(c, name), "tp=3", 3, false, 2, 32);
+    EXPECT_NE(real.find(fake), std::string::npos) << "fake: " << fake << "\nreal: " << real;
+  }
+  EXPECT_NE(message_of([&] { qwen3::plan_training(options(small_config(), "pp=2,tp=2")); }).find("'pp'"), std::string::npos);
+}
+
+// The same step run for real (hp_plan --measure: 2 and 4 CPU ranks under hprun) counts exactly
+// the collectives and bytes the fake world counts, holds the same parameters and gradients, and
+// measures an activation peak (MemoryTracker on the CPU allocator) close to the meta estimate.
+TEST(PlanReportMeasured, ARealRunCountsWhatThePlanCounts) {
+  const Config c = small_config();
+  const std::string config = write_config(c, "plan_small.json");
+  struct Case {
+    std::string mesh;
+    int nproc;
+    bool sp;
+  };
+  for (const Case& k : {Case{"tp=2", 2, false}, Case{"tp=4", 4, true}, Case{"dp=2,tp=2", 4, true}}) {
+    const PlanReport fake = qwen3::plan_training(options(c, k.mesh, k.sp, 2, 32));
+    std::string out = real_run(config, k.mesh, k.nproc, k.sp, 2, 32);
+    // hprun prefixes each line with its rank; rank 0 prints the JSON.
+    std::string json;
+    for (size_t at = 0; at < out.size();) {
+      const size_t end = std::min(out.find('\n', at), out.size());
+      std::string line = out.substr(at, end - at);
+      if (line.rfind("[rank0]: ", 0) == 0) json += line.substr(9) + "\n";
+      at = end + 1;
+    }
+    nlohmann::json real;
+    try {
+      real = nlohmann::json::parse(json);
+    } catch (const std::exception&) {
+      FAIL() << k.mesh << ": no JSON from the real run:\n" << out;
+    }
+    EXPECT_TRUE(real["measured"].get<bool>());
+    EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes) << k.mesh;
+    EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes) << k.mesh;
+    EXPECT_EQ(real["optimizer_bytes"].get<int64_t>(), fake.optimizer_bytes) << k.mesh;
+    ASSERT_EQ(real["comm"].size(), fake.comm.size()) << k.mesh << "\n" << out;
+    for (size_t i = 0; i < fake.comm.size(); ++i) {
+      const auto& e = real["comm"][i];
+      const auto& f = fake.comm[i];
+      EXPECT_EQ(e["mesh_dim"].get<std::string>() + e["collective"].get<std::string>() + e["phase"].get<std::string>(),
+                f.mesh_dim + f.collective + f.phase);
+      EXPECT_EQ(e["count"].get<int64_t>(), f.count) << k.mesh << " " << f.collective;
+      EXPECT_EQ(e["bytes"].get<int64_t>(), f.bytes) << k.mesh << " " << f.collective;
+      EXPECT_EQ(e["full_bytes"].get<int64_t>(), f.full_bytes) << k.mesh << " " << f.collective;
+    }
+    const double measured = static_cast<double>(real["activation_peak_bytes"].get<int64_t>());
+    const double ratio = static_cast<double>(fake.activation_peak_bytes) / measured;
+    std::printf("activation peak, %s%s: estimate %lld B, measured %.0f B, estimate / measured %.3f\n", k.mesh.c_str(),
+                k.sp ? " sp" : "", static_cast<long long>(fake.activation_peak_bytes), measured, ratio);
+    EXPECT_GT(ratio, 0.8) << k.mesh;
+    EXPECT_LT(ratio, 1.25) << k.mesh;
+  }
+}

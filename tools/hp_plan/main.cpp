@@ -1,0 +1,96 @@
+// hp_plan: plans a Qwen3 training job of any size on this machine. It plays one rank of a fake
+// world, runs the demo's plan (TP over "tp", fully_shard over "dp") on the meta device, and prints
+// what that rank holds and sends in one step.
+//
+//   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]
+//           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
+//   hprun --nproc-per-node N hp_plan --measure ...   the same step run for real on CPU tensors
+//                                                    (rank 0 prints what it measured)
+#include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "config.h"
+#include "plan.h"
+
+namespace {
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "hp_plan: %s\n"
+               "usage: hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]\n"
+               "               [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]\n"
+               "       hprun --nproc-per-node N hp_plan --measure ... (the step run for real, on the CPU)\n",
+               why.c_str());
+  std::exit(2);
+}
+
+int64_t positive(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || n < 0) usage(flag + " takes a non-negative integer, got '" + v + "'");
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qwen3::PlanOptions o;
+  std::string config, mesh;
+  bool json = false, measure = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--config") config = value();
+    else if (f == "--mesh") mesh = value();
+    else if (f == "--sp") o.sequence_parallel = true;
+    else if (f == "--batch") o.batch = positive(f, value());
+    else if (f == "--seq") o.seq = positive(f, value());
+    else if (f == "--rank") o.rank = positive(f, value());
+    else if (f == "--json") json = true;
+    else if (f == "--measure") measure = true;
+    else if (f == "--device") o.device_type = value();
+    else if (f == "--optimizer-dtype") {
+      const std::string v = value();
+      if (v != "float32" && v != "bfloat16") usage("--optimizer-dtype is float32 or bfloat16, got '" + v + "'");
+      o.optimizer_dtype = v == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    } else if (f == "--help" || f == "-h") usage("plans one training step of a Qwen3 model on a mesh");
+    else usage("unknown argument '" + f + "'");
+  }
+  if (config.empty()) usage("--config is required");
+  if (mesh.empty()) usage("--mesh is required");
+  try {
+    o.config = qwen3::load_config(config);
+    o.mesh = qwen3::parse_mesh(mesh);
+    if (measure) {
+      at::set_num_threads(1);
+      hyper_parallel::init_process_group();
+      o.device_type = "cpu";
+      const qwen3::PlanReport r = qwen3::measure_training(o);
+      if (hyper_parallel::get_rank() == 0) std::cout << (json ? r.to_json() + "\n" : r.to_table());
+      hyper_parallel::destroy_process_group();
+      return 0;
+    }
+    const qwen3::PlanReport r = qwen3::plan_training(o);
+    std::cout << (json ? r.to_json() + "\n" : r.to_table());
+  } catch (const c10::Error& e) {
+    // The error the real job would raise, on every rank.
+    std::fprintf(stderr, "hp_plan: the plan fails: %s\n", e.what_without_backtrace());
+    return 1;
+  }
+  return 0;
+}
