@@ -17,40 +17,55 @@ at::Tensor meta_like(at::IntArrayRef shape, const at::Tensor& like) {
   return at::empty(shape, like.options().device(at::kMeta));
 }
 
-// Rows `index` of `self` along `dim`.
-at::Tensor index_select_meta(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+// The kernels are boxed: the schemas differ between libtorch versions (int or SymInt sizes), and
+// a boxed kernel reads its arguments off the stack whatever their C++ types.
+
+// index_select(self, dim, index): rows `index` of `self` along `dim`.
+void index_select_meta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const at::Tensor index = stack->back().toTensor();
+  const int64_t dim = (*stack)[stack->size() - 2].toInt();
+  const at::Tensor self = (*stack)[stack->size() - 3].toTensor();
   std::vector<int64_t> shape = self.sizes().vec();
-  if (shape.empty()) return meta_like({}, self);
-  dim = wrap_dim(dim, self.dim(), "index_select");
-  shape[static_cast<size_t>(dim)] = index.numel();
-  return meta_like(shape, self);
+  if (!shape.empty()) shape[static_cast<size_t>(wrap_dim(dim, self.dim(), "index_select"))] = index.numel();
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(meta_like(shape, self));
 }
 
-// The gradient of an embedding's weight: [num_weights, grad.size(-1)].
-at::Tensor embedding_dense_backward_meta(const at::Tensor& grad, const at::Tensor&, c10::SymInt num_weights, c10::SymInt,
-                                         bool) {
-  return meta_like({num_weights.expect_int(), grad.size(-1)}, grad);
+// embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq): the
+// weight's gradient, [num_weights, grad.size(-1)].
+void embedding_dense_backward_meta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const size_t n = stack->size();
+  const at::Tensor grad = (*stack)[n - 5].toTensor();
+  const int64_t num_weights = (*stack)[n - 3].toInt();
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(meta_like({num_weights, grad.size(-1)}, grad));
 }
 
-at::Tensor& masked_fill_scalar_meta(at::Tensor& self, const at::Tensor&, const at::Scalar&) { return self; }
-at::Tensor& masked_fill_tensor_meta(at::Tensor& self, const at::Tensor&, const at::Tensor&) { return self; }
+// masked_fill_(self, mask, value): self, unchanged in shape.
+void masked_fill_meta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const at::Tensor self = (*stack)[stack->size() - 3].toTensor();
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(self);
+}
 
-template <class F>
-void register_missing(torch::Library& lib, const char* name, const char* overload, F* fn) {
+using BoxedFn = void(const c10::OperatorHandle&, torch::jit::Stack*);
+
+template <BoxedFn* fn>
+void register_missing(torch::Library& lib, const char* name, const char* overload) {
   const auto op = c10::Dispatcher::singleton().findOp({name, overload});
-  if (op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) return;
+  if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) return;
   const std::string full = std::string(name).substr(6) + (*overload ? std::string(".") + overload : std::string());
-  lib.impl(full.c_str(), fn);
+  lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<fn>());
 }
 
 struct Registration {
   std::unique_ptr<torch::Library> lib;
   Registration() {
     lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
-    register_missing(*lib, "aten::index_select", "", &index_select_meta);
-    register_missing(*lib, "aten::embedding_dense_backward", "", &embedding_dense_backward_meta);
-    register_missing(*lib, "aten::masked_fill_", "Scalar", &masked_fill_scalar_meta);
-    register_missing(*lib, "aten::masked_fill_", "Tensor", &masked_fill_tensor_meta);
+    register_missing<&index_select_meta>(*lib, "aten::index_select", "");
+    register_missing<&embedding_dense_backward_meta>(*lib, "aten::embedding_dense_backward", "");
+    register_missing<&masked_fill_meta>(*lib, "aten::masked_fill_", "Scalar");
+    register_missing<&masked_fill_meta>(*lib, "aten::masked_fill_", "Tensor");
   }
 };
 const Registration g_registration;
