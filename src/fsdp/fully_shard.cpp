@@ -84,6 +84,27 @@ at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const Devic
 std::mutex g_mutex;
 std::unordered_map<const torch::nn::Module*, c10::weak_intrusive_ptr<FSDPParamGroup>> g_groups;
 
+// The tensors earlier calls took over, with the name they had there: a slot outside that call's
+// module still holding one is a weight tied across two calls, which would silently become two
+// parameters. Weak, so a tensor freed since (and its address reused) is no match.
+struct Taken {
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  std::string fqn;
+};
+std::unordered_map<const c10::TensorImpl*, Taken> g_taken;
+
+// The name an earlier call gave `param` when it took it over, if one did.
+c10::optional<std::string> taken_by_earlier_call(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = g_taken.find(param.unsafeGetTensorImpl());
+  if (it == g_taken.end()) return c10::nullopt;
+  if (it->second.tensor.lock().get() != param.unsafeGetTensorImpl()) {
+    g_taken.erase(it);
+    return c10::nullopt;
+  }
+  return it->second.fqn;
+}
+
 c10::intrusive_ptr<FSDPParamGroup> group_of(const torch::nn::Module& module, const char* what) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_groups.find(&module);
@@ -103,6 +124,7 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   // Plan every parameter first: nothing changes unless all of them can be sharded.
   std::vector<FSDPParam> params;
   std::vector<at::Tensor> originals;
+  std::vector<std::string> params_fqn;
   std::map<const void*, size_t> planned;  // a tied parameter is one parameter, seen twice
   for (const auto& [prefix, owner] : nn::modules_with_names(module)) {
     for (const auto& item : owner->named_parameters(false)) {
@@ -112,8 +134,14 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
         continue;
       }
       if (already_sharded(item.value(), dp_mesh, dp_mesh.root_mesh())) continue;
+      const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
+      if (const auto earlier = taken_by_earlier_call(item.value()))
+        HP_CHECK_T(c10::ValueError, false, "fully_shard: parameter '", fqn, "' is the tensor an earlier fully_shard call ",
+                   "took over as ", *earlier, " (a weight tied across two calls would become two parameters); ",
+                   "shard every module that uses it in one call, e.g. the one on their common parent");
       planned.emplace(item.value().unsafeGetTensorImpl(), params.size());
-      params.push_back(plan_param(item.value(), prefix.empty() ? item.key() : prefix + "." + item.key(), dp_mesh));
+      params.push_back(plan_param(item.value(), fqn, dp_mesh));
+      params_fqn.push_back("'" + fqn + "' of a " + platform::module_type_name(module));
       params.back().owner = owner;
       params.back().name = item.key();
       originals.push_back(item.value());
@@ -137,6 +165,12 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
       },
       /*always_call=*/true);
   std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t k = 0; k < originals.size(); ++k) {
+    const c10::TensorImpl* key = originals[k].unsafeGetTensorImpl();
+    g_taken.erase(key);
+    g_taken.emplace(key, Taken{c10::weak_intrusive_ptr<c10::TensorImpl>(originals[k].getIntrusivePtr()), params_fqn[k]});
+  }
+  for (auto it = g_taken.begin(); it != g_taken.end();) it = it->second.tensor.expired() ? g_taken.erase(it) : std::next(it);
   for (auto it = g_groups.begin(); it != g_groups.end();) it = it->second.expired() ? g_groups.erase(it) : std::next(it);
   g_groups.erase(&module);
   g_groups.emplace(&module, c10::weak_intrusive_ptr<FSDPParamGroup>(group));

@@ -128,6 +128,13 @@ at::Tensor back_to(const at::Tensor& result, const c10::Device& device) {
   return result.device() == device ? result : result.to(device);
 }
 
+// A meta tensor in a fake world: the collective's result is only a shape. In a real world meta
+// tensors are refused like any tensor the transport cannot move: a rank that passes one while
+// its peers pass real tensors would leave them waiting.
+bool shapes_only(const at::Tensor& t, const Group& g) {
+  return t.is_meta() && transport_of(g).capabilities().simulated;
+}
+
 int64_t padded_numel_of(at::IntArrayRef sizes, int64_t dim, int64_t padded) {
   int64_t n = padded;
   for (size_t k = 0; k < sizes.size(); ++k)
@@ -273,8 +280,7 @@ Work all_gather_async(const at::Tensor& local, int64_t dim, const Group& group, 
              group.rank(), " holds ", local.size(dim), " elements along dim ", dim,
              " but torch.chunk of ", n, " over ", g, " ranks gives it ", mine);
   if (g == 1) return Work::completed(local.clone());
-  // Meta tensors have no values: only the result's shape is computed (in any world).
-  if (local.is_meta()) return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
+  if (shapes_only(local, group)) return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
   // Nothing to move (every piece is empty on every rank: n == 0 or another dim is 0).
   if (padded_numel_of(local.sizes(), dim, padded) == 0)
     return Work::completed(at::empty(with_size(local.sizes(), dim, n), local.options()));
@@ -309,7 +315,7 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
   CommDebugMode::record("all_reduce", nbytes(tensor), group, nbytes(tensor));
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
-  if (group.size() == 1 || tensor.numel() == 0 || tensor.is_meta()) return Work::completed(tensor);
+  if (group.size() == 1 || tensor.numel() == 0 || shapes_only(tensor, group)) return Work::completed(tensor);
   Transport& tr = transport_of(group);
   // Every buffer is in logical (row-major) order, whatever the caller's layout: ranks with
   // different strides must still add matching elements.
@@ -348,7 +354,7 @@ Work reduce_scatter_async(const at::Tensor& input, ReduceOp op, int64_t dim, con
   fingerprint(group, [&] { return c10::str("reduce_scatter ", reduce_op_name(op), " dim ", dim, " ", input.scalar_type(), " ", input.sizes()); });
   if (g == 1) return Work::completed(input.clone());
   const int64_t mine = chunk_size(input.size(dim), g, group.rank());
-  if (input.numel() == 0 || input.is_meta())
+  if (input.numel() == 0 || shapes_only(input, group))
     return Work::completed(at::empty(with_size(input.sizes(), dim, mine), input.options()));
   Transport& tr = transport_of(group);
   const at::Tensor send = stack_pieces(on_transport(input, tr, "reduce_scatter"), dim, g);  // [g, padded piece]
@@ -387,9 +393,9 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
              "hyper_parallel::all_to_all: rank ", group.rank(), " holds ", local.size(concat_dim),
              " elements along concat dim ", concat_dim, " but torch.chunk of ", cn, " over ", g,
              " ranks gives it ", chunk_size(cn, g, group.rank()));
-  if (padded_numel_of(local.sizes(), concat_dim, cpad) == 0 || local.is_meta()) {
+  if (padded_numel_of(local.sizes(), concat_dim, cpad) == 0 || shapes_only(local, group)) {
     // Nothing moves on any rank (the empty dim is the same everywhere, or concat is empty), or
-    // a meta tensor, whose result is only a shape.
+    // a meta tensor in a fake world, whose result is only a shape.
     auto shape = with_size(local.sizes(), concat_dim, cn);
     shape[static_cast<size_t>(split_dim)] = chunk_size(local.size(split_dim), g, group.rank());
     return at::empty(shape, local.options());
@@ -415,7 +421,7 @@ at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {
              src, " is not a rank of a group of size ", group.size());
   CommDebugMode::record("broadcast", nbytes(tensor), group, nbytes(tensor));
   fingerprint(group, [&] { return c10::str("broadcast src ", src, " ", tensor.scalar_type(), " ", tensor.sizes()); });
-  if (group.size() == 1 || tensor.numel() == 0 || tensor.is_meta()) return tensor;
+  if (group.size() == 1 || tensor.numel() == 0 || shapes_only(tensor, group)) return tensor;
   Transport& tr = transport_of(group);
   at::Tensor buf;
   {
@@ -440,7 +446,7 @@ at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t src, const Group
   CommDebugMode::record("scatter", group.rank() == src ? nbytes(full) : 0, group, nbytes(full));
   fingerprint(group, [&] { return c10::str("scatter dim ", dim, " src ", src, " ", full.scalar_type(), " ", full.sizes()); });
   if (g == 1) return full.clone();
-  if (full.numel() == 0 || full.is_meta()) return at::empty(with_size(full.sizes(), dim, mine), full.options());
+  if (full.numel() == 0 || shapes_only(full, group)) return at::empty(with_size(full.sizes(), dim, mine), full.options());
   Transport& tr = transport_of(group);
   check_device(full, tr, "scatter");  // on every rank, not only where it is read
   const bool source = group.rank() == src || tr.capabilities().simulated;

@@ -58,7 +58,7 @@ void init_process_group(const InitOptions& options = {});
 /// Makes this process rank `rank` of a fake world of `world_size` ranks, to plan a large job on
 /// one machine (as PyTorch's fake process group): groups, meshes and every collective work
 /// without peers and without communicating. On meta tensors a collective only computes its
-/// result's shape; on real tensors it gives what it would if every rank of the group held this
+/// result's shape (a real world refuses them: peers with real tensors would wait); on real tensors it gives what it would if every rank of the group held this
 /// rank's tensors (an all_gather repeats them, a sum multiplies by the group size, max, min,
 /// avg and broadcast return them unchanged). CommDebugMode counts calls and bytes as a real run
 /// would. What needs real peers (checkpoints, c10d_group) raises c10::NotImplementedError.

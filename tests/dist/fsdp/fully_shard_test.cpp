@@ -4,6 +4,7 @@
 
 #include <torch/optim.h>
 
+#include "../../common/error_message.h"
 #include "../../common/test_util.h"
 #include "../tensor_parallel/tp_models.h"
 #include "model.h"
@@ -279,6 +280,16 @@ TEST(FullyShardDist, BadMeshesAndModulesFailBeforeAnyChange) {
   // A libtorch module cannot run the gathering hooks.
   torch::nn::Linear plain(4, 4);
   EXPECT_THROW(hp::fully_shard(*plain, mesh["dp"]), c10::TypeError);
+  // A weight tied across two calls: the second refuses (it would make a second parameter), naming
+  // both slots, and changes nothing.
+  auto tied = seeded<Mlp>(64, 8, 8);
+  tied->linear2->replace_parameter("weight", tied->linear1->weight());
+  hp::fully_shard(*tied->linear1, mesh["dp"]);
+  const at::Tensor held = tied->linear2->weight();
+  const std::string m = hp_test::error_message([&] { hp::fully_shard(*tied, mesh["dp"]); });
+  EXPECT_NE(m.find("parameter 'linear2.weight' is the tensor an earlier fully_shard call took over as 'weight' of a"),
+            std::string::npos) << m;
+  EXPECT_TRUE(tied->linear2->weight().is_same(held));
 }
 
 // The sharded gradients reach .grad at the end of each backward (the reduce-scatters complete

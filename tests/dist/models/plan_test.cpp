@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "plan.h"
+#include "../../common/error_message.h"
 
 namespace {
 
@@ -104,15 +105,6 @@ std::string real_run(const std::string& config, const std::string& mesh, int npr
              std::to_string(batch) + " --seq " + std::to_string(seq));
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no error";
-}
 
 }  // namespace
 
@@ -220,13 +212,13 @@ TEST(PlanReportFake, InvalidPlansFailAsTheRealRunDoes) {
   width.intermediate_size = 100;  // 100 columns over tp=3
   for (const auto& [c, name, expect] : {std::make_tuple(heads, "plan_heads.json", "heads"),
                                         std::make_tuple(width, "plan_width.json", "100")}) {
-    const std::string fake = message_of([&] { qwen3::plan_training(options(c, "tp=3")); });
+    const std::string fake = hp_test::error_message([&] { qwen3::plan_training(options(c, "tp=3")); });
     EXPECT_NE(fake.find(expect), std::string::npos) << fake;
     EXPECT_FALSE(hyper_parallel::is_initialized());
     const std::string real = real_run(write_config(c, name), "tp=3", 3, false, 2, 32);
     EXPECT_NE(real.find(fake), std::string::npos) << "fake: " << fake << "\nreal: " << real;
   }
-  EXPECT_NE(message_of([&] { qwen3::plan_training(options(small_config(), "pp=2,tp=2")); }).find("'pp'"), std::string::npos);
+  EXPECT_NE(hp_test::error_message([&] { qwen3::plan_training(options(small_config(), "pp=2,tp=2")); }).find("'pp'"), std::string::npos);
 }
 
 // The same step run for real (hp_plan --measure: 2 and 4 CPU ranks under hprun) counts exactly

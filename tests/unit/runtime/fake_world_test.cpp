@@ -17,6 +17,7 @@
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/memory_tracker.h>
 #include <hyper_parallel/runtime/process_group.h>
+#include "../../common/error_message.h"
 
 namespace hp = hyper_parallel;
 
@@ -31,15 +32,6 @@ class FakeWorld : public ::testing::Test {
   }
 };
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no error";
-}
 
 at::Tensor meta(std::vector<int64_t> shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
 
@@ -116,7 +108,7 @@ TEST_F(FakeWorld, MeshesOfAThousandRanksInAnyShape) {
   const hp::DTensor d = hp::distribute_tensor(w, m["tp"], {hp::Shard(0)});
   EXPECT_TRUE(at::equal(d.to_local(), w.narrow(0, 0, 8)));  // tp coordinate 0
   EXPECT_TRUE(at::equal(d.full_tensor(), at::cat(std::vector<at::Tensor>(8, w.narrow(0, 0, 8)), 0)));
-  EXPECT_NE(message_of([] { hp::init_device_mesh("cpu", {100, 8}, {"dp", "tp"}); }).find("world size is 1024"),
+  EXPECT_NE(hp_test::error_message([] { hp::init_device_mesh("cpu", {100, 8}, {"dp", "tp"}); }).find("world size is 1024"),
             std::string::npos);
 }
 
@@ -124,9 +116,9 @@ TEST_F(FakeWorld, WhatNeedsRealPeersIsRefused) {
   hp::init_fake_process_group(64, 2);
   torch::nn::Module model;
   model.register_parameter("w", at::zeros({4}));
-  for (const auto& m : {message_of([&] { hp::save_sharded(model, "/nonexistent/never"); }),
-                        message_of([&] { hp::load_sharded(model, "/nonexistent/never"); }),
-                        message_of([&] { hp::c10d_group(hp::world_group()); })}) {
+  for (const auto& m : {hp_test::error_message([&] { hp::save_sharded(model, "/nonexistent/never"); }),
+                        hp_test::error_message([&] { hp::load_sharded(model, "/nonexistent/never"); }),
+                        hp_test::error_message([&] { hp::c10d_group(hp::world_group()); })}) {
     EXPECT_NE(m.find("rank 2 of a fake world of 64 ranks"), std::string::npos) << m;
     EXPECT_NE(m.find("Run it in a real job"), std::string::npos) << m;
   }
@@ -143,7 +135,7 @@ TEST_F(FakeWorld, InitProcessGroupReadsHpFakeWorld) {
   hp::destroy_process_group();
   EXPECT_FALSE(hp::is_fake_world());
   setenv("HP_FAKE_RANK", "16", 1);
-  EXPECT_NE(message_of([] { hp::init_process_group(); }).find("rank 16 is outside the world of size 16"), std::string::npos);
+  EXPECT_NE(hp_test::error_message([] { hp::init_process_group(); }).find("rank 16 is outside the world of size 16"), std::string::npos);
   setenv("HP_FAKE_WORLD", "x", 1);
   EXPECT_THROW(hp::init_process_group(), c10::ValueError);
   EXPECT_FALSE(hp::is_initialized());
