@@ -21,7 +21,15 @@ at::Tensor local_of(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTenso
 
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-std::string dtype_label(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : t == at::kHalf ? "float16" : "float32"; }
+// HF's torch_dtype names.
+std::string dtype_label(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return c10::toString(t);
+  }
+}
 
 // Tears down the fake world however planning ends.
 struct FakeWorld {
