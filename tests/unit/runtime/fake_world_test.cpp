@@ -83,7 +83,8 @@ TEST_F(FakeWorld, MetaCollectivesComputeShapesAndCountAsARealRun) {
   EXPECT_EQ(comm.get_comm_count("reduce_scatter"), 2);
   EXPECT_EQ(comm.get_total_counts(), 6);
   // Bytes are this rank's input; full_bytes the whole tensor (here 10 x 4 floats gathered).
-  const auto& stats = comm.get_comm_group_stats().at(g.ranks()).at("forward");
+  const auto groups = comm.get_comm_group_stats();  // a copy: the reference below points into it
+  const auto& stats = groups.at(g.ranks()).at("forward");
   EXPECT_EQ(stats.at("all_gather").bytes, 0);
   EXPECT_EQ(stats.at("all_gather").full_bytes, 10 * 4 * 4);
   EXPECT_EQ(stats.at("reduce_scatter").bytes, (10 + 16) * 4 * 4);
