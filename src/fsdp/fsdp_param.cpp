@@ -1,6 +1,7 @@
 #include "fsdp_param.h"
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/runtime/chunking.h>
 
 #include <ATen/ATen.h>
@@ -63,6 +64,11 @@ at::Tensor FSDPParam::unpack_grad(const at::Tensor& row) const {
   const DTensor p(sharded);
   return DTensor::from_local(g.clone(at::MemoryFormat::Contiguous), p.device_mesh(), p.placements(), false,
                              c10::IntArrayRef(global_shape));
+}
+
+void FSDPParam::install(const at::Tensor& value) const {
+  nn::replace_parameter(*owner, name, value);
+  for (const auto& [module, slot] : aliases) nn::replace_parameter(*module, slot, value);
 }
 
 }  // namespace fsdp

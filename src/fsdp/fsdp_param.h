@@ -57,6 +57,8 @@ struct FSDPParam {
   void pack_grad(const at::Tensor& grad, const at::Tensor& rows) const;
   /// The sharded parameter's gradient from this rank's reduced row.
   at::Tensor unpack_grad(const at::Tensor& row) const;
+  /// Puts `value` into the owner's slot and every alias's (the sharded or the compute tensor).
+  void install(const at::Tensor& value) const;
 };
 
 }  // namespace fsdp

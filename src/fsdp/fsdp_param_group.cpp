@@ -133,10 +133,7 @@ void FSDPParamGroup::pre_forward() {
   std::vector<at::Tensor> sharded;
   for (const FSDPParam& p : params_) sharded.push_back(p.sharded);
   const variable_list compute = UnshardGroupFn::apply(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this), at::TensorList(sharded));
-  for (size_t k = 0; k < params_.size(); ++k) {
-    nn::replace_parameter(*params_[k].owner, params_[k].name, compute[k]);
-    for (const auto& [owner, name] : params_[k].aliases) nn::replace_parameter(*owner, name, compute[k]);
-  }
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].install(compute[k]);
 }
 
 void FSDPParamGroup::post_forward(const c10::IValue& output) {
@@ -145,10 +142,7 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
   if (!in_forward_) return;
   in_forward_ = false;
   --t_active_forwards;
-  for (const FSDPParam& p : params_) {
-    nn::replace_parameter(*p.owner, p.name, p.sharded);
-    for (const auto& [owner, name] : p.aliases) nn::replace_parameter(*owner, name, p.sharded);
-  }
+  for (const FSDPParam& p : params_) p.install(p.sharded);
   // The root's parameters stay gathered: backward starts with them (as FSDP2 does).
   if (!reshard_after_forward_ || is_root_) return;
   reshard();

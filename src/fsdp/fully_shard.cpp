@@ -149,8 +149,7 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   }
   for (size_t k = 0; k < params.size(); ++k) {
     params[k].sharded = make_sharded(params[k], originals[k], dp_mesh);
-    nn::replace_parameter(*params[k].owner, params[k].name, params[k].sharded);  // keeps requires_grad
-    for (const auto& [owner, name] : params[k].aliases) nn::replace_parameter(*owner, name, params[k].sharded);
+    params[k].install(params[k].sharded);  // keeps requires_grad
   }
   auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options.reshard_after_forward);
   platform::register_forward_pre_hook(module, [group](nn::Module&, const std::vector<c10::IValue>&) -> c10::optional<std::vector<c10::IValue>> {

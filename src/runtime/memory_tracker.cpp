@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "torch_compat.h"
@@ -16,15 +16,15 @@ namespace hyper_parallel {
 
 struct MemoryTracker::State {
   std::mutex mutex;
-  int64_t live = 0, peak = 0, count = 0;
-  uint64_t next_id = 0;
+  int64_t live = 0, peak = 0;
+  uint64_t next_id = 0;  // also the number of allocations so far
   // Every allocation and free in order (bytes > 0: allocated, < 0: freed), for the transient peak.
   struct Event {
     uint64_t id;
     int64_t bytes;
   };
   std::vector<Event> events;
-  std::unordered_map<uint64_t, int64_t> alive;
+  std::unordered_set<uint64_t> alive;
 };
 
 namespace {
@@ -68,8 +68,7 @@ class CountingAllocator final : public c10::Allocator {
       b->id = state->next_id++;
       state->live += b->bytes;
       state->peak = std::max(state->peak, state->live);
-      state->count += 1;
-      state->alive.emplace(b->id, b->bytes);
+      state->alive.insert(b->id);
       state->events.push_back({b->id, b->bytes});
     }
     return c10::DataPtr(data, b, &free_block, where);
@@ -131,7 +130,7 @@ int64_t MemoryTracker::peak_bytes() const {
 
 int64_t MemoryTracker::allocations() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->count;
+  return static_cast<int64_t>(state_->next_id);
 }
 
 int64_t MemoryTracker::transient_peak_bytes() const {

@@ -260,6 +260,15 @@ void set_local_device(const std::string& device_type, int64_t local_rank) {
 }  // namespace
 
 namespace {
+// The group over every rank of s.env's world; the state is initialized from here on.
+void make_world(State& s) {
+  std::vector<int64_t> all(static_cast<size_t>(s.env.world_size));
+  for (int64_t r = 0; r < s.env.world_size; ++r) all[static_cast<size_t>(r)] = r;
+  s.world = make_group(s, all, "hp/world/");
+  s.groups[all] = s.world;
+  s.initialized = true;
+}
+
 // A non-negative integer from environment variable `name`, or nullopt when it is unset.
 c10::optional<int64_t> env_count(const char* name) {
   const char* v = std::getenv(name);
@@ -289,11 +298,7 @@ void init_fake_process_group(int64_t world_size, int64_t rank, const InitOptions
   s.timeout = options.timeout ? *options.timeout : default_timeout();
   s.device_type = options.device_type;
   s.fake = true;
-  std::vector<int64_t> all(static_cast<size_t>(world_size));
-  for (int64_t r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
-  s.world = make_group(s, all, "hp/world/");
-  s.groups[all] = s.world;
-  s.initialized = true;
+  make_world(s);
 }
 
 bool is_fake_world() { return state().initialized && state().fake; }
@@ -353,11 +358,7 @@ void init_process_group(const InitOptions& options) {
   // (the same MASTER_PORT) writes and waits under its own id, never as one of ours.
   if (!s.env.rdzv_id.empty()) s.store = c10::make_intrusive<c10d::PrefixStore>("hp/job/" + s.env.rdzv_id + "/", s.store);
   s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
-  std::vector<int64_t> all(static_cast<size_t>(s.env.world_size));
-  for (int64_t r = 0; r < s.env.world_size; ++r) all[static_cast<size_t>(r)] = r;
-  s.world = make_group(s, all, "hp/world/");
-  s.groups[all] = s.world;
-  s.initialized = true;
+  make_world(s);
 }
 
 void destroy_process_group() {

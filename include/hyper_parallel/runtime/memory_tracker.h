@@ -21,7 +21,7 @@ class MemoryTracker {
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
-  /// Bytes allocated since the scope began and not freed yet.
+  /// Bytes allocated since the scope began and not freed yet (what it leaves behind).
   int64_t live_bytes() const;
   /// The largest live_bytes() so far.
   int64_t peak_bytes() const;
@@ -29,8 +29,6 @@ class MemoryTracker {
   /// by now (saved activations, temporaries, communication buffers): what a step needs beyond
   /// what it leaves behind (gradients, new state).
   int64_t transient_peak_bytes() const;
-  /// Bytes allocated since the scope began that are still alive (what it leaves behind).
-  int64_t retained_bytes() const { return live_bytes(); }
   /// Storages allocated since the scope began.
   int64_t allocations() const;
 
