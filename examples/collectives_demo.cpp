@@ -20,7 +20,7 @@ std::string show(const at::Tensor& t) {
 }
 }  // namespace
 
-int main() {
+int run() {
   hp::init_process_group();
   const int64_t ws = hp::get_world_size();
   auto mesh = hp::init_device_mesh("cpu", {ws}, {"tp"});
@@ -45,4 +45,8 @@ int main() {
   std::cout << "collectives issued: " << comm.summary() << "\n";
   hp::destroy_process_group();
   return 0;
+}
+
+int main() {
+  return hyper_parallel::run_program([&] { return run(); });
 }

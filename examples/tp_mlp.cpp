@@ -16,13 +16,13 @@ namespace hnn = hyper_parallel::nn;
 
 using hp_examples::Mlp;
 
-int main() {
+int run() {
   hp::init_process_group();
   const bool chief = hp::get_rank() == 0;
   auto tp = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
-  at::manual_seed(0);
+  hp::manual_seed(0);  // the layers draw their weights from hyper_parallel's generator
   Mlp model(64, 256);
-  at::manual_seed(0);
+  hp::manual_seed(0);
   Mlp single(64, 256);  // the single-device reference, same weights
 
   hp::parallelize_module(*model, tp, {{"up", hp::ColwiseParallel()}, {"down", hp::RowwiseParallel()}});
@@ -36,6 +36,7 @@ int main() {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
   torch::optim::SGD opt_single(single->parameters(), torch::optim::SGDOptions(0.05));
   double max_err = 0;
+  at::manual_seed(0);  // the same inputs on every rank
   for (int step = 0; step < 5; ++step) {
     at::Tensor x = at::randn({8, 64}), target = at::randn({8, 64});
     hp::CommDebugMode comm;
@@ -58,4 +59,8 @@ int main() {
   if (chief) std::cout << "max |tp - single| over losses and final parameters = " << max_err << "\n";
   hp::destroy_process_group();
   return max_err < 1e-4 ? 0 : 1;
+}
+
+int main() {
+  return hyper_parallel::run_program([&] { return run(); });
 }

@@ -3,8 +3,8 @@
 # there, a venv that already holds the pinned torch and an existing build are reused.
 #
 #   scripts/setup.sh [extra cmake args]       PyTorch 2.11 from its pip wheel, in a venv -> ./build
-#   HP_TORCH=system scripts/setup.sh          Debian 12's libtorch-dev 1.13.1 -> ./build-system
-#   HP_TORCH=/path/to/libtorch scripts/setup.sh   a libtorch you have (e.g. pytorch.org's zip) -> ./build
+#   HP_TORCH=/path/to/libtorch scripts/setup.sh   a libtorch 2.x you have (e.g. pytorch.org's zip) -> ./build
+# (Debian's libtorch-dev 1.13 is no longer supported: the platform is PyTorch 2.x.)
 #
 # Environment: HP_VENV (the venv, default ./.venv), HP_BUILD_DIR (the build folder),
 # HP_PYTHON (the interpreter that makes the venv, default python3).
@@ -26,16 +26,13 @@ PACKAGES=(
 )
 case "$HP_TORCH" in
   system)
-    PACKAGES+=(
-      libtorch-dev          # PyTorch 1.13.1 (CPU) with c10d
-      libopenblas0-openmp   # takes over libblas.so.3: ~10x faster matmuls than the reference BLAS
-    )
-    BUILD_DIR=${HP_BUILD_DIR:-build-system} ;;
+    echo "setup: Debian's libtorch 1.13 is no longer supported; use the pip wheel (default) or HP_TORCH=/path/to/libtorch-2.x" >&2
+    exit 2 ;;
   pip)
     PACKAGES+=(python3-venv)
     BUILD_DIR=${HP_BUILD_DIR:-build} ;;
   *)
-    [ -d "$HP_TORCH" ] || { echo "setup: HP_TORCH must be 'pip', 'system' or a libtorch folder; got '$HP_TORCH'" >&2; exit 2; }
+    [ -d "$HP_TORCH" ] || { echo "setup: HP_TORCH must be 'pip' or a libtorch folder; got '$HP_TORCH'" >&2; exit 2; }
     BUILD_DIR=${HP_BUILD_DIR:-build} ;;
 esac
 
@@ -51,12 +48,6 @@ fi
 
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
 case "$HP_TORCH" in
-  system)
-    # Debian's libtorch calls BLAS through libblas.so.3; report which implementation that is.
-    blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
-    echo "setup: Debian's libtorch 1.13.1; libblas.so.3 -> $blas"
-    cmake_args+=(-DCMAKE_PREFIX_PATH=/usr)
-    torch_dir=/usr/lib/x86_64-linux-gnu/cmake/Torch ;;
   pip)
     # Debian's pip is externally managed (PEP 668): the wheel goes into a venv. pip keeps its
     # download cache (~/.cache/pip), so a second venv does not fetch the 2.7 GB again.

@@ -86,7 +86,7 @@ Args parse(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Args a = parse(argc, argv);
   hp::InitOptions init;
   init.device_type = a.device;
@@ -138,4 +138,8 @@ int main(int argc, char** argv) {
   }
   hp::destroy_process_group();
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return hyper_parallel::run_program([&] { return run(argc, argv); });
 }

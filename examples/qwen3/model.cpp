@@ -145,7 +145,13 @@ CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
   layers = register_module("layers", hnn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c, i).ptr());
   norm = register_module("norm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
-  lm_head = register_module("lm_head", hnn::Linear(hnn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+  {
+    // A tied lm_head is embed_tokens' weight: built on meta, it allocates and draws nothing (as
+    // init_parameters, which does not draw into a weight another module owns).
+    c10::optional<hnn::ParameterScope> tied;
+    if (c.tie_word_embeddings) tied.emplace(hnn::ParameterScope::current().device(at::kMeta));
+    lm_head = register_module("lm_head", hnn::Linear(hnn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+  }
   tie_weights();
 }
 

@@ -111,7 +111,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   CausalLM model{nullptr};
   {
     const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.config.dtype));
-    if (device != "meta") at::manual_seed(0);  // the same weights on every rank of a real run
+    if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
     model = CausalLM(options.config);
   }
   if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);

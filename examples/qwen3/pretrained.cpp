@@ -2,24 +2,37 @@
 
 #include <ATen/ATen.h>
 
+#include <hyper_parallel/nn/init_parameters.h>
+
 #include "config.h"
 #include "parallelize.h"
 
 namespace qwen3 {
 
+CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype) {
+  CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(dtype));
+    model = CausalLM(config);
+  }
+  if (tp_mesh) parallelize_qwen3_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+  return model;
+}
+
 CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
                      const std::string& device) {
-  CausalLM model(config);
-  model->to(at::Device(device), dtype);
-  model->tie_weights();  // to() may have made the tied weight two tensors
-  if (tp_mesh) parallelize_qwen3_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+  CausalLM model = build_meta_model(config, tp_mesh, dtype);
+  hyper_parallel::init_parameters(*model, device);
   return model;
 }
 
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
                            const std::string& device) {
   Pretrained out;
-  out.model = build_model(load_config(dir + "/config.json"), tp_mesh, dtype, device);
+  // Shapes first, then this rank's shards only, which the checkpoint fills: no whole tensor and
+  // no float32 copy of a 16-bit model is ever made.
+  out.model = build_meta_model(load_config(dir + "/config.json"), tp_mesh, dtype);
+  hyper_parallel::to_empty(*out.model, device);
   out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, {hf_key});
   out.model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return out;

@@ -16,14 +16,19 @@ struct Pretrained {
   hyper_parallel::HFLoadReport load;
 };
 
-/// The model of `config` in `dtype` on `device` (parameters initialised, whole), with the Qwen TP
-/// plan without sequence parallelism when `tp_mesh` is given: ready for load_hf_checkpoint.
+/// The model of `config` in `dtype` on the meta device (shapes only), with the Qwen TP plan
+/// without sequence parallelism when `tp_mesh` is given: ready for to_empty or init_parameters.
+CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
+                          at::ScalarType dtype = at::kFloat);
+
+/// build_meta_model, then init_parameters on `device`: each rank allocates and draws only its
+/// shards, which equal one process's for the same hyper_parallel::manual_seed.
 CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
                      at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
 
-/// Reads `dir`/config.json, builds the model in `dtype` on `device`, applies the Qwen TP plan
-/// without sequence parallelism (generation decodes one position at a time) when `tp_mesh` is
-/// given, and loads the checkpoint. The model is in eval mode, as transformers' (no dropout). e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
+/// Reads `dir`/config.json, builds the model on meta in `dtype`, applies the Qwen TP plan without
+/// sequence parallelism (generation decodes one position at a time) when `tp_mesh` is given,
+/// allocates this rank's shards on `device` and loads the checkpoint straight into them. The model is in eval mode, as transformers' (no dropout). e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
                            at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
 

@@ -26,6 +26,7 @@
 #include "tokenizer.h"
 
 namespace hp = hyper_parallel;
+namespace hnn = hyper_parallel::nn;
 
 namespace {
 
@@ -123,11 +124,17 @@ std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step,
 std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& tp, bool verbose,
                           qwen3::CausalLM* trained = nullptr) {
   at::manual_seed(a.seed);
-  hp::manual_seed(static_cast<uint64_t>(a.seed));  // dropout: the same draws in both runs, at any tp
-  qwen3::CausalLM model(a.config);
-  const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
-  model->to(device);
+  // The weights and the dropout masks: the same draws in both runs, at any tp.
+  hp::manual_seed(static_cast<uint64_t>(a.seed));
+  // Shapes first, then the plan, then only this rank's shards allocated and drawn.
+  qwen3::CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
+    model = qwen3::CausalLM(a.config);
+  }
   if (tp) qwen3::parallelize_qwen3_tp(*model, *tp, a.sequence_parallel, a.loss_parallel);
+  const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
+  hp::init_parameters(*model, device);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   std::vector<double> losses;
   for (int64_t step = 0; step < a.steps; ++step) {
@@ -167,7 +174,7 @@ std::vector<int64_t> generated(const std::string& dir, const Args& a, const c10:
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Args a = parse(argc, argv);
   hp::InitOptions init;
   init.device_type = a.device;
@@ -181,7 +188,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(a.config.num_layers), static_cast<long long>(a.config.hidden_size),
                 static_cast<long long>(a.config.num_heads), static_cast<long long>(a.config.num_kv_heads),
                 static_cast<long long>([&] {
-                  at::manual_seed(a.seed);
+                  hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
                   int64_t n = 0;
                   for (const auto& p : qwen3::CausalLM(a.config)->parameters()) n += p.numel();
                   return n;
@@ -235,4 +242,8 @@ int main(int argc, char** argv) {
   hp::barrier(hp::world_group());
   hp::destroy_process_group();
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return hyper_parallel::run_program([&] { return run(argc, argv); });
 }

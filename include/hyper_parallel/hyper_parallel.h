@@ -13,6 +13,8 @@
 #include <hyper_parallel/runtime/launch_env.h>
 #include <hyper_parallel/runtime/memory_tracker.h>
 #include <hyper_parallel/runtime/process_group.h>
+#include <hyper_parallel/runtime/process_memory.h>
+#include <hyper_parallel/runtime/program.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/dtensor/placement.h>
 #include <hyper_parallel/dtensor/dtensor_spec.h>
@@ -23,6 +25,7 @@
 #include <hyper_parallel/dtensor/sharding_rule.h>
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/nn/init_parameters.h>
 #include <hyper_parallel/platform/platform.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>

@@ -156,6 +156,16 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+// The mapping's pages of [p, p + n) are no longer needed by this process: a model loaded from a
+// file larger than memory keeps only the bytes it is copying resident (the page cache keeps the
+// file for the next reader). Advisory: a failure changes nothing but memory use.
+void SafetensorsFile::drop_pages(const uint8_t* p, int64_t n) const {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(n);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 const SafetensorsTensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
@@ -210,6 +220,7 @@ int64_t SafetensorsFile::read_box(const std::string& name, at::IntArrayRef start
     src = aligned.as_strided(out.sizes(), strides);
   }
   out.copy_(src);
+  drop_pages(p, span);
   // Rows of a box that spans several rows are separated by bytes it does not need; count what it
   // uses, which is what the kernel reads whole pages of.
   return out.numel() * es;

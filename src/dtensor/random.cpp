@@ -46,7 +46,11 @@ DTensor random_dtensor(const char* what, const std::vector<int64_t>& shape, cons
 
 }  // namespace
 
+// A meta tensor (plain, or a DTensor whose local piece is on meta) has no values to fill, and
+// takes no call number: as with torch's generators, building a model on meta draws nothing, so
+// materialising it afterwards (init_parameters) draws what eager construction would have.
 at::Tensor& uniform_(at::Tensor& t, double from, double to) {
+  if (t.is_meta()) return t;
   if (is_dtensor(t)) return t.uniform_(from, to);
   check_floating(t, "uniform_");
   HP_CHECK_T(c10::ValueError, from <= to, "hyper_parallel::uniform_: expects from <= to, got from=", from, " to=", to);
@@ -59,6 +63,7 @@ at::Tensor& uniform_(at::Tensor& t, double from, double to) {
 }
 
 at::Tensor& normal_(at::Tensor& t, double mean, double std) {
+  if (t.is_meta()) return t;
   if (is_dtensor(t)) return t.normal_(mean, std);
   check_floating(t, "normal_");
   HP_CHECK_T(c10::ValueError, std >= 0.0, "hyper_parallel::normal_: expects std >= 0.0, got std=", std);
@@ -72,6 +77,7 @@ at::Tensor& normal_(at::Tensor& t, double mean, double std) {
 }
 
 at::Tensor& bernoulli_(at::Tensor& t, double prob) {
+  if (t.is_meta()) return t;
   if (is_dtensor(t)) return t.bernoulli_(prob);
   HP_CHECK_T(c10::ValueError, prob >= 0.0 && prob <= 1.0, "hyper_parallel::bernoulli_: expects p in [0, 1], got ", prob);
   DrawParams p;

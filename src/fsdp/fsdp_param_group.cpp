@@ -62,25 +62,42 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh
     b.row_numel += p.padded_numel;
     b.compute_numel += c10::multiply_integers(p.compute_shape);
   }
-  for (Bucket& b : buckets_) {
-    const auto options = DTensor(params_[b.params[0]].sharded).to_local().options();
-    b.send = at::empty({b.row_numel}, options);
-    b.storage = at::empty({b.compute_numel}, options);
-    int64_t at = 0;
-    for (size_t k : b.params) {
-      FSDPParam& p = params_[k];
-      const int64_t n = c10::multiply_integers(p.compute_shape);
-      p.unsharded = b.storage.narrow(0, at, n).view(p.compute_shape);
-      at += n;
-    }
-    b.grad_rows = at::zeros({dp_mesh_.size(0), b.row_numel}, options);
-  }
+  for (Bucket& b : buckets_) allocate(b);
   reshard();  // sharded until the first forward
+}
+
+at::TensorOptions FSDPParamGroup::options_of(const Bucket& b) const {
+  return DTensor(params_[b.params[0]].sharded).to_local().options();
+}
+
+void FSDPParamGroup::allocate(Bucket& b) {
+  const auto options = options_of(b);
+  b.send = at::empty({b.row_numel}, options);
+  b.storage = at::empty({b.compute_numel}, options);
+  int64_t at = 0;
+  for (size_t k : b.params) {
+    FSDPParam& p = params_[k];
+    const int64_t n = c10::multiply_integers(p.compute_shape);
+    p.unsharded = b.storage.narrow(0, at, n).view(p.compute_shape);
+    at += n;
+  }
+  b.grad_rows = at::zeros({dp_mesh_.size(0), b.row_numel}, options);
+}
+
+// A group made on a meta model has meta buffers; init_parameters / to_empty then materialise
+// the parameters in place, and the buffers follow here, before the first gather.
+void FSDPParamGroup::follow_parameters_device() {
+  for (Bucket& b : buckets_) {
+    if (b.send.device() == options_of(b).device()) continue;
+    allocate(b);
+    b.storage.storage().unsafeGetStorageImpl()->reset();  // sharded: issue_unshard fills it
+  }
 }
 
 void FSDPParamGroup::issue_unshard() {
   if (unsharded_) return;
   at::NoGradGuard no_grad;
+  follow_parameters_device();
   for (Bucket& b : buckets_) {
     c10::StorageImpl* s = b.storage.storage().unsafeGetStorageImpl();
     const size_t bytes = static_cast<size_t>(b.compute_numel) * b.storage.element_size();

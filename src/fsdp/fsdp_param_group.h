@@ -62,6 +62,9 @@ class FSDPParamGroup : public torch::CustomClassHolder {
     Work gather;                // the all-gather in flight (issue_unshard)
     Work reduce;                // the reduce-scatter in flight (reduce_grads)
   };
+  at::TensorOptions options_of(const Bucket& b) const;  // of the bucket's sharded parameters
+  void allocate(Bucket& b);
+  void follow_parameters_device();
   std::vector<FSDPParam> params_;
   std::vector<Bucket> buckets_;
   DeviceMesh dp_mesh_;

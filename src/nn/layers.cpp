@@ -1,7 +1,6 @@
 #include <hyper_parallel/nn/layers.h>
 
 #include <ATen/ATen.h>
-#include <torch/nn/init.h>
 
 #include <hyper_parallel/dtensor/random.h>
 
@@ -28,15 +27,15 @@ void LinearImpl::reset() {
   reset_parameters();
 }
 
-// torch::nn::Linear's initialisation.
+// torch::nn::Linear's distributions: kaiming_uniform_(a = sqrt(5)) is U(-1/sqrt(fan_in),
+// 1/sqrt(fan_in)), and so is the bias. Drawn by the layout-independent generator: a shard of the
+// weight holds the elements one process draws.
 void LinearImpl::reset_parameters() {
   at::NoGradGuard no_grad;
+  const double bound = options.in_features() > 0 ? 1.0 / std::sqrt(static_cast<double>(options.in_features())) : 0.0;
   at::Tensor w = parameter("weight");
-  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
-  if (at::Tensor b = bias(); b.defined()) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(options.in_features()));
-    torch::nn::init::uniform_(b, -bound, bound);
-  }
+  hyper_parallel::uniform_(w, -bound, bound);
+  if (at::Tensor b = bias(); b.defined()) hyper_parallel::uniform_(b, -bound, bound);
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) { return at::linear(input, weight(), bias()); }
@@ -51,7 +50,7 @@ void EmbeddingImpl::reset() {
 void EmbeddingImpl::reset_parameters() {
   at::NoGradGuard no_grad;
   at::Tensor w = parameter("weight");
-  torch::nn::init::normal_(w);
+  hyper_parallel::normal_(w);
   if (options.padding_idx()) w[*options.padding_idx()].fill_(0);
 }
 
@@ -63,8 +62,15 @@ LayerNormImpl::LayerNormImpl(const LayerNormOptions& options_) : options(options
 
 void LayerNormImpl::reset() {
   if (!options.elementwise_affine()) return;
-  register_parameter("weight", at::ones(options.normalized_shape(), ParameterScope::current()));
-  register_parameter("bias", at::zeros(options.normalized_shape(), ParameterScope::current()));
+  register_parameter("weight", at::empty(options.normalized_shape(), ParameterScope::current()));
+  register_parameter("bias", at::empty(options.normalized_shape(), ParameterScope::current()));
+  reset_parameters();
+}
+
+void LayerNormImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  if (at::Tensor w = parameter_or_undefined("weight"); w.defined()) w.fill_(1);
+  if (at::Tensor b = parameter_or_undefined("bias"); b.defined()) b.fill_(0);
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
@@ -74,7 +80,15 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
 
 RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { reset(); }
 
-void RMSNormImpl::reset() { register_parameter("weight", at::ones({options.dim()}, ParameterScope::current())); }
+void RMSNormImpl::reset() {
+  register_parameter("weight", at::empty({options.dim()}, ParameterScope::current()));
+  reset_parameters();
+}
+
+void RMSNormImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  parameter("weight").fill_(1);
+}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   const auto dtype = input.scalar_type();

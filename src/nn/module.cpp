@@ -187,6 +187,11 @@ at::Tensor Module::call_tensor(const at::Tensor&) {
   return {};
 }
 
+void Module::reset_parameters() {
+  HP_CHECK_T(c10::NotImplementedError, false, "hyper_parallel::nn::Module::reset_parameters: ", name(),
+             " holds parameters or buffers of its own and does not override reset_parameters, so they cannot be initialised");
+}
+
 namespace detail {
 void check_arity(const Module& m, size_t expected, size_t got) {
   HP_CHECK_T(c10::ValueError, expected == got, m.name(), ".forward takes ", expected,

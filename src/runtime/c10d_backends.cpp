@@ -14,7 +14,6 @@
 #include <cstdlib>
 
 #include "c10d_backends.h"
-#include "torch_compat.h"
 
 namespace hyper_parallel {
 namespace {
@@ -27,21 +26,17 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// 2.x: Gloo and NCCL are c10d::Backends behind a c10d::ProcessGroup that routes each device type to
-// its backend. 1.13: the backend class is the process group.
+// Gloo and NCCL are c10d::Backends behind a c10d::ProcessGroup that routes each device type to
+// its backend.
 template <typename BackendT>
 c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                         int size, c10::intrusive_ptr<BackendT> backend,
                                                         c10::DeviceType device, bool nccl) {
-#if HP_TORCH_AT_LEAST(2, 0)
   const auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   pg->setDefaultBackend(type);
   pg->setBackend(device, type, c10::intrusive_ptr<c10d::Backend>(std::move(backend)));
   return pg;
-#else
-  return backend;
-#endif
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "torch_compat.h"
 
 namespace hyper_parallel {
 namespace detail {
@@ -23,7 +22,7 @@ void raise_index_error(const std::string& message) {
   throw c10::IndexError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
 }
 
-void assert_on_device(const at::Tensor& ok, const std::string& message) { compat::assert_async(ok, message); }
+void assert_on_device(const at::Tensor& ok, const std::string& message) { at::_assert_async(ok, message); }
 
 }  // namespace detail
 }  // namespace hyper_parallel

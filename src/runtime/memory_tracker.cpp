@@ -10,7 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "torch_compat.h"
+#include <torch/csrc/api/include/torch/version.h>
 
 namespace hyper_parallel {
 
@@ -54,7 +54,9 @@ class CountingAllocator final : public c10::Allocator {
   std::shared_ptr<MemoryTracker::State> state;
   c10::DeviceType device = c10::DeviceType::CPU;
 
-#if HP_TORCH_AT_LEAST(2, 3)
+// libtorch 2.3 made Allocator::allocate non-const and added copy_data.
+#define HP_ALLOCATOR_2_3 (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+#if HP_ALLOCATOR_2_3
   c10::DataPtr allocate(size_t n) override {
 #else
   c10::DataPtr allocate(size_t n) const override {
@@ -73,7 +75,7 @@ class CountingAllocator final : public c10::Allocator {
     }
     return c10::DataPtr(data, b, &free_block, where);
   }
-#if HP_TORCH_AT_LEAST(2, 3)
+#if HP_ALLOCATOR_2_3
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }

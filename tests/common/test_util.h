@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 
 #include "test_device.h"
@@ -23,6 +24,13 @@ inline at::Tensor values(at::IntArrayRef shape, int64_t salt = 0) {
   int64_t n = 1;
   for (auto s : shape) n *= s;
   return at::arange(n, at::kFloat).add(salt).remainder(11).sub(5).div(4).reshape(shape).to(test_device());
+}
+
+/// Seeds hyper_parallel's generator (the layers draw their initial values from it) and torch's
+/// (at::randn and friends without a generator) alike: models built after it are the same.
+inline void manual_seed(uint64_t seed) {
+  hp::manual_seed(seed);
+  at::manual_seed(seed);
 }
 
 /// Random values from a fixed seed, identical on every rank.

@@ -34,6 +34,10 @@ VARIANTS = {
     "bf16_sharded_tied": (torch.bfloat16, True, "40KB"),
     "fp32_sharded_tied": (torch.float32, True, "100KB"),
 }
+# Big enough that each of 2 ranks loads more than 64 MiB of bf16 shards (221 MB in four files): the
+# memory test of from_pretrained (only local shards allocated, pages of the files released).
+MEMORY = dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+              num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-6, max_position_embeddings=128, pad_token_id=0)
 PROMPTS = [[5, 17, 200, 3, 99], [250, 8, 41], [1, 2, 3, 4, 5, 6, 7], [299]]
 NEW_TOKENS = 10
 
@@ -128,6 +132,11 @@ def make(out):
             ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
             reference(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
+    d = os.path.join(out, "bf16_memory")
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(1234)
+    Qwen3ForCausalLM(Qwen3Config(**MEMORY, tie_word_embeddings=False)).to(torch.bfloat16).save_pretrained(d, max_shard_size="60MB")
+    print(f"bf16_memory: {sorted(os.listdir(d))}")
 
 
 def check(ours, ref_dir):

@@ -6,6 +6,7 @@
 //           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
 //   hprun --nproc-per-node N hp_plan --measure ...   the same step run for real on CPU tensors
 //                                                    (rank 0 prints what it measured)
+#include <hyper_parallel/runtime/program.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -45,7 +46,7 @@ int64_t positive(const std::string& flag, const std::string& v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   qwen3::PlanOptions o;
   std::string config, mesh;
   bool json = false, measure = false;
@@ -73,24 +74,23 @@ int main(int argc, char** argv) {
   }
   if (config.empty()) usage("--config is required");
   if (mesh.empty()) usage("--mesh is required");
-  try {
-    o.config = qwen3::load_config(config);
-    o.mesh = qwen3::parse_mesh(mesh);
-    if (measure) {
-      at::set_num_threads(1);
-      hyper_parallel::init_process_group();
-      o.device_type = "cpu";
-      const qwen3::PlanReport r = qwen3::measure_training(o);
-      if (hyper_parallel::get_rank() == 0) std::cout << (json ? r.to_json() + "\n" : r.to_table());
-      hyper_parallel::destroy_process_group();
-      return 0;
-    }
-    const qwen3::PlanReport r = qwen3::plan_training(o);
-    std::cout << (json ? r.to_json() + "\n" : r.to_table());
-  } catch (const c10::Error& e) {
-    // The error the real job would raise, on every rank.
-    std::fprintf(stderr, "hp_plan: the plan fails: %s\n", e.what_without_backtrace());
-    return 1;
+  // A plan that fails raises the error the real job would, and run_program prints it.
+  o.config = qwen3::load_config(config);
+  o.mesh = qwen3::parse_mesh(mesh);
+  if (measure) {
+    at::set_num_threads(1);
+    hyper_parallel::init_process_group();
+    o.device_type = "cpu";
+    const qwen3::PlanReport r = qwen3::measure_training(o);
+    if (hyper_parallel::get_rank() == 0) std::cout << (json ? r.to_json() + "\n" : r.to_table());
+    hyper_parallel::destroy_process_group();
+    return 0;
   }
+  const qwen3::PlanReport r = qwen3::plan_training(o);
+  std::cout << (json ? r.to_json() + "\n" : r.to_table());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return hyper_parallel::run_program([&] { return run(argc, argv); });
 }

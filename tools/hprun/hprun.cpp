@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -369,7 +370,7 @@ struct Supervisor {
   }
 };
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.master_port == 0) o.master_port = free_port(o.master_addr);
   const bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc > 1;
@@ -391,4 +392,16 @@ int main(int argc, char** argv) {
   supervisor.run();
   remove_job_segments(job_id);
   return supervisor.exit_status();
+}
+
+// The launcher's own failures (e.g. out of memory) end as one line and status 1, as the ranks'.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hprun: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "hprun: error: an exception of unknown type\n");
+  }
+  return 1;
 }

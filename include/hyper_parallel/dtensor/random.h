@@ -34,7 +34,9 @@ void manual_seed(uint64_t seed);
 /// The seed of the last manual_seed.
 uint64_t initial_seed();
 
-/// In-place fills of plain tensors and DTensors alike, with the values described above.
+/// In-place fills of plain tensors and DTensors alike, with the values described above. A meta
+/// tensor is left as it is and takes no call number (as torch's generators on meta), so a model
+/// built on meta and materialised by init_parameters draws what eager construction draws.
 at::Tensor& uniform_(at::Tensor& t, double from = 0.0, double to = 1.0);
 at::Tensor& normal_(at::Tensor& t, double mean = 0.0, double std = 1.0);
 at::Tensor& bernoulli_(at::Tensor& t, double p = 0.5);

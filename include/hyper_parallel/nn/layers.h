@@ -34,7 +34,9 @@ class ParameterScope {
   at::TensorOptions previous_;
 };
 
-/// y = x W^T + b; weight [out_features, in_features], bias [out_features] (torch init).
+/// y = x W^T + b; weight [out_features, in_features], bias [out_features], both drawn from
+/// torch's U(-1/sqrt(in_features), 1/sqrt(in_features)) by hyper_parallel's generator
+/// (dtensor/random.h: seed it with hyper_parallel::manual_seed, not torch's).
 /// e.g. `Linear proj(LinearOptions(64, 32).bias(false));`
 struct LinearOptions {
   LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
@@ -47,7 +49,7 @@ class LinearImpl : public ModuleBase<LinearImpl> {
   LinearImpl(int64_t in_features, int64_t out_features) : LinearImpl(LinearOptions(in_features, out_features)) {}
   explicit LinearImpl(const LinearOptions& options);
   void reset();
-  void reset_parameters();
+  void reset_parameters() override;
   at::Tensor forward(const at::Tensor& input);
   ModuleKind module_kind() const override { return ModuleKind::Linear; }
   const at::Tensor& weight() const { return parameter("weight"); }
@@ -56,7 +58,8 @@ class LinearImpl : public ModuleBase<LinearImpl> {
 };
 HP_MODULE(Linear);
 
-/// A lookup table; weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding row zero.
+/// A lookup table; weight [num_embeddings, embedding_dim] ~ N(0, 1) (hyper_parallel's generator),
+/// the padding row zero.
 struct EmbeddingOptions {
   EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim) : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
   TORCH_ARG(int64_t, num_embeddings);
@@ -68,7 +71,7 @@ class EmbeddingImpl : public ModuleBase<EmbeddingImpl> {
   EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim) : EmbeddingImpl(EmbeddingOptions(num_embeddings, embedding_dim)) {}
   explicit EmbeddingImpl(const EmbeddingOptions& options);
   void reset();
-  void reset_parameters();
+  void reset_parameters() override;
   at::Tensor forward(const at::Tensor& indices);
   ModuleKind module_kind() const override { return ModuleKind::Embedding; }
   const at::Tensor& weight() const { return parameter("weight"); }
@@ -87,6 +90,7 @@ class LayerNormImpl : public ModuleBase<LayerNormImpl> {
  public:
   explicit LayerNormImpl(const LayerNormOptions& options);
   void reset();
+  void reset_parameters() override;
   at::Tensor forward(const at::Tensor& input);
   LayerNormOptions options;
 };
@@ -103,6 +107,7 @@ class RMSNormImpl : public ModuleBase<RMSNormImpl> {
  public:
   explicit RMSNormImpl(const RMSNormOptions& options);
   void reset();
+  void reset_parameters() override;
   at::Tensor forward(const at::Tensor& input);
   const at::Tensor& weight() const { return parameter("weight"); }
   RMSNormOptions options;

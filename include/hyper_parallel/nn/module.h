@@ -98,6 +98,14 @@ class Module : public torch::nn::Module {
   /// takes one tensor provide it through ModuleHolder/HP_MODULE.
   virtual at::Tensor call_tensor(const at::Tensor& input);
 
+  /// (Re)initialises this module's own parameters and buffers (not its children's), as
+  /// PyTorch's reset_parameters: what construction does, and what init_parameters calls after
+  /// allocating a meta-built model's local shards. Draw through hyper_parallel::uniform_ /
+  /// normal_ (dtensor/random.h), in the order the parameters were registered, so that one process,
+  /// a meta-built model materialised at any layout and eager construction hold the same values.
+  /// The default throws c10::NotImplementedError: a module with parameters of its own overrides it.
+  virtual void reset_parameters();
+
   /// The state another layer keeps for this module, one object per type T, made on first use;
   /// it lives and dies with the module (tensor_parallel/ records here that it distributed the
   /// module, without nn/ knowing about tensor parallelism).

@@ -1,6 +1,5 @@
-// Scaled dot-product attention on DTensors. libtorch decomposes it above autograd (1.13:
-// aten::_scaled_dot_product_attention into math; 2.x: aten::scaled_dot_product_attention into
-// math or a fused kernel) and the math builds plain tensors of its own (the causal mask), which
+// Scaled dot-product attention on DTensors. libtorch decomposes it above autograd
+// (aten::scaled_dot_product_attention into math or a fused kernel) and the math builds plain tensors of its own (the causal mask), which
 // cannot meet DTensors. Attention is independent per batch entry and
 // per head, so with q/k/v sharded on those dims (as Colwise q/k/v projections leave them) each rank
 // runs it on its local heads: no collective, forward or backward. This kernel takes the op's place
@@ -15,10 +14,7 @@
 #include <vector>
 
 #include "../../runtime/dispatch_keys.h"
-#include "../../runtime/torch_compat.h"
-#if HP_TORCH_AT_LEAST(2, 0)
 #include <ATen/ops/scaled_dot_product_attention_native.h>
-#endif
 
 namespace hyper_parallel {
 namespace ops {
@@ -71,7 +67,6 @@ std::pair<at::Tensor, at::Tensor> sdpa_on_dtensors(const at::Tensor& query, cons
   return {dout, dweights};
 }
 
-#if HP_TORCH_AT_LEAST(2, 0)
 // 2.x: the public op chooses a kernel (math, or flash attention on CPU and CUDA) from the inputs.
 // Plain tensors take that same path; DTensors run it on their local heads.
 at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -87,23 +82,6 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
       .first;
 }
 constexpr const char* kSdpaOp = "scaled_dot_product_attention";
-#else
-// 1.13: the op decomposes into math that also returns the attention weights when asked.
-std::tuple<at::Tensor, at::Tensor> sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                        const c10::optional<at::Tensor>& attn_mask, double dropout_p,
-                                        bool need_attn_weights, bool is_causal) {
-  if (!is_dtensor(query) && !is_dtensor(key) && !is_dtensor(value))
-    return at::_scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, need_attn_weights, is_causal);
-  auto [out, weights] = sdpa_on_dtensors(
-      query, key, value, attn_mask,
-      [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& m) {
-        auto r = at::_scaled_dot_product_attention_math(q, k, v, m, dropout_p, need_attn_weights, is_causal);
-        return std::pair<at::Tensor, at::Tensor>(std::get<0>(r), std::get<1>(r));
-      });
-  return {out, weights};
-}
-constexpr const char* kSdpaOp = "_scaled_dot_product_attention";
-#endif
 
 }  // namespace
 }  // namespace ops

@@ -3,7 +3,6 @@
 // dims of size 1). Each compares with plain tensors in this process, or expects the error that
 // every rank raises.
 #include "../../common/test_util.h"
-#include "../../../src/runtime/torch_compat.h"
 
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 
@@ -262,9 +261,9 @@ TEST(OffPathDist, ScaledDotProductAttentionOnShardedHeads) {
       dist.push_back(d);
     }
     const c10::optional<at::Tensor> m = causal ? c10::nullopt : c10::optional<at::Tensor>(mask);
-    at::Tensor ref = hyper_parallel::compat::scaled_dot_product_attention(plain[0], plain[1], plain[2], m, causal);
+    at::Tensor ref = at::scaled_dot_product_attention(plain[0], plain[1], plain[2], m, 0.0, causal);
     hp::CommDebugMode comm;
-    at::Tensor out = hyper_parallel::compat::scaled_dot_product_attention(dist[0], dist[1], dist[2], m, causal);
+    at::Tensor out = at::scaled_dot_product_attention(dist[0], dist[1], dist[2], m, 0.0, causal);
     EXPECT_EQ(comm.get_total_counts(), 0) << comm.summary();
     EXPECT_EQ(hp::DTensor(out).placements(), (P{hp::Shard(1)}));
     EXPECT_TRUE(close(out, ref));

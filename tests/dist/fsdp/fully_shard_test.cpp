@@ -95,9 +95,9 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 8;
-  at::manual_seed(62);
+  hp_test::manual_seed(62);
   qwen3::CausalLM model(c);
-  at::manual_seed(62);
+  hp_test::manual_seed(62);
   qwen3::CausalLM ref(c);
   qwen3::parallelize_qwen3_tp(*model, mesh["tp"], /*sequence_parallel=*/true);
   for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"]);

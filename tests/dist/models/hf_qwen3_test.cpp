@@ -47,7 +47,7 @@ at::Tensor expected(const std::string& variant_dir, const char* name) {
 
 // Our model from the checkpoint's config.json, in float32, split over every rank.
 qwen3::CausalLM parallel_model(const std::string& variant_dir) {
-  at::manual_seed(99);  // any init: every parameter is loaded
+  hp_test::manual_seed(99);  // any init: every parameter is loaded
   return qwen3::build_model(qwen3::load_config(variant_dir + "/config.json"), world_mesh());
 }
 
@@ -240,7 +240,7 @@ TEST(HFQwen3, CorruptFilesFailOnEveryRankAndLeaveTheModelUnchanged) {
       {"shape", replaced(key, "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[65]"), "model.norm.weight"},
       {"padded", good + std::string(16, '\0'), "bytes after the header"},
   };
-  at::manual_seed(3);
+  hp_test::manual_seed(3);
   qwen3::CausalLM model = qwen3::build_model(qwen3::load_config(ref + "/fp32_single/config.json"), world_mesh());
   const auto before = snapshot(*model);
   for (const auto& [name, bytes, needle] : cases) {
@@ -274,7 +274,7 @@ TEST(HFQwen3, MismatchedConfigsAndKeysFailOnEveryRankAndLeaveTheModelUnchanged) 
   const std::string d = ref + "/fp32_single";
   const qwen3::Config good = qwen3::load_config(d + "/config.json");
   auto check = [&](qwen3::Config c, const hp::HFLoadOptions& options, const std::string& needle, const std::string& what) {
-    at::manual_seed(4);
+    hp_test::manual_seed(4);
     qwen3::CausalLM model = qwen3::build_model(c, world_mesh());
     const auto before = snapshot(*model);
     expect_value_error([&] { hp::load_hf_checkpoint(*model, d, options); }, needle, what);
@@ -291,7 +291,7 @@ TEST(HFQwen3, MismatchedConfigsAndKeysFailOnEveryRankAndLeaveTheModelUnchanged) 
   check(wider, qwen_load(), "model.layers.0.mlp.down_proj.weight' in", "a shape mismatch");
   check(good, {}, "the checkpoint lacks 'embed_tokens.weight'", "no key map");
   // Skipping unexpected keys is the caller's choice.
-  at::manual_seed(4);
+  hp_test::manual_seed(4);
   qwen3::CausalLM partial = qwen3::build_model(fewer_layers, world_mesh());
   hp::HFLoadOptions lax{qwen3::hf_key, /*strict=*/false};
   EXPECT_EQ(hp::load_hf_checkpoint(*partial, d, lax).tensors, 1 + 11 + 1 + 1);
@@ -367,7 +367,7 @@ TEST(HFCheckpoint, LoadsEveryRankBoxOfAnyPlacementsAndCastsPieceByPiece) {
   // bf16 files, sizes that split unevenly (301, 90); the model in float32.
   const std::string d = ref + "/bf16_uneven";
   qwen3::Config c = qwen3::load_config(d + "/config.json");
-  at::manual_seed(8);
+  hp_test::manual_seed(8);
   qwen3::CausalLM model(c);
   const int64_t n = hp::get_world_size();
   std::vector<hp::DeviceMesh> meshes{world_mesh()};

@@ -26,7 +26,7 @@ qwen3::Config small_config() {
 }
 
 qwen3::CausalLM build(const qwen3::Config& c) {
-  at::manual_seed(5);
+  hp_test::manual_seed(5);
   qwen3::CausalLM m(c);
   at::NoGradGuard g;
   for (auto& p : m->named_parameters())  // norms away from their all-ones init

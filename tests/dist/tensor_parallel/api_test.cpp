@@ -81,7 +81,7 @@ TEST(ParallelizeModuleApi, A4_EmptyPathOrEmptyAtomIsValueError) {
 TEST(ParallelizeModuleApi, A5_UnmatchedPathWarnsAndIsSkipped) {
   auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
   WarningCapture warnings;
-  hyper_parallel::compat::WarningHandlerGuard guard(&warnings);
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
   auto before = params_of(*mlp);
   hp::parallelize_module(*mlp, tp_mesh(), {{"does_not_exist", hp::ColwiseParallel()}});
   EXPECT_TRUE(warnings.contains("does_not_exist")) << warnings.messages.size();
@@ -204,7 +204,7 @@ TEST(DistributeModuleApi, A11_SecondDistributeModuleIsRuntimeError) {
 TEST(ParallelizeModuleApi, A12_NoPlanWarnsAndReturnsTheModule) {
   auto mlp = seeded<Mlp>(1, 8, 4 * tp_size());
   WarningCapture warnings;
-  hyper_parallel::compat::WarningHandlerGuard guard(&warnings);
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
   auto before = params_of(*mlp);
   torch::nn::Module& out = hp::parallelize_module(*mlp, tp_mesh());
   EXPECT_EQ(&out, mlp.get());

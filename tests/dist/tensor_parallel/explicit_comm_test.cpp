@@ -85,7 +85,7 @@ TEST(ExplicitRedistributionDist, AMissingPrepareModuleInputRaisesNamingTheModule
   // warn: once per op, module and specs, and the op runs.
   WarningCapture warnings;
   {
-    hyper_parallel::compat::WarningHandlerGuard capture(&warnings);
+    c10::WarningUtils::WarningHandlerGuard capture(&warnings);
     hp::ExplicitRedistribution guard(hp::ExplicitRedistribution::Mode::warn);
     EXPECT_TRUE(close(net(x), expected));
     EXPECT_TRUE(close(net(x), expected));

@@ -217,9 +217,9 @@ TEST(TensorParallelNumerics, C9_SequenceParallelIntoNoParallel) {
     hnn::RMSNorm norm{nullptr};
     hnn::Linear proj{nullptr};
   };
-  at::manual_seed(19);
+  hp_test::manual_seed(19);
   auto b = std::make_shared<BlockImpl>();
-  at::manual_seed(19);
+  hp_test::manual_seed(19);
   auto ref = std::make_shared<BlockImpl>();
   hp::parallelize_module(*b, mesh(), {{"norm", hp::SequenceParallel()}, {"proj", hp::NoParallel()}});
   at::Tensor xfull = random({2, 2 * n, 8}, 1);
@@ -246,9 +246,9 @@ struct ProjBlockImpl : hnn::ModuleBase<ProjBlockImpl> {
 
 TEST(TensorParallelNumerics, C10_PrepareModuleInputThenColwise) {
   const int64_t n = tp_size();
-  at::manual_seed(20);
+  hp_test::manual_seed(20);
   auto b = std::make_shared<ProjBlockImpl>(8, 4 * n);
-  at::manual_seed(20);
+  hp_test::manual_seed(20);
   auto ref = std::make_shared<ProjBlockImpl>(8, 4 * n);
   auto tp = mesh();
   hp::parallelize_module(*b, tp, hp::PrepareModuleInput(hp::Layouts{hp::Shard(0)}, hp::Layouts{hp::Replicate()}));

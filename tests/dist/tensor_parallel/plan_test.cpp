@@ -162,9 +162,9 @@ TEST(QwenPlan, D4_LmHeadKeepsLogitsShardedOnTheLastDim) {
     hnn::RMSNorm norm{nullptr};
     hnn::Linear lm_head{nullptr};
   };
-  at::manual_seed(41);
+  hp_test::manual_seed(41);
   auto head = std::make_shared<HeadImpl>(hidden, vocab);
-  at::manual_seed(41);
+  hp_test::manual_seed(41);
   auto ref = std::make_shared<HeadImpl>(hidden, vocab);
   auto tp = mesh();
   hp::parallelize_module(*head, tp, {{"norm", hp::SequenceParallel()},

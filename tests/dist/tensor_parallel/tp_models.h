@@ -8,15 +8,14 @@
 #include <hyper_parallel/hyper_parallel.h>
 
 #include "../../common/test_util.h"
-#include "../../../src/runtime/torch_compat.h"
 
 namespace tp_test {
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
 /// Collects the warnings raised in its scope.
-struct WarningCapture : hyper_parallel::compat::WarningMessageHandler {
-  void on_warning(const std::string& msg) override { messages.push_back(msg); }
+struct WarningCapture : c10::WarningHandler {
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
   bool contains(const std::string& s) const {
     for (const auto& m : messages)
       if (m.find(s) != std::string::npos) return true;
@@ -58,7 +57,7 @@ HP_MODULE(TwoOutputs);
 /// Same weights on every rank and in the reference: seeded construction.
 template <class Holder, class... Args>
 Holder seeded(uint64_t seed, Args&&... args) {
-  at::manual_seed(seed);
+  hp_test::manual_seed(seed);
   return Holder(std::forward<Args>(args)...);
 }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Every program ends bad input with one line "error: <message>" per rank and exit status 1: no
+# abort, no C++ stack dump (unless TORCH_SHOW_CPP_STACKTRACES=1), and only valid UTF-8 in what it
+# prints, even when the message quotes bytes of a corrupt file.
+#   programs_fail_cleanly.sh HPRUN QWEN3_GENERATE HP_PLAN HF_REF WORKDIR
+set -u
+hprun=$1 generate=$2 plan=$3 ref=$4 work=$5
+rm -rf "$work" && mkdir -p "$work"
+failed=0
+
+# case NAME EXPECTED-SUBSTRING COMMAND...
+case_() {
+  local name=$1 want=$2
+  shift 2
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  local why=""
+  [ "$rc" -eq 1 ] || why="exit status $rc, not 1"
+  grep -q "error: .*$want" <<<"$out" || why="$why; no 'error: ...$want' line"
+  if grep -qE "terminate called|Exception raised from|Aborted|core dumped|frame #" <<<"$out"; then why="$why; an abort or a stack trace"; fi
+  if ! iconv -f UTF-8 -t UTF-8 <<<"$out" >/dev/null 2>&1; then why="$why; invalid UTF-8 in the output"; fi
+  if [ -n "$why" ]; then
+    echo "FAIL $name: ${why#; }"
+    echo "$out" | head -20 | sed 's/^/    /'
+    failed=$((failed + 1))
+  else
+    echo "ok   $name: $(grep -m1 'error: ' <<<"$out")"
+  fi
+}
+
+# A checkpoint directory holding a good config.json and a bad file.
+bad_checkpoint() {
+  mkdir -p "$work/$1"
+  cp "$ref/fp32_single/config.json" "$work/$1/config.json"
+}
+
+case_ "generate: no such directory" "hyper_parallel::" \
+  "$hprun" --nproc-per-node 2 "$generate" --model "$work/missing" --prompt-ids 1,2 --max-new-tokens 2
+
+if [ -f "$ref/fp32_single/config.json" ]; then
+  bad_checkpoint truncated
+  head -c 1000 "$ref/fp32_single/model.safetensors" >"$work/truncated/model.safetensors"
+  case_ "generate: truncated safetensors, 2 ranks" "model.safetensors" \
+    "$hprun" --nproc-per-node 2 "$generate" --model "$work/truncated" --prompt-ids 1,2 --max-new-tokens 2
+
+  # A header whose tensor name holds bytes that are not UTF-8 (0xff 0xfe).
+  bad_checkpoint badname
+  python3 - "$work/badname/model.safetensors" <<'PY'
+import struct, sys
+header = b'{"model.embed_tokens.weight\xff\xfe": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+PY
+  case_ "generate: a tensor name that is not UTF-8" "model.safetensors" \
+    "$hprun" --nproc-per-node 2 "$generate" --model "$work/badname" --prompt-ids 1,2 --max-new-tokens 2
+
+  bad_checkpoint badconfig
+  echo '{"hidden_size": "wide"' >"$work/badconfig/config.json"
+  case_ "generate: config.json that is not JSON" "config.json" \
+    "$hprun" --nproc-per-node 2 "$generate" --model "$work/badconfig" --prompt-ids 1,2 --max-new-tokens 2
+else
+  echo "skipped the checkpoint cases: no transformers references in $ref"
+fi
+
+case_ "hp_plan: no such config" "hyper_parallel::" "$plan" --config "$work/missing.json" --mesh tp=8
+echo '{"hidden_size": 8}' >"$work/tiny.json"
+case_ "hp_plan: a config without the model's fields" "config" "$plan" --config "$work/tiny.json" --mesh tp=8
+
+# With TORCH_SHOW_CPP_STACKTRACES=1 the trace is printed too, after the one-line message.
+out=$(TORCH_SHOW_CPP_STACKTRACES=1 "$plan" --config "$work/missing.json" --mesh tp=8 2>&1)
+if grep -q "^error: " <<<"$out" && [ "$(wc -l <<<"$out")" -gt 1 ]; then
+  echo "ok   hp_plan with TORCH_SHOW_CPP_STACKTRACES=1: the message, then the trace"
+else
+  echo "FAIL hp_plan with TORCH_SHOW_CPP_STACKTRACES=1 printed no trace:"; echo "$out" | head -5
+  failed=$((failed + 1))
+fi
+
+echo "$failed case(s) failed"
+[ "$failed" -eq 0 ]
