@@ -8,9 +8,12 @@
 #include <utility>
 #include <vector>
 
+namespace hyper_parallel {
 namespace qwen3 {
 struct Config;
 }
+}  // namespace hyper_parallel
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp_bench {
 

@@ -14,9 +14,11 @@
 #include <set>
 #include <string>
 
-#include "generate.h"
-#include "config.h"
-#include "pretrained.h"
+#include <hyper_parallel/models/qwen3/generate.h>
+#include <hyper_parallel/models/qwen3/config.h>
+#include <hyper_parallel/models/qwen3/pretrained.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 

@@ -17,8 +17,10 @@
 #include <sstream>
 
 #include "bench_util.h"
-#include "model.h"
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;

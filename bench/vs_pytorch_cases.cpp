@@ -10,8 +10,10 @@
 #include "bench_util.h"
 #include "mlp.h"
 #include "op_cases.h"
-#include "model.h"
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 

@@ -19,11 +19,13 @@
 #include <sstream>
 #include <string>
 
-#include "generate.h"
-#include "model.h"
-#include "parallelize.h"
-#include "pretrained.h"
-#include "tokenizer.h"
+#include <hyper_parallel/models/qwen3/generate.h>
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
+#include <hyper_parallel/models/qwen3/pretrained.h>
+#include <hyper_parallel/models/qwen3/tokenizer.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;

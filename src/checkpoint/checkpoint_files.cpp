@@ -31,7 +31,7 @@ struct CrcTable {
 }  // namespace
 
 [[noreturn]] void os_error(const char* what, const std::string& path, int err) {
-  TORCH_CHECK(false, "checkpoint: cannot ", what, " ", path, ": ", std::strerror(err));
+  TORCH_CHECK(false, "hyper_parallel::checkpoint: cannot ", what, " ", path, ": ", std::strerror(err));
 }
 
 namespace {
@@ -97,14 +97,14 @@ int64_t file_size(const std::string& path) {
 
 std::string read_file(const std::string& path, int64_t max_bytes, const char* what) {
   const int64_t size = file_size(path);
-  HP_CHECK_T(c10::ValueError, size >= 0, what, ": ", path, " is missing");
-  HP_CHECK_T(c10::ValueError, size <= max_bytes, what, ": ", path, " has ", size,
+  HP_CHECK_T(c10::ValueError, size >= 0, "hyper_parallel::", what, ": ", path, " is missing");
+  HP_CHECK_T(c10::ValueError, size <= max_bytes, "hyper_parallel::", what, ": ", path, " has ", size,
              " bytes, more than a file of its kind can (", max_bytes, "): corrupt");
   std::ifstream in(path, std::ios::binary);
-  HP_CHECK_T(c10::ValueError, in.good(), what, ": cannot read ", path);
+  HP_CHECK_T(c10::ValueError, in.good(), "hyper_parallel::", what, ": cannot read ", path);
   std::string bytes(static_cast<size_t>(size), '\0');
   in.read(bytes.data(), size);
-  HP_CHECK_T(c10::ValueError, in.gcount() == size, what, ": ", path, " changed while it was read");
+  HP_CHECK_T(c10::ValueError, in.gcount() == size, "hyper_parallel::", what, ": ", path, " changed while it was read");
   return bytes;
 }
 

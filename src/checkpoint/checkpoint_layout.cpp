@@ -77,9 +77,9 @@ uint64_t parse_id(const cf::Lines& l) {
 Latest read_latest(const std::string& dir) {
   const std::string path = dir + "/LATEST";
   if (cf::file_size(path) < 0) {
-    HP_CHECK_T(c10::ValueError, cf::file_size(dir + "/metadata") < 0, "load_sharded: ", dir,
+    HP_CHECK_T(c10::ValueError, cf::file_size(dir + "/metadata") < 0, "hyper_parallel::load_sharded: ", dir,
                " holds a checkpoint in an older format (no LATEST); save it again with this version");
-    HP_CHECK_T(c10::ValueError, false, "load_sharded: ", dir, " holds no committed checkpoint (", path,
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::load_sharded: ", dir, " holds no committed checkpoint (", path,
                " is missing: no save into it has finished)");
   }
   cf::Lines l(path, cf::read_file(path, 4096), kMagic);
@@ -115,7 +115,7 @@ std::vector<int64_t> generations(const std::string& dir) {
 
 void check_id(const cf::Lines& l, uint64_t id, const std::string& path) {
   const uint64_t got = parse_id(l);
-  HP_CHECK_T(c10::ValueError, got == id, "load_sharded: ", path, " belongs to checkpoint ", hex(got), ", not to ",
+  HP_CHECK_T(c10::ValueError, got == id, "hyper_parallel::load_sharded: ", path, " belongs to checkpoint ", hex(got), ", not to ",
              hex(id), " (the committed one): files of different saves are mixed");
 }
 
@@ -139,7 +139,7 @@ Metadata read_metadata(const std::string& gdir, const Latest& latest) {
 
 RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, const Metadata& meta) {
   const std::string path = rank_file(gdir, r, ".meta");
-  HP_CHECK_T(c10::ValueError, cf::file_size(path) >= 0, "load_sharded: ", path, " is missing: rank ", r,
+  HP_CHECK_T(c10::ValueError, cf::file_size(path) >= 0, "hyper_parallel::load_sharded: ", path, " is missing: rank ", r,
              " of the job that wrote the checkpoint did not finish, or files were removed");
   cf::Lines l(path, cf::read_file(path, kMaxMetaBytes), kMagic);
   check_id(l, latest.id, path);
@@ -198,9 +198,19 @@ void fault_point(const char* point, int64_t rank) {
 
 // Every rank's verdict on a step, agreed with one small control exchange: nobody commits or loads
 // alone. On failure every rank raises, naming the failed ranks and the first one's reason.
-void agree(bool distributed, const std::string& my_error, const char* what, const std::string& tail) {
+namespace {
+// A rank's reason that already names the function ("hyper_parallel::save_sharded: ...") is not
+// prefixed with it twice.
+std::string without_prefix(const std::string& message, const char* what) {
+  const std::string prefix = std::string("hyper_parallel::") + what + ": ";
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+}  // namespace
+
+void agree(bool distributed, const std::string& my_error_in, const char* what, const std::string& tail) {
+  const std::string my_error = without_prefix(my_error_in, what);
   if (!distributed) {
-    TORCH_CHECK(my_error.empty(), what, ": ", my_error, tail);
+    TORCH_CHECK(my_error.empty(), "hyper_parallel::", what, ": ", my_error, tail);
     return;
   }
   const Group g = world_group();
@@ -211,7 +221,7 @@ void agree(bool distributed, const std::string& my_error, const char* what, cons
   if (bad.empty()) return;
   // The first failed rank's message reaches everyone (truncated to 2 KiB).
   const std::string first = control_broadcast_string(g, my_error.substr(0, 2047), bad[0]);
-  TORCH_CHECK(false, what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", first, tail);
+  TORCH_CHECK(false, "hyper_parallel::", what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", first, tail);
 }
 
 std::string message_of(const std::exception& e) {

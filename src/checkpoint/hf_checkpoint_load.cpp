@@ -27,7 +27,7 @@ constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
 constexpr size_t kMaxListed = 8;  // names listed in one error before "and N more"
 
 [[noreturn]] void bad_index(const std::string& path, const std::string& why) {
-  HP_CHECK_T(c10::ValueError, false, "load_hf_checkpoint: index ", path, ": ", why);
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::load_hf_checkpoint: index ", path, ": ", why);
 }
 
 // The checkpoint's files, opened and validated, and where each tensor lives.
@@ -74,7 +74,7 @@ Checkpoint open_checkpoint(const std::string& path) {
           bad_index(index, file + " holds '" + t.name + "', which the index does not place there");
   } else {
     const std::string file = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
-    HP_CHECK_T(c10::ValueError, fs::exists(file, ec), "load_hf_checkpoint: ", path,
+    HP_CHECK_T(c10::ValueError, fs::exists(file, ec), "hyper_parallel::load_hf_checkpoint: ", path,
                " is neither a .safetensors file nor a directory holding model.safetensors or model.safetensors.index.json");
     ck.files.push_back(std::make_unique<SafetensorsFile>(file));
     for (const auto& t : ck.files.back()->tensors()) ck.where[t.name] = ck.files.back().get();
@@ -126,7 +126,7 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
     }
     const SafetensorsFile* f = ck.where.at(*found);
     const SafetensorsTensorInfo& t = *f->find(*found);
-    HP_CHECK_T(c10::ValueError, !is_dtensor(e.value) || !DTensor(e.value).spec().has_partial(), "load_hf_checkpoint: ",
+    HP_CHECK_T(c10::ValueError, !is_dtensor(e.value) || !DTensor(e.value).spec().has_partial(), "hyper_parallel::load_hf_checkpoint: ",
                e.fqn_list(), " is a Partial DTensor, which has no values of its own to load into");
     if (c10::IntArrayRef(t.shape) != e.value.sizes() || !same_kind(t.dtype, e.value.scalar_type()))
       mismatched.push_back("'" + *found + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
@@ -142,7 +142,7 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
   if (!mismatched.empty()) why += "shapes or dtypes differ: " + listed(mismatched) + "; ";
   if (!unexpected.empty())
     why += "no parameter takes " + listed(unexpected) + " (map it with key_map, or set strict=false to skip it); ";
-  HP_CHECK_T(c10::ValueError, why.empty(), why.substr(0, why.size() - 2));
+  HP_CHECK_T(c10::ValueError, why.empty(), "hyper_parallel::load_hf_checkpoint: ", why.substr(0, why.size() - 2));
   return loads;
 }
 

@@ -56,7 +56,7 @@ int64_t bytes_of(const PlannedTensor& t) {
 // The files and every tensor's place in them: a function of the global shapes and dtypes alone,
 // so every rank computes the same layout without exchanging it.
 std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entries, const HFSaveOptions& options) {
-  HP_CHECK_T(c10::ValueError, options.max_shard_size > 0, "save_hf_checkpoint: max_shard_size must be positive, got ",
+  HP_CHECK_T(c10::ValueError, options.max_shard_size > 0, "hyper_parallel::save_hf_checkpoint: max_shard_size must be positive, got ",
              options.max_shard_size);
   std::vector<PlannedTensor> all;
   std::map<std::string, std::string> owner;
@@ -65,7 +65,7 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
     const std::string key = e.key();
     if (key.empty()) continue;  // the key map stores none of its names
     auto [it, fresh] = owner.emplace(key, e.fqn_list());
-    HP_CHECK_T(c10::ValueError, fresh, "save_hf_checkpoint: ", it->second, " and ", e.fqn_list(), " both map to '", key,
+    HP_CHECK_T(c10::ValueError, fresh, "hyper_parallel::save_hf_checkpoint: ", it->second, " and ", e.fqn_list(), " both map to '", key,
                "' (distinct tensors under one name)");
     at::ScalarType dtype = e.value.scalar_type();
     if (options.dtype && at::isFloatingType(dtype)) dtype = *options.dtype;
@@ -127,7 +127,7 @@ Target target_of(const std::string& dir) {
   t.dir = fs::path(dir).lexically_normal();
   if (t.dir.filename().empty()) t.dir = t.dir.parent_path();
   t.base = t.dir.filename().string();
-  HP_CHECK_T(c10::ValueError, !t.base.empty() && t.base != "." && t.base != "..", "save_hf_checkpoint: '", dir,
+  HP_CHECK_T(c10::ValueError, !t.base.empty() && t.base != "." && t.base != "..", "hyper_parallel::save_hf_checkpoint: '", dir,
              "' does not name a directory to write (give its path, e.g. out/model)");
   t.parent = t.dir.has_parent_path() ? t.dir.parent_path() : fs::path(".");
   return t;
@@ -141,11 +141,11 @@ void create_in(const std::string& tmp, const std::vector<PlannedFile>& files);
 std::string create_files(const Target& t, const std::vector<PlannedFile>& files) {
   std::error_code ec;
   fs::create_directories(t.parent, ec);
-  TORCH_CHECK(!ec, "cannot create ", t.parent.string(), ": ", ec.message());
+  TORCH_CHECK(!ec, "hyper_parallel::save_hf_checkpoint: cannot create ", t.parent.string(), ": ", ec.message());
   if (fs::exists(t.dir, ec)) {
-    HP_CHECK_T(c10::ValueError, fs::is_directory(t.dir, ec), "save_hf_checkpoint: ", t.dir.string(), " exists and is not a directory");
+    HP_CHECK_T(c10::ValueError, fs::is_directory(t.dir, ec), "hyper_parallel::save_hf_checkpoint: ", t.dir.string(), " exists and is not a directory");
     for (const auto& e : fs::directory_iterator(t.dir))
-      HP_CHECK_T(c10::ValueError, !e.is_directory(), "save_hf_checkpoint: ", t.dir.string(), " holds the directory ",
+      HP_CHECK_T(c10::ValueError, !e.is_directory(), "hyper_parallel::save_hf_checkpoint: ", t.dir.string(), " holds the directory ",
                  e.path().filename().string(), "; a checkpoint directory holds files only (it is replaced whole)");
   }
   // New directories that earlier saves left when they were killed.
@@ -153,7 +153,7 @@ std::string create_files(const Target& t, const std::vector<PlannedFile>& files)
   for (const auto& e : fs::directory_iterator(t.parent))
     if (e.path().filename().string().rfind(stale, 0) == 0) cf::remove_tree(e.path().string());
   const std::string tmp = (t.parent / (stale + checkpoint_layout::hex(checkpoint_layout::random_id()))).string();
-  TORCH_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create ", tmp, ": ", ec.message());
+  TORCH_CHECK(fs::create_directory(tmp, ec) && !ec, "hyper_parallel::save_hf_checkpoint: cannot create ", tmp, ": ", ec.message());
   try {
     create_in(tmp, files);
   } catch (...) {
@@ -216,7 +216,7 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     const int fsync_rc = ::fsync(fd);
     const int fsync_err = errno;
     ::close(fd);
-    TORCH_CHECK(error.empty(), error);
+    TORCH_CHECK(error.empty(), "hyper_parallel::save_hf_checkpoint: writing ", path, ": ", error);
     if (sync_rc != 0) cf::os_error("flush", path, sync_err);
     if (fsync_rc != 0) cf::os_error("fsync", path, fsync_err);
   }
@@ -247,7 +247,7 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
   }
   for (const auto& [name, text] : options.extra_files) {
     HP_CHECK_T(c10::ValueError, !name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." && !written.count(name),
-               "save_hf_checkpoint: extra file '", name, "' is not a file name, or names a file the checkpoint writes itself");
+               "hyper_parallel::save_hf_checkpoint: extra file '", name, "' is not a file name, or names a file the checkpoint writes itself");
     cf::write_file(tmp + "/" + name, text);
     written.insert(name);
   }

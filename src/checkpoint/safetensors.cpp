@@ -38,11 +38,11 @@ constexpr size_t kMaxDims = 64;
 std::string safetensors_dtype_name(at::ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.type == t) return d.name;
-  HP_CHECK_T(c10::ValueError, false, "safetensors has no dtype for ", t);
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::safetensors_dtype_name: safetensors has no dtype for ", t);
 }
 
 void SafetensorsFile::fail(const std::string& why) const {
-  HP_CHECK_T(c10::ValueError, false, "safetensors file ", path_, ": ", why);
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::SafetensorsFile: safetensors file ", path_, ": ", why);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -188,10 +188,10 @@ int64_t SafetensorsFile::read_box(const std::string& name, at::IntArrayRef start
   const SafetensorsTensorInfo* t = find(name);
   if (!t) fail("it holds no tensor '" + name + "'");
   HP_CHECK_T(c10::ValueError, start.size() == t->shape.size() && out.dim() == static_cast<int64_t>(t->shape.size()),
-             "safetensors file ", path_, ": tensor '", name, "' has ", t->shape.size(), " dimensions; the box asked for has ",
+             "hyper_parallel::SafetensorsFile::read_box: safetensors file ", path_, ": tensor '", name, "' has ", t->shape.size(), " dimensions; the box asked for has ",
              out.dim());
   for (size_t d = 0; d < start.size(); ++d)
-    HP_CHECK_T(c10::ValueError, start[d] >= 0 && start[d] + out.size(static_cast<int64_t>(d)) <= t->shape[d], "safetensors file ",
+    HP_CHECK_T(c10::ValueError, start[d] >= 0 && start[d] + out.size(static_cast<int64_t>(d)) <= t->shape[d], "hyper_parallel::SafetensorsFile::read_box: safetensors file ",
                path_, ": the box at ", start, " of size ", out.sizes(), " lies outside tensor '", name, "' of shape ",
                c10::IntArrayRef(t->shape));
   const auto opts = at::TensorOptions().dtype(t->dtype);

@@ -41,7 +41,7 @@ struct Generation {
 Generation open_generation(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  TORCH_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
+  TORCH_CHECK(!ec, "hyper_parallel::save_sharded: cannot create ", dir, ": ", ec.message());
   const int64_t committed = committed_seq(dir);
   for (int64_t g : generations(dir))
     if (g > committed) cf::remove_tree(gen_dir(dir, g));
@@ -49,7 +49,7 @@ Generation open_generation(const std::string& dir) {
   Generation gen;
   gen.seq = std::max(committed, gens.empty() ? int64_t{0} : gens.back()) + 1;
   gen.id = random_id();
-  TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "cannot create ",
+  TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "hyper_parallel::save_sharded: cannot create ",
               gen_dir(dir, gen.seq), ": ", ec.message());
   return gen;
 }
@@ -107,7 +107,7 @@ void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
 
 void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {
   require_real_world("save_sharded", "every rank to write its own files and agree on the commit");
-  HP_CHECK_T(c10::ValueError, options.keep >= 1, "save_sharded: keep must be at least 1, got ", options.keep);
+  HP_CHECK_T(c10::ValueError, options.keep >= 1, "hyper_parallel::save_sharded: keep must be at least 1, got ", options.keep);
   const auto entries = entries_of(model);
   bool has_dtensors = false;
   for (const auto& e : entries) has_dtensors = has_dtensors || is_dtensor(e.value);
@@ -160,11 +160,11 @@ namespace {
 void check_entries(const std::vector<Entry>& entries, const Metadata& meta, const std::string& dir) {
   for (const auto& e : entries) {
     auto it = meta.tensors.find(e.name);
-    HP_CHECK_T(c10::ValueError, it != meta.tensors.end(), "load_sharded: the checkpoint in ", dir, " has no '", e.name,
+    HP_CHECK_T(c10::ValueError, it != meta.tensors.end(), "hyper_parallel::load_sharded: the checkpoint in ", dir, " has no '", e.name,
                "' (it holds ", meta.tensors.size(), " tensors; is it from another model?)");
-    HP_CHECK_T(c10::ValueError, it->second.shape == e.value.sizes().vec(), "load_sharded: '", e.name, "' has shape ",
+    HP_CHECK_T(c10::ValueError, it->second.shape == e.value.sizes().vec(), "hyper_parallel::load_sharded: '", e.name, "' has shape ",
                c10::IntArrayRef(it->second.shape), " in the checkpoint but ", e.value.sizes(), " in the model");
-    HP_CHECK_T(c10::ValueError, it->second.dtype == static_cast<int64_t>(e.value.scalar_type()), "load_sharded: '",
+    HP_CHECK_T(c10::ValueError, it->second.dtype == static_cast<int64_t>(e.value.scalar_type()), "hyper_parallel::load_sharded: '",
                e.name, "' has dtype ", static_cast<at::ScalarType>(it->second.dtype), " in the checkpoint but ",
                e.value.scalar_type(), " in the model");
   }
@@ -204,7 +204,7 @@ std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vecto
       reads.push_back({k, p, lo, len, off});
     }
     const int64_t want = c10::multiply_integers(shape);
-    HP_CHECK_T(c10::ValueError, covered == want || want == 0, "load_sharded: the pieces saved for '", entries[k].name,
+    HP_CHECK_T(c10::ValueError, covered == want || want == 0, "hyper_parallel::load_sharded: the pieces saved for '", entries[k].name,
                "' cover ", covered, " of the ", want, " elements this rank needs (the checkpoint's pieces overlap ",
                "or leave gaps: corrupt)");
   }

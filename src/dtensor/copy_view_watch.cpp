@@ -62,8 +62,8 @@ uint64_t CopySource::writes_since() const {
   return it == watched().end() ? 0 : it->second.writes - writes_at_copy_;
 }
 
-void stale_copy_view_error(const CopySource& source, const std::string& reader, const std::string& view) {
-  TORCH_CHECK(false, reader, " reads ", view, ", a view whose values are a copy: making it with ", source.made_by(),
+void stale_copy_view_error(const CopySource& source, const std::string& qualified_reader, const std::string& view) {
+  TORCH_CHECK(false, qualified_reader, " reads ", view, ", a view whose values are a copy: making it with ", source.made_by(),
               " needed communication, so it does not share data with its base. Its base has been written in place ",
               source.writes_since(), " time(s) since, so it holds stale values where the plain view would follow "
               "the base. Make the view again after writing the base (or clone() it before the write to keep the old "

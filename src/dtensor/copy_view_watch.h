@@ -38,7 +38,7 @@ class CopySource {
 
 /// Throws c10::Error: `reader` (e.g. "hyper_parallel::dispatch: aten::add.Tensor") read `view` (its
 /// argument name and spec), a copy-view made from `source` that a write has made stale.
-[[noreturn]] void stale_copy_view_error(const CopySource& source, const std::string& reader, const std::string& view);
+[[noreturn]] void stale_copy_view_error(const CopySource& source, const std::string& qualified_reader, const std::string& view);
 
 /// Records an in-place write (by a DTensor op) into the storage of `local`, a DTensor's local data.
 void note_dtensor_write(const at::Tensor& local);

@@ -112,7 +112,7 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
     at::Tensor g = grads[0];
     if (!g.defined() || dtensor_impl(g) != nullptr) return {g, at::Tensor()};
     const auto expected = spec->local_shape();
-    TORCH_CHECK(g.sizes() == c10::IntArrayRef(expected), "hyper_parallel::DTensor::to_local (backward): the gradient of the local tensor has shape ",
+    TORCH_CHECK(g.sizes() == c10::IntArrayRef(expected), "hyper_parallel::DTensor::to_local: in backward, the gradient of the local tensor has shape ",
                 g.sizes(), " but the local shard has shape ", c10::IntArrayRef(expected));
     return {make_dtensor(g, spec), at::Tensor()};
   }
@@ -142,10 +142,10 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 thread_local bool t_implicit_replication = false;
 
 // The placements of a new DTensor made from plain tensor `t`, checked and normalised.
-Placements checked_placements(const char* what, const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements) {
-  HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), what, ": needs a defined plain tensor",
+Placements checked_placements(const char* qualified_fn, const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements) {
+  HP_CHECK_T(c10::TypeError, t.defined() && !is_dtensor(t), qualified_fn, ": needs a defined plain tensor",
              (t.defined() ? ", got a DTensor" : ""));
-  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), what, ": ",
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(placements.size()) == mesh.ndim(), qualified_fn, ": ",
              short_string(placements), " has ", placements.size(), " placements for a mesh with ", mesh.ndim(),
              " dimensions");
   return normalize_placements(placements, t.dim());
@@ -249,12 +249,12 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
         if (same) continue;
         std::string shapes;
         for (const auto& s : all) shapes += c10::str(shapes.empty() ? "" : ", ", c10::IntArrayRef(s));
-        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::DTensor::from_local(run_check): local shapes ", shapes, " differ in dim ", d,
+        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::DTensor::from_local: run_check: local shapes ", shapes, " differ in dim ", d,
                    ", which mesh dim ", i, " does not shard");
       }
     }
     auto [expect, offset] = spec->local_shape_and_offset(*mesh.get_coordinate());
-    HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "hyper_parallel::DTensor::from_local(run_check): rank ",
+    HP_CHECK_T(c10::ValueError, local.sizes() == c10::IntArrayRef(expect), "hyper_parallel::DTensor::from_local: run_check: rank ",
                get_rank(), " holds a local tensor of shape ", local.sizes(), " but ", short_string(spec->placements),
                " of the global shape ", c10::IntArrayRef(spec->shape), " gives it ", c10::IntArrayRef(expect));
     // Replicate: coordinate 0's values win, written into the local tensor as PyTorch does.

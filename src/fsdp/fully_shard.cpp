@@ -40,7 +40,7 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
     const DeviceMesh& tp = d.device_mesh();
     HP_CHECK_T(c10::ValueError, tp.ndim() == 1 && tp.root_mesh() == root && tp.dim_in_root().has_value() &&
                                     *tp.dim_in_root() != dp_root_dim,
-               "fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not the other dimension of the root mesh of ",
+               "hyper_parallel::fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not the other dimension of the root mesh of ",
                dp_mesh.to_string(), " (apply parallelize_module on mesh[\"tp\"] and fully_shard on mesh[\"dp\"] of one mesh)");
     p.tp_mesh = tp;
     p.tp_placements = d.placements();
@@ -49,7 +49,7 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
       if (!d.placements()[0].is_shard(k)) p.dp_dim = k;
     p.compute_shape = d.spec().local_shape();
   } else {
-    HP_CHECK_T(c10::ValueError, param.dim() > 0, "fully_shard: parameter '", fqn, "' is a scalar");
+    HP_CHECK_T(c10::ValueError, param.dim() > 0, "hyper_parallel::fully_shard: parameter '", fqn, "' is a scalar");
     p.dp_dim = 0;
     p.compute_shape = param.sizes().vec();
   }
@@ -119,7 +119,7 @@ c10::intrusive_ptr<FSDPParamGroup> group_of(const torch::nn::Module& module, con
 
 torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options) {
   platform::hookable(module, module.name());
-  HP_CHECK_T(c10::ValueError, dp_mesh.ndim() == 1, "fully_shard needs the 1-D data-parallel mesh (e.g. mesh[\"dp\"]), got a ",
+  HP_CHECK_T(c10::ValueError, dp_mesh.ndim() == 1, "hyper_parallel::fully_shard: fully_shard needs the 1-D data-parallel mesh (e.g. mesh[\"dp\"]), got a ",
              dp_mesh.ndim(), "-D one");
   // Plan every parameter first: nothing changes unless all of them can be sharded.
   std::vector<FSDPParam> params;
@@ -136,7 +136,7 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
       if (already_sharded(item.value(), dp_mesh, dp_mesh.root_mesh())) continue;
       const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
       if (const auto earlier = taken_by_earlier_call(item.value()))
-        HP_CHECK_T(c10::ValueError, false, "fully_shard: parameter '", fqn, "' is the tensor an earlier fully_shard call ",
+        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::fully_shard: parameter '", fqn, "' is the tensor an earlier fully_shard call ",
                    "took over as ", *earlier, " (a weight tied across two calls would become two parameters); ",
                    "shard every module that uses it in one call, e.g. the one on their common parent");
       planned.emplace(item.value().unsafeGetTensorImpl(), params.size());

@@ -24,7 +24,7 @@ struct DeviceMesh::Impl {
 
 namespace {
 const DeviceMesh::Impl& get(const std::shared_ptr<const DeviceMesh::Impl>& p) {
-  TORCH_CHECK(p != nullptr, "hyper_parallel: use of an undefined DeviceMesh");
+  TORCH_CHECK(p != nullptr, "hyper_parallel::DeviceMesh: use of an undefined DeviceMesh");
   return *p;
 }
 
@@ -60,20 +60,20 @@ uint64_t DeviceMesh::shared_seed() const { return get(impl_).seed; }
 
 int64_t DeviceMesh::get_local_rank(int64_t dim) const {
   const auto& m = get(impl_);
-  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  TORCH_CHECK(m.coordinate.has_value(), "hyper_parallel::DeviceMesh: this rank is not part of ", to_string());
   return (*m.coordinate)[static_cast<size_t>(wrap_mesh_dim(dim, ndim()))];
 }
 
 const Group& DeviceMesh::get_group(int64_t dim) const {
   const auto& m = get(impl_);
-  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  TORCH_CHECK(m.coordinate.has_value(), "hyper_parallel::DeviceMesh: this rank is not part of ", to_string());
   return m.groups[static_cast<size_t>(wrap_mesh_dim(dim, ndim()))];
 }
 
 int64_t DeviceMesh::dim_index(const std::string& dim_name) const {
   const auto& m = get(impl_);
   auto it = std::find(m.dim_names.begin(), m.dim_names.end(), dim_name);
-  HP_CHECK_T(c10::IndexError, it != m.dim_names.end(), "DeviceMesh: no mesh dimension named '",
+  HP_CHECK_T(c10::IndexError, it != m.dim_names.end(), "hyper_parallel::DeviceMesh: no mesh dimension named '",
              dim_name, "'; the mesh has mesh_dim_names=", names_of(m.dim_names));
   return static_cast<int64_t>(it - m.dim_names.begin());
 }
@@ -86,7 +86,7 @@ DeviceMesh DeviceMesh::operator[](const std::string& dim_name) const {
   const auto& m = get(impl_);
   const int64_t d = dim_index(dim_name);
   if (ndim() == 1) return *this;
-  TORCH_CHECK(m.coordinate.has_value(), "DeviceMesh: this rank is not part of ", to_string());
+  TORCH_CHECK(m.coordinate.has_value(), "hyper_parallel::DeviceMesh: this rank is not part of ", to_string());
   auto sub = std::make_shared<Impl>();
   sub->device_type = m.device_type;
   sub->shape = {m.shape[static_cast<size_t>(d)]};
@@ -153,29 +153,29 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
                             const std::vector<std::string>& mesh_dim_names) {
   TORCH_CHECK(is_initialized(),
-              "init_device_mesh: the process group is not initialized; call "
+              "hyper_parallel::init_device_mesh: the process group is not initialized; call "
               "hyper_parallel::init_process_group() first");
-  HP_CHECK_T(c10::ValueError, device_type == world_group().device_type(), "init_device_mesh: device_type '",
+  HP_CHECK_T(c10::ValueError, device_type == world_group().device_type(), "hyper_parallel::init_device_mesh: device_type '",
              device_type, "' differs from the process group's '", world_group().device_type(),
              "' (init_process_group chose the backend for it; this build's collectives run on '",
              world_group().device_type(), "')");
-  HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "init_device_mesh: mesh_shape is empty");
+  HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "hyper_parallel::init_device_mesh: mesh_shape is empty");
   int64_t total = 1;
   for (int64_t s : mesh_shape) {
-    HP_CHECK_T(c10::ValueError, s > 0, "init_device_mesh: mesh_shape ", c10::IntArrayRef(mesh_shape),
+    HP_CHECK_T(c10::ValueError, s > 0, "hyper_parallel::init_device_mesh: mesh_shape ", c10::IntArrayRef(mesh_shape),
                " has a non-positive size");
     total *= s;
   }
-  HP_CHECK_T(c10::ValueError, total == get_world_size(), "init_device_mesh: mesh_shape ",
+  HP_CHECK_T(c10::ValueError, total == get_world_size(), "hyper_parallel::init_device_mesh: mesh_shape ",
              c10::IntArrayRef(mesh_shape), " holds ", total, " ranks but the world size is ",
              get_world_size());
   if (!mesh_dim_names.empty()) {
     HP_CHECK_T(c10::ValueError, mesh_dim_names.size() == mesh_shape.size(),
-               "init_device_mesh: mesh_dim_names ", names_of(mesh_dim_names), " has ",
+               "hyper_parallel::init_device_mesh: mesh_dim_names ", names_of(mesh_dim_names), " has ",
                mesh_dim_names.size(), " names for a mesh with ", mesh_shape.size(), " dimensions");
     std::set<std::string> seen;
     for (const auto& n : mesh_dim_names)
-      HP_CHECK_T(c10::ValueError, seen.insert(n).second, "init_device_mesh: mesh_dim_names ",
+      HP_CHECK_T(c10::ValueError, seen.insert(n).second, "hyper_parallel::init_device_mesh: mesh_dim_names ",
                  names_of(mesh_dim_names), " contains '", n, "' twice");
   }
 

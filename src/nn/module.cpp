@@ -108,7 +108,7 @@ void Module::run_forward_hooks_after_exception(const std::vector<c10::IValue>& a
 
 const at::Tensor& Module::parameter(const std::string& name) const {
   const at::Tensor* p = parameters_.find(name);
-  HP_CHECK_T(c10::IndexError, p != nullptr, Module::name(), " has no parameter '", name, "'");
+  HP_CHECK_T(c10::IndexError, p != nullptr, "hyper_parallel::nn::Module::parameter: ", Module::name(), " has no parameter '", name, "'");
   return *p;
 }
 
@@ -118,13 +118,15 @@ at::Tensor Module::parameter_or_undefined(const std::string& name) const {
 }
 
 namespace {
-void check_compatible(const std::string& module, const char* what, const std::string& name,
+// fn: "replace_parameter" or "replace_buffer"; what: "parameter" or "buffer".
+void check_compatible(const char* fn, const std::string& module, const char* what, const std::string& name,
                       const at::Tensor& old, const at::Tensor& value) {
-  HP_CHECK_T(c10::ValueError, value.defined(), module, ": cannot replace ", what, " '", name, "' by an undefined tensor");
-  HP_CHECK_T(c10::ValueError, !old.defined() || old.sizes() == value.sizes(), module, ": cannot replace ", what, " '", name,
-             "' of shape ", old.sizes(), " by a tensor of shape ", value.sizes());
-  HP_CHECK_T(c10::ValueError, !old.defined() || old.scalar_type() == value.scalar_type(), module, ": cannot replace ",
-             what, " '", name, "' of dtype ", old.scalar_type(), " by a tensor of dtype ", value.scalar_type());
+  HP_CHECK_T(c10::ValueError, value.defined(), "hyper_parallel::nn::", fn, ": ", module, ": cannot replace ", what, " '", name,
+             "' by an undefined tensor");
+  HP_CHECK_T(c10::ValueError, !old.defined() || old.sizes() == value.sizes(), "hyper_parallel::nn::", fn, ": ", module,
+             ": cannot replace ", what, " '", name, "' of shape ", old.sizes(), " by a tensor of shape ", value.sizes());
+  HP_CHECK_T(c10::ValueError, !old.defined() || old.scalar_type() == value.scalar_type(), "hyper_parallel::nn::", fn, ": ", module,
+             ": cannot replace ", what, " '", name, "' of dtype ", old.scalar_type(), " by a tensor of dtype ", value.scalar_type());
 }
 }  // namespace
 
@@ -162,8 +164,8 @@ std::vector<std::pair<std::string, torch::nn::Module*>> modules_with_names(torch
 
 void replace_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value) {
   at::Tensor* p = ParametersAccess::of(module).find(name);
-  HP_CHECK_T(c10::IndexError, p != nullptr, module.name(), " has no parameter '", name, "'");
-  check_compatible(module.name(), "parameter", name, *p, value);
+  HP_CHECK_T(c10::IndexError, p != nullptr, "hyper_parallel::nn::replace_parameter: ", module.name(), " has no parameter '", name, "'");
+  check_compatible("replace_parameter", module.name(), "parameter", name, *p, value);
   const bool requires_grad = p->requires_grad();
   if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
   *p = std::move(value);
@@ -171,8 +173,8 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, at::T
 
 void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value) {
   at::Tensor* b = buffers_of(module).find(name);
-  HP_CHECK_T(c10::IndexError, b != nullptr, module.name(), " has no buffer '", name, "'");
-  check_compatible(module.name(), "buffer", name, *b, value);
+  HP_CHECK_T(c10::IndexError, b != nullptr, "hyper_parallel::nn::replace_buffer: ", module.name(), " has no buffer '", name, "'");
+  check_compatible("replace_buffer", module.name(), "buffer", name, *b, value);
   *b = std::move(value);
 }
 
@@ -183,7 +185,7 @@ void Module::replace_parameter(const std::string& name, at::Tensor value) {
 void Module::replace_buffer(const std::string& name, at::Tensor value) { nn::replace_buffer(*this, name, std::move(value)); }
 
 at::Tensor Module::call_tensor(const at::Tensor&) {
-  HP_CHECK_T(c10::TypeError, false, name(), " cannot be called with a single tensor");
+  HP_CHECK_T(c10::TypeError, false, "hyper_parallel::nn::Module::call_tensor: ", name(), " cannot be called with a single tensor");
   return {};
 }
 
@@ -194,7 +196,7 @@ void Module::reset_parameters() {
 
 namespace detail {
 void check_arity(const Module& m, size_t expected, size_t got) {
-  HP_CHECK_T(c10::ValueError, expected == got, m.name(), ".forward takes ", expected,
+  HP_CHECK_T(c10::ValueError, expected == got, "hyper_parallel::nn::Module::operator(): ", m.name(), ".forward takes ", expected,
              " positional arguments but a forward pre-hook returned ", got);
 }
 }  // namespace detail

@@ -26,7 +26,7 @@ std::string module_type_name(const torch::nn::Module& module) { return c10::dema
 
 nn::Module& hookable(torch::nn::Module& module, const std::string& fqn) {
   auto* m = dynamic_cast<nn::Module*>(&module);
-  HP_CHECK_T(c10::TypeError, m != nullptr, "module '", fqn.empty() ? "<root>" : fqn, "' is a ",
+  HP_CHECK_T(c10::TypeError, m != nullptr, "hyper_parallel::platform::hookable: module '", fqn.empty() ? "<root>" : fqn, "' is a ",
              module_type_name(module),
              ", which cannot carry forward hooks (libtorch's modules call forward directly); build it "
              "from hyper_parallel::nn (e.g. hyper_parallel::nn::Linear instead of torch::nn::Linear) "

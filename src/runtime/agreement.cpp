@@ -15,7 +15,7 @@ void check_agreement(const Group& group, const std::string& what, const std::str
   std::vector<int64_t> differ;
   for (int64_t r = 1; r < group.size(); ++r)
     if (all[static_cast<size_t>(r)][0] != all[0][0]) differ.push_back(group.ranks()[static_cast<size_t>(r)]);
-  HP_CHECK_T(c10::ValueError, differ.empty(), "hyper_parallel: ", what, ": the ranks disagree: rank(s) ",
+  HP_CHECK_T(c10::ValueError, differ.empty(), "hyper_parallel::", what, ": the ranks disagree: rank(s) ",
              c10::IntArrayRef(differ), " differ from rank ", group.ranks()[0], " (every rank must call it with the ",
              "same arguments and shapes). Rank ", group.ranks()[static_cast<size_t>(group.rank())], " has: ",
              description);

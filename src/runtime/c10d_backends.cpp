@@ -61,7 +61,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_c10d_process_group(const std::string
                             c10::DeviceType::CUDA, true);
   }
 #endif
-  HP_CHECK_T(c10::ValueError, false, "hyper_parallel: no collective backend '", backend,
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::init_process_group: no collective backend '", backend,
              "' in this libtorch build (available: gloo for cpu",
 #ifdef USE_C10D_NCCL
              ", nccl for cuda",

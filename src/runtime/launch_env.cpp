@@ -19,15 +19,15 @@ int64_t parse_int(const char* name, const std::string& value, int64_t min_value)
   errno = 0;
   const long long v = std::strtoll(value.c_str(), &end, 10);
   HP_CHECK_T(c10::ValueError, errno == 0 && end != value.c_str() && *end == '\0',
-             "environment variable ", name, "='", value, "' is not an integer");
-  HP_CHECK_T(c10::ValueError, v >= min_value, "environment variable ", name, "=", v,
+             "hyper_parallel::read_launch_env: environment variable ", name, "='", value, "' is not an integer");
+  HP_CHECK_T(c10::ValueError, v >= min_value, "hyper_parallel::read_launch_env: environment variable ", name, "=", v,
              " must be >= ", min_value);
   return static_cast<int64_t>(v);
 }
 
 int64_t required_int(const char* name, int64_t min_value, const char* launcher) {
   auto v = env(name);
-  HP_CHECK_T(c10::ValueError, v.has_value(), "environment variable ", name,
+  HP_CHECK_T(c10::ValueError, v.has_value(), "hyper_parallel::read_launch_env: environment variable ", name,
              " is not set (the ", launcher,
              " launch variables are partly present; set it or start the program with hprun)");
   return parse_int(name, *v, min_value);
@@ -64,23 +64,23 @@ LaunchEnv read_launch_env() {
     default_addr = env("SLURM_LAUNCH_NODE_IPADDR");
   } else {
     HP_CHECK_T(c10::ValueError, false,
-               "environment variable RANK is not set: start the program with hprun (or torchrun, "
+               "hyper_parallel::read_launch_env: environment variable RANK is not set: start the program with hprun (or torchrun, "
                "mpirun, srun), or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
   }
-  HP_CHECK_T(c10::ValueError, e.rank < e.world_size, "rank ", e.rank,
+  HP_CHECK_T(c10::ValueError, e.rank < e.world_size, "hyper_parallel::read_launch_env: rank ", e.rank,
              " (from the ", e.launcher, " environment) must be < world size ", e.world_size);
 
   auto addr = env("MASTER_ADDR");
   if (!addr && default_addr) addr = default_addr;
   HP_CHECK_T(c10::ValueError, addr.has_value(),
-             "environment variable MASTER_ADDR is not set (the address of rank 0's host)");
+             "hyper_parallel::read_launch_env: environment variable MASTER_ADDR is not set (the address of rank 0's host)");
   e.master_addr = *addr;
   auto port = env("MASTER_PORT");
   if (!port && default_addr) port = std::string("29500");
   HP_CHECK_T(c10::ValueError, port.has_value(),
-             "environment variable MASTER_PORT is not set (a free TCP port on rank 0's host)");
+             "hyper_parallel::read_launch_env: environment variable MASTER_PORT is not set (a free TCP port on rank 0's host)");
   const int64_t p = parse_int("MASTER_PORT", *port, 1);
-  HP_CHECK_T(c10::ValueError, p <= 65535, "environment variable MASTER_PORT=", p,
+  HP_CHECK_T(c10::ValueError, p <= 65535, "hyper_parallel::read_launch_env: environment variable MASTER_PORT=", p,
              " is not a TCP port (1..65535)");
   e.master_port = static_cast<int>(p);
   if (auto id = env("HP_RDZV_ID")) e.rdzv_id = *id;
@@ -93,7 +93,7 @@ std::chrono::milliseconds default_timeout() {
   char* end = nullptr;
   const double s = std::strtod(v->c_str(), &end);
   HP_CHECK_T(c10::ValueError, end != v->c_str() && *end == '\0' && s > 0 && s <= 1e7,
-             "environment variable HP_TIMEOUT_S='", *v, "' must be a number of seconds in (0, 1e7] ",
+             "hyper_parallel::default_timeout: environment variable HP_TIMEOUT_S='", *v, "' must be a number of seconds in (0, 1e7] ",
              "(collectives need a finite timeout; use a large one to wait long)");
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
 }

@@ -33,7 +33,7 @@ struct GroupAccess {
 };
 
 Transport& transport_of(const Group& group) {
-  TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
+  TORCH_CHECK(group.defined(), "hyper_parallel::Group: use of an undefined Group");
   return *GroupAccess::impl(group).transport;
 }
 
@@ -45,7 +45,7 @@ std::string Group::backend_name() const { return impl_->pg ? impl_->pg->getBacke
 std::string Group::transport() const { return impl_->transport->name(); }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group(const Group& group) {
-  TORCH_CHECK(group.defined(), "hyper_parallel: use of an undefined Group");
+  TORCH_CHECK(group.defined(), "hyper_parallel::c10d_group: use of an undefined Group");
   require_real_world("c10d_group", "a c10d process group with real peers");
   return GroupAccess::impl(group).pg;
 }
@@ -72,7 +72,7 @@ State& state() {
 const State& initialized_state() {
   const State& s = state();
   TORCH_CHECK(s.initialized,
-              "hyper_parallel: the process group is not initialized; call "
+              "hyper_parallel::init_process_group: the process group is not initialized; call "
               "hyper_parallel::init_process_group() first");
   return s;
 }
@@ -122,11 +122,11 @@ struct TransportChoice {
 TransportChoice choose_transport(const std::string& device_type) {
   const char* v = std::getenv("HP_TRANSPORT");
   const std::string t = v == nullptr || *v == '\0' ? "auto" : v;
-  HP_CHECK_T(c10::ValueError, t == "auto" || t == "shm" || t == "gloo" || t == "nccl", "environment variable HP_TRANSPORT='",
+  HP_CHECK_T(c10::ValueError, t == "auto" || t == "shm" || t == "gloo" || t == "nccl", "hyper_parallel::init_process_group: environment variable HP_TRANSPORT='",
              t, "' must be 'auto' (shared memory on one host and Gloo across hosts for cpu, NCCL for cuda), 'shm', ",
              "'gloo' or 'nccl'");
   const bool host = device_type == "cpu";
-  HP_CHECK_T(c10::ValueError, !(t == "nccl" && host), "HP_TRANSPORT=nccl moves CUDA tensors, but the process group's ",
+  HP_CHECK_T(c10::ValueError, !(t == "nccl" && host), "hyper_parallel::init_process_group: HP_TRANSPORT=nccl moves CUDA tensors, but the process group's ",
              "device type is 'cpu'");
   if (t == "gloo") return {"gloo", false};
   if (t == "shm" || (t == "auto" && host)) return {"gloo", true};
@@ -151,7 +151,7 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
     impl->pg = make_c10d_process_group(choice.backend, store, static_cast<int>(impl->rank),
                                        static_cast<int>(ranks.size()), s.timeout, s.env.master_addr);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "hyper_parallel: creating the process group of ranks [", join_ranks(ranks),
+    TORCH_CHECK(false, "hyper_parallel::new_group: creating the process group of ranks [", join_ranks(ranks),
                 "] failed on rank ", s.env.rank, " after a timeout of ", s.timeout.count() / 1000.0,
                 " s (HP_TIMEOUT_S); ranks that never joined the job: [", join_ranks(missing_ranks(s, ranks)),
                 "]. Cause: ", message_of(e));
@@ -184,7 +184,7 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
         impl->transport = ShmTransport::create(store, std::string(name.begin(), name.end()), impl->rank, ranks, s.timeout);
       }
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "hyper_parallel: setting up the shared-memory transport of ranks [", join_ranks(ranks),
+      TORCH_CHECK(false, "hyper_parallel::new_group: setting up the shared-memory transport of ranks [", join_ranks(ranks),
                   "] failed on rank ", s.env.rank, " (HP_TRANSPORT=gloo avoids it): ", message_of(e));
     }
   }
@@ -249,11 +249,11 @@ namespace {
 void set_local_device(const std::string& device_type, int64_t local_rank) {
   if (device_type == "cpu") return;
   const c10::Device probe(device_type);  // c10 names an unknown type itself
-  HP_CHECK_T(c10::ValueError, c10::impl::hasDeviceGuardImpl(probe.type()), "init_process_group: device_type '",
+  HP_CHECK_T(c10::ValueError, c10::impl::hasDeviceGuardImpl(probe.type()), "hyper_parallel::init_process_group: device_type '",
              device_type, "' is not available in this libtorch build");
   const auto* guard = c10::impl::getDeviceGuardImpl(probe.type());
   const c10::DeviceIndex count = guard->deviceCount();
-  HP_CHECK_T(c10::ValueError, count > 0, "init_process_group: device_type '", device_type, "' but no ", device_type,
+  HP_CHECK_T(c10::ValueError, count > 0, "hyper_parallel::init_process_group: device_type '", device_type, "' but no ", device_type,
              " device is visible to rank ", state().env.rank, " (CUDA_VISIBLE_DEVICES?)");
   guard->setDevice(c10::Device(probe.type(), static_cast<c10::DeviceIndex>(local_rank % count)));
 }
@@ -275,7 +275,7 @@ c10::optional<int64_t> env_count(const char* name) {
   if (v == nullptr || *v == '\0') return c10::nullopt;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
-  HP_CHECK_T(c10::ValueError, *end == '\0' && n >= 0, "hyper_parallel: environment variable ", name, "='", v,
+  HP_CHECK_T(c10::ValueError, *end == '\0' && n >= 0, "hyper_parallel::init_process_group: environment variable ", name, "='", v,
              "' must be a non-negative integer");
   return static_cast<int64_t>(n);
 }
@@ -288,7 +288,7 @@ void init_fake_process_group(int64_t world_size, int64_t rank, const InitOptions
              " is outside the world of size ", world_size);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  TORCH_CHECK(!s.initialized, "hyper_parallel: init_process_group() was already called");
+  TORCH_CHECK(!s.initialized, "hyper_parallel::init_fake_process_group: init_process_group() was already called");
   // The device type is only a name here: no device is touched, so a plan for GPUs runs anywhere.
   (void)c10::Device(options.device_type);  // c10 names an unknown type itself
   s.env = LaunchEnv{};
@@ -317,7 +317,7 @@ void init_process_group(const InitOptions& options) {
   }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  TORCH_CHECK(!s.initialized, "hyper_parallel: init_process_group() was already called");
+  TORCH_CHECK(!s.initialized, "hyper_parallel::init_process_group: init_process_group() was already called");
   s.env = read_launch_env();
   s.timeout = options.timeout ? *options.timeout : default_timeout();
   s.device_type = options.device_type;
@@ -338,18 +338,18 @@ void init_process_group(const InitOptions& options) {
     addrinfo* res = nullptr;
     const int rc = ::getaddrinfo(s.env.master_addr.c_str(), nullptr, &hints, &res);
     if (res != nullptr) ::freeaddrinfo(res);
-    HP_CHECK_T(c10::ValueError, rc == 0, "hyper_parallel: MASTER_ADDR '", s.env.master_addr,
+    HP_CHECK_T(c10::ValueError, rc == 0, "hyper_parallel::init_process_group: MASTER_ADDR '", s.env.master_addr,
                "' does not resolve (", ::gai_strerror(rc), "); set it to the host of rank 0");
   }
   try {
     s.store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, so);
   } catch (const std::exception& e) {
     const std::string cause = message_of(e);
-    TORCH_CHECK(cause.find("ddress already in use") == std::string::npos, "hyper_parallel: MASTER_PORT ",
+    TORCH_CHECK(cause.find("ddress already in use") == std::string::npos, "hyper_parallel::init_process_group: MASTER_PORT ",
                 s.env.master_port, " on ", s.env.master_addr, " is already in use (another job, or a process ",
                 "left from an earlier one, holds it): rank 0 cannot serve the rendezvous there; choose another ",
                 "MASTER_PORT (hprun picks a free one when --master-port is not given)");
-    TORCH_CHECK(false, "hyper_parallel: rendezvous at ", s.env.master_addr, ":",
+    TORCH_CHECK(false, "hyper_parallel::init_process_group: rendezvous at ", s.env.master_addr, ":",
                 s.env.master_port, " failed on rank ", s.env.rank, " of ", s.env.world_size,
                 " after a timeout of ", s.timeout.count() / 1000.0,
                 " s (HP_TIMEOUT_S): rank 0 is unreachable. Cause: ", cause);
@@ -384,15 +384,15 @@ Group new_group(const std::vector<int64_t>& ranks) {
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.groups.find(ranks);
   if (it != s.groups.end()) return it->second;
-  HP_CHECK_T(c10::ValueError, !ranks.empty(), "hyper_parallel: new_group() needs at least one rank");
+  HP_CHECK_T(c10::ValueError, !ranks.empty(), "hyper_parallel::new_group: new_group() needs at least one rank");
   bool member = false;
   for (int64_t r : ranks) {
-    HP_CHECK_T(c10::ValueError, r >= 0 && r < s.env.world_size, "hyper_parallel: rank ", r,
+    HP_CHECK_T(c10::ValueError, r >= 0 && r < s.env.world_size, "hyper_parallel::new_group: rank ", r,
                " in new_group([", join_ranks(ranks), "]) is outside the world of size ",
                s.env.world_size);
     member = member || r == s.env.rank;
   }
-  HP_CHECK_T(c10::ValueError, member, "hyper_parallel: rank ", s.env.rank,
+  HP_CHECK_T(c10::ValueError, member, "hyper_parallel::new_group: rank ", s.env.rank,
              " called new_group([", join_ranks(ranks), "]) but is not a member");
   Group g = make_group(s, ranks, "hp/group/" + join_ranks(ranks) + "/");
   s.groups.emplace(ranks, g);

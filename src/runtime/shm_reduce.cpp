@@ -137,7 +137,7 @@ void reduce(void* out, const void* const* in, int64_t g, size_t n, c10::ScalarTy
     case c10::ScalarType::Char: return reduce_typed<Plain<int8_t>>(out, in, g, n, op);
     case c10::ScalarType::Byte: return reduce_typed<Plain<uint8_t>>(out, in, g, n, op);
     default:
-      HP_CHECK_T(c10::TypeError, false, "hyper_parallel: the shared-memory all_reduce has no reduction for ", t);
+      HP_CHECK_T(c10::TypeError, false, "hyper_parallel::all_reduce: the shared-memory all_reduce has no reduction for ", t);
   }
 }
 

@@ -47,24 +47,24 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<c10d
       ::shm_unlink(name.c_str());
       fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     }
-    TORCH_CHECK(fd >= 0, "hyper_parallel: cannot create the shared-memory segment ", name, ": ", std::strerror(errno));
+    TORCH_CHECK(fd >= 0, "hyper_parallel::ShmTransport::create: cannot create the shared-memory segment ", name, ": ", std::strerror(errno));
     if (::ftruncate(fd, static_cast<off_t>(t->mapped_)) != 0) {
       const int err = errno;
       ::close(fd);
       ::shm_unlink(name.c_str());
-      TORCH_CHECK(false, "hyper_parallel: cannot size the shared-memory segment ", name, " to ", t->mapped_,
+      TORCH_CHECK(false, "hyper_parallel::ShmTransport::create: cannot size the shared-memory segment ", name, " to ", t->mapped_,
                   " bytes: ", std::strerror(err), " (is /dev/shm large enough? HP_TRANSPORT=gloo avoids it)");
     }
     store->set(ready, std::vector<uint8_t>{1});
   } else {
     store->wait({ready}, timeout);
     fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    TORCH_CHECK(fd >= 0, "hyper_parallel: cannot open the shared-memory segment ", name, ": ", std::strerror(errno));
+    TORCH_CHECK(fd >= 0, "hyper_parallel::ShmTransport::create: cannot open the shared-memory segment ", name, ": ", std::strerror(errno));
   }
   void* p = ::mmap(nullptr, t->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
-  TORCH_CHECK(p != MAP_FAILED, "hyper_parallel: cannot map the shared-memory segment ", name, ": ", std::strerror(err));
+  TORCH_CHECK(p != MAP_FAILED, "hyper_parallel::ShmTransport::create: cannot map the shared-memory segment ", name, ": ", std::strerror(err));
   t->base_ = static_cast<unsigned char*>(p);
   Control* mine = t->control(rank);
   mine->pid = static_cast<int32_t>(::getpid());
@@ -73,7 +73,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<c10d
   store->add(mapped, 1);
   const auto until = std::chrono::steady_clock::now() + timeout;
   while (store->add(mapped, 0) < static_cast<int64_t>(ranks.size())) {
-    TORCH_CHECK(std::chrono::steady_clock::now() < until, "hyper_parallel: not every rank of [", join_ranks(ranks),
+    TORCH_CHECK(std::chrono::steady_clock::now() < until, "hyper_parallel::ShmTransport::create: not every rank of [", join_ranks(ranks),
                 "] mapped the shared-memory segment within the timeout");
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

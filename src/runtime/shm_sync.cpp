@@ -44,7 +44,7 @@ void ShmTransport::check_agreement(const char* what) {
     who += (p ? ", rank " : "rank ") + std::to_string(ranks_[static_cast<size_t>(p)]) + ": " +
            kinds[std::min<uint32_t>(control(p)->kind[k] & 0xFF, 6)] + " of " + std::to_string(control(p)->bytes[k]) +
            " bytes" + (control(p)->kind[k] >> 8 ? " (dtype/op code " + std::to_string(control(p)->kind[k] >> 8) + ")" : "");
-  TORCH_CHECK(false, "hyper_parallel: shared-memory ", what, " on the group of ranks [", join_ranks(ranks_),
+  TORCH_CHECK(false, "hyper_parallel::", what, ": the shared-memory transport on the group of ranks [", join_ranks(ranks_),
               "]: the ranks called different collectives or sizes (", who, ")");
 }
 
@@ -80,10 +80,10 @@ void ShmTransport::sync(const char* what) {
         late.push_back(ranks_[static_cast<size_t>(q)]);
         if (::kill(pids_[static_cast<size_t>(q)], 0) != 0 && errno == ESRCH) dead.push_back(ranks_[static_cast<size_t>(q)]);
       }
-      TORCH_CHECK(dead.empty(), "hyper_parallel: shared-memory ", what, " on the group of ranks [", join_ranks(ranks_),
+      TORCH_CHECK(dead.empty(), "hyper_parallel::", what, ": the shared-memory transport on the group of ranks [", join_ranks(ranks_),
                   "] failed on rank ", ranks_[static_cast<size_t>(rank_)], ": rank(s) [", join_ranks(dead),
                   "] exited without reaching it");
-      TORCH_CHECK(now - start < timeout_, "hyper_parallel: shared-memory ", what, " on the group of ranks [",
+      TORCH_CHECK(now - start < timeout_, "hyper_parallel::", what, ": the shared-memory transport on the group of ranks [",
                   join_ranks(ranks_), "] failed on rank ", ranks_[static_cast<size_t>(rank_)], " after ",
                   timeout_.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join_ranks(late),
                   "] did not arrive (stopped, deadlocked or busy elsewhere)");

@@ -18,7 +18,7 @@ namespace hyper_parallel {
 namespace {
 
 std::vector<std::string> split_path(const std::string& path) {
-  HP_CHECK_T(c10::ValueError, !path.empty(), "parallelize_module: a plan path is empty; name a submodule such as "
+  HP_CHECK_T(c10::ValueError, !path.empty(), "hyper_parallel::parallelize_module: a plan path is empty; name a submodule such as "
              "\"layers.*.attn.q_proj\"");
   std::vector<std::string> atoms;
   std::string cur;
@@ -28,7 +28,7 @@ std::vector<std::string> split_path(const std::string& path) {
   }
   atoms.push_back(cur);
   for (const auto& a : atoms)
-    HP_CHECK_T(c10::ValueError, !a.empty(), "parallelize_module: plan path '", path,
+    HP_CHECK_T(c10::ValueError, !a.empty(), "hyper_parallel::parallelize_module: plan path '", path,
                "' has an empty name between dots");
   return atoms;
 }
@@ -62,9 +62,9 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
                                const ParallelizePlan* parallelize_plan, c10::optional<int64_t> src_data_rank) {
   c10::optional<DeviceMesh> mesh = device_mesh;
   if (!mesh) mesh = current_mesh();
-  TORCH_CHECK(mesh.has_value(), "parallelize_module: no device_mesh given and no current mesh; pass one or call it "
+  TORCH_CHECK(mesh.has_value(), "hyper_parallel::parallelize_module: no device_mesh given and no current mesh; pass one or call it "
               "inside a hyper_parallel::MeshScope");
-  HP_CHECK_T(c10::ValueError, mesh->ndim() == 1, "Tensor Parallel only accepts a 1D DeviceMesh, but found ", mesh->ndim(),
+  HP_CHECK_T(c10::ValueError, mesh->ndim() == 1, "hyper_parallel::parallelize_module: Tensor Parallel only accepts a 1D DeviceMesh, but found ", mesh->ndim(),
              "D! If you have a 2-D or N-D device_mesh, consider passing in device_mesh[\"tp\"]");
   if (!parallelize_plan) {
     TORCH_WARN("parallelize_module: no parallelize_plan is given and auto-parallel is not supported, so the module is "
@@ -77,11 +77,11 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
   std::shared_ptr<torch::nn::Module> root(std::shared_ptr<torch::nn::Module>{}, &module);  // non-owning
   if (parallelize_plan->is_single()) {
     HP_CHECK_T(c10::TypeError, parallelize_plan->style() != nullptr,
-               "parallelize_module: the plan must be a ParallelStyle or a {path: ParallelStyle} plan, got a null style");
+               "hyper_parallel::parallelize_module: the plan must be a ParallelStyle or a {path: ParallelStyle} plan, got a null style");
     targets.push_back({"", root, parallelize_plan->style()});
   } else {
     for (const auto& entry : parallelize_plan->entries()) {
-      HP_CHECK_T(c10::TypeError, entry.style != nullptr, "parallelize_module: the plan value for '", entry.path,
+      HP_CHECK_T(c10::TypeError, entry.style != nullptr, "hyper_parallel::parallelize_module: the plan value for '", entry.path,
                  "' must be a ParallelStyle, got a null style");
       const auto atoms = split_path(entry.path);
       std::vector<Target> found;
@@ -110,7 +110,7 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
     t.style->validate(*t.module, t.fqn, *mesh);
     if (t.style->distributes_module()) {
       auto [it, fresh] = distributed.emplace(t.module.get(), t.style->name());
-      TORCH_CHECK(fresh, "parallelize_module: module '", t.fqn.empty() ? "<root>" : t.fqn, "' gets both ", it->second,
+      TORCH_CHECK(fresh, "hyper_parallel::parallelize_module: module '", t.fqn.empty() ? "<root>" : t.fqn, "' gets both ", it->second,
                   " and ", t.style->name(), ", but distribute_module can be applied to a module only once");
     }
   }

@@ -20,7 +20,7 @@ DTensor distribute_parameter(const at::Tensor& param, const DeviceMesh& mesh, co
 torch::nn::Module& distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, PartitionFn partition_fn,
                                      InputFn input_fn, OutputFn output_fn, c10::optional<int64_t> src_data_rank) {
   nn::Module& root = platform::hookable(module, module.name());
-  TORCH_CHECK(!distribute_module_applied(root), "distribute_module should only be called once on a module, but it "
+  TORCH_CHECK(!distribute_module_applied(root), "hyper_parallel::distribute_module: distribute_module should only be called once on a module, but it "
               "has already been called on ", module.name(), " (two styles that distribute parameters cannot be "
               "applied to the same module)");
   const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate());

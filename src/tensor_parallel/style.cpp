@@ -23,14 +23,14 @@ std::string name_of(const torch::nn::Module& m) {
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
-  HP_CHECK_T(c10::ValueError, mesh.defined() && mesh.ndim() == 1, style, " needs a 1-D DeviceMesh, but got a ",
+  HP_CHECK_T(c10::ValueError, mesh.defined() && mesh.ndim() == 1, "hyper_parallel::", style, ": needs a 1-D DeviceMesh, but got a ",
              mesh.defined() ? mesh.ndim() : 0, "-D one; pass device_mesh[\"tp\"]");
 }
 
 void check_hookable_and_fresh(torch::nn::Module& module, const std::string& fqn, const ParallelStyle& style) {
   platform::hookable(module, fqn);
   if (style.distributes_module())
-    TORCH_CHECK(!distribute_module_applied(module), style.name(), ": distribute_module was already applied to module '",
+    TORCH_CHECK(!distribute_module_applied(module), "hyper_parallel::", style.name(), ": distribute_module was already applied to module '",
                 label(fqn), "'; a module can be distributed once (apply PrepareModuleInput/Output on top instead)");
 }
 
@@ -38,28 +38,28 @@ void check_hookable_and_fresh(torch::nn::Module& module, const std::string& fqn,
 void check_divisible(torch::nn::Module& module, const std::string& fqn, const std::string& style,
                      const std::string& param, int64_t dim, const char* what, int64_t tp) {
   auto params = module.named_parameters(/*recurse=*/false);
-  HP_CHECK_T(c10::ValueError, params.contains(param), style, ": module '", label(fqn), "' has no parameter '", param, "'");
+  HP_CHECK_T(c10::ValueError, params.contains(param), "hyper_parallel::", style, ": module '", label(fqn), "' has no parameter '", param, "'");
   const at::Tensor& p = params[param];
-  HP_CHECK_T(c10::ValueError, p.dim() > dim, style, ": parameter '", label(fqn), ".", param, "' of shape ", p.sizes(),
+  HP_CHECK_T(c10::ValueError, p.dim() > dim, "hyper_parallel::", style, ": parameter '", label(fqn), ".", param, "' of shape ", p.sizes(),
              " has no dim ", dim);
-  HP_CHECK_T(c10::ValueError, p.size(dim) % tp == 0, style, ": module '", label(fqn), "' parameter '", param,
+  HP_CHECK_T(c10::ValueError, p.size(dim) % tp == 0, "hyper_parallel::", style, ": module '", label(fqn), "' parameter '", param,
              "' of shape ", p.sizes(), " would be sharded on dim ", dim, " (", what, " = ", p.size(dim),
              "), which is not divisible by the tensor-parallel size ", tp);
 }
 
 // A global dim that a hook is about to shard must divide too.
-void check_shardable(const at::Tensor& t, const Placement& p, const DeviceMesh& mesh, const std::string& where) {
+void check_shardable(const at::Tensor& t, const Placement& p, const DeviceMesh& mesh, const std::string& qualified_where) {
   if (!p.is_shard()) return;
   const int64_t d = p.normalized(t.dim()).dim();
-  HP_CHECK_T(c10::ValueError, t.size(d) % mesh.size(0) == 0, where, ": dim ", d, " of size ", t.size(d),
+  HP_CHECK_T(c10::ValueError, t.size(d) % mesh.size(0) == 0, qualified_where, ": dim ", d, " of size ", t.size(d),
              " (shape ", t.sizes(), ") is not divisible by the tensor-parallel size ", mesh.size(0));
 }
 
 // `d` redistributed to `desired` (the sharded dim checked to divide), local when `use_local`.
-at::Tensor to_layout(DTensor d, const Placement& desired, const DeviceMesh& mesh, bool use_local, const std::string& where) {
+at::Tensor to_layout(DTensor d, const Placement& desired, const DeviceMesh& mesh, bool use_local, const std::string& qualified_where) {
   const Placements want{desired.normalized(d.dim())};
   if (d.placements() != want) {
-    check_shardable(d, desired, mesh, where);
+    check_shardable(d, desired, mesh, qualified_where);
     d = d.redistribute(want);
   }
   return use_local ? d.to_local() : at::Tensor(d);
@@ -68,19 +68,19 @@ at::Tensor to_layout(DTensor d, const Placement& desired, const DeviceMesh& mesh
 // A tensor input as the module expects it: plain tensors are annotated with `layout`, then
 // redistributed to `desired`.
 at::Tensor prepare_input(const at::Tensor& t, const Placement& layout, const Placement& desired,
-                         const DeviceMesh& mesh, bool use_local, const std::string& where) {
-  return to_layout(is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout}), desired, mesh, use_local, where);
+                         const DeviceMesh& mesh, bool use_local, const std::string& qualified_where) {
+  return to_layout(is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout}), desired, mesh, use_local, qualified_where);
 }
 
 // A module output as the next one expects it; Partial values reduce in reduce_dtype (each
 // addend is upcast before the sum).
 at::Tensor prepare_output(const DTensor& out, const Placement& desired, c10::optional<at::ScalarType> reduce_dtype,
-                          const DeviceMesh& mesh, bool use_local, const std::string& where) {
+                          const DeviceMesh& mesh, bool use_local, const std::string& qualified_where) {
   DTensor d = out;
   if (reduce_dtype && d.spec().has_partial() && d.scalar_type() != *reduce_dtype &&
       d.placements() != Placements{desired.normalized(d.dim())})
     d = DTensor(d.to(*reduce_dtype));
-  return to_layout(d, desired, mesh, use_local, where);
+  return to_layout(d, desired, mesh, use_local, qualified_where);
 }
 
 // What every style that calls distribute_module needs: a 1-D mesh, a hookable module not
@@ -101,15 +101,15 @@ void validate_linear_or_embedding(torch::nn::Module& module, const std::string& 
                                   const ParallelStyle& style, ShardedDim linear_dim, ShardedDim embedding_dim) {
   validate_distributable(module, fqn, mesh, style);
   const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
-  HP_CHECK_T(c10::NotImplementedError, linear || embedding, style.name(), " currently only supports Linear and Embedding "
+  HP_CHECK_T(c10::NotImplementedError, linear || embedding, "hyper_parallel::", style.name(), ": ", style.name(), " currently only supports Linear and Embedding "
              "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
   const ShardedDim d = linear ? linear_dim : embedding_dim;
   check_divisible(module, fqn, style.name(), "weight", d.dim, d.what, mesh.size(0));
 }
 
-const at::Tensor& first_tensor(const std::vector<c10::IValue>& inputs, const std::string& where) {
-  HP_CHECK_T(c10::ValueError, !inputs.empty(), where, ": forward got no positional input");
-  HP_CHECK_T(c10::TypeError, inputs[0].isTensor(), where, ": the first positional input must be a tensor or DTensor, got ",
+const at::Tensor& first_tensor(const std::vector<c10::IValue>& inputs, const std::string& qualified_where) {
+  HP_CHECK_T(c10::ValueError, !inputs.empty(), qualified_where, ": forward got no positional input");
+  HP_CHECK_T(c10::TypeError, inputs[0].isTensor(), qualified_where, ": the first positional input must be a tensor or DTensor, got ",
              inputs[0].tagKind());
   return inputs[0].toTensor();
 }
@@ -125,8 +125,8 @@ std::vector<c10::IValue> with_first(const std::vector<c10::IValue>& inputs, at::
 InputFn first_input_fn(const char* style, Placement layout, Placement desired) {
   return [style, layout, desired](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
              -> c10::optional<std::vector<c10::IValue>> {
-    const std::string where = std::string(style) + " input of '" + name_of(m) + "'";
-    return with_first(inputs, prepare_input(first_tensor(inputs, where), layout, desired, mesh, false, where));
+    const std::string qualified_where = "hyper_parallel::" + std::string(style) + ": input of '" + name_of(m) + "'";
+    return with_first(inputs, prepare_input(first_tensor(inputs, qualified_where), layout, desired, mesh, false, qualified_where));
   };
 }
 
@@ -154,9 +154,9 @@ torch::nn::Module& ColwiseParallel::apply(torch::nn::Module& module, const Devic
   const bool local = use_local_output_;
   const InputFn input_fn = first_input_fn("ColwiseParallel", in, desired);
   auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
-    const std::string where = "ColwiseParallel output of '" + name_of(m) + "'";
-    HP_CHECK_T(c10::TypeError, output.isTensor() && is_dtensor(output.toTensor()), where, " is not a DTensor");
-    return c10::IValue(prepare_output(DTensor(output.toTensor()), out, c10::nullopt, mesh, local, where));
+    const std::string qualified_where = "hyper_parallel::ColwiseParallel: output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor() && is_dtensor(output.toTensor()), qualified_where, " is not a DTensor");
+    return c10::IValue(prepare_output(DTensor(output.toTensor()), out, c10::nullopt, mesh, local, qualified_where));
   };
   return distribute_module(module, mesh, partition, input_fn, output_fn, src_data_rank);
 }
@@ -187,15 +187,15 @@ torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const Devic
   const InputFn input_fn = first_input_fn("RowwiseParallel", in, desired);
   auto output_fn = [out, local, reduce, embedding](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh)
       -> c10::optional<c10::IValue> {
-    const std::string where = "RowwiseParallel output of '" + name_of(m) + "'";
-    HP_CHECK_T(c10::TypeError, output.isTensor(), where, " is not a tensor");
+    const std::string qualified_where = "hyper_parallel::RowwiseParallel: output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor(), qualified_where, " is not a tensor");
     const at::Tensor& t = output.toTensor();
     DTensor d;
     if (is_dtensor(t)) d = DTensor(t);
     else if (embedding) d = DTensor::from_local(t, mesh, {Partial()});  // each rank looked up its rows
-    else HP_CHECK_T(c10::TypeError, false, where, " is a plain tensor, expected a DTensor (a Linear-like module must "
+    else HP_CHECK_T(c10::TypeError, false, qualified_where, " is a plain tensor, expected a DTensor (a Linear-like module must "
                     "compute with its DTensor parameters)");
-    return c10::IValue(prepare_output(d, out, reduce, mesh, local, where));
+    return c10::IValue(prepare_output(d, out, reduce, mesh, local, qualified_where));
   };
   return distribute_module(module, mesh, partition, input_fn, output_fn, src_data_rank);
 }
@@ -212,7 +212,7 @@ torch::nn::Module& SequenceParallel::apply(torch::nn::Module& module, const Devi
   const bool local = use_local_output_;
   auto input_fn = [seq](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
       -> c10::optional<std::vector<c10::IValue>> {
-    HP_CHECK_T(c10::ValueError, !inputs.empty() && inputs[0].isTensor(), "SequenceParallel: expecting the input of '",
+    HP_CHECK_T(c10::ValueError, !inputs.empty() && inputs[0].isTensor(), "hyper_parallel::SequenceParallel: expecting the input of '",
                name_of(m), "' to be a tensor or DTensor, but got ", inputs.empty() ? "nothing" : inputs[0].tagKind());
     const at::Tensor& t = inputs[0].toTensor();
     if (is_dtensor(t)) return c10::nullopt;  // already laid out: kept
@@ -239,11 +239,11 @@ torch::nn::Module& NoParallel::apply(torch::nn::Module& module, const DeviceMesh
   const bool local = use_local_output_;
   const InputFn input_fn = first_input_fn("NoParallel", in, desired);
   auto output_fn = [out, local](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
-    const std::string where = "NoParallel output of '" + name_of(m) + "'";
-    HP_CHECK_T(c10::TypeError, output.isTensor(), where, " is not a tensor");
+    const std::string qualified_where = "hyper_parallel::NoParallel: output of '" + name_of(m) + "'";
+    HP_CHECK_T(c10::TypeError, output.isTensor(), qualified_where, " is not a tensor");
     const at::Tensor& t = output.toTensor();
     DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {out});
-    return c10::IValue(prepare_output(d, out, c10::nullopt, mesh, local, where));
+    return c10::IValue(prepare_output(d, out, c10::nullopt, mesh, local, qualified_where));
   };
   return distribute_module(module, mesh, nullptr, input_fn, output_fn, src_data_rank);
 }
@@ -260,13 +260,13 @@ PrepareModuleInput::PrepareModuleInput(c10::optional<Layouts> input_layouts, c10
       use_local_output_(use_local_output) {
   if (input_layouts_) {
     HP_CHECK_T(AssertionError, desired_input_layouts_.has_value(),
-               "PrepareModuleInput: desired_input_layouts must be given with input_layouts");
+               "hyper_parallel::PrepareModuleInput: desired_input_layouts must be given with input_layouts");
     HP_CHECK_T(AssertionError, input_layouts_->size() == desired_input_layouts_->size(),
-               "PrepareModuleInput: input_layouts and desired_input_layouts should have the same length, got ",
+               "hyper_parallel::PrepareModuleInput: input_layouts and desired_input_layouts should have the same length, got ",
                input_layouts_->size(), " and ", desired_input_layouts_->size());
   }
   HP_CHECK_T(AssertionError, input_kwarg_layouts_.size() == desired_input_kwarg_layouts_.size(),
-             "PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should have the same length, got ",
+             "hyper_parallel::PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should have the same length, got ",
              input_kwarg_layouts_.size(), " and ", desired_input_kwarg_layouts_.size());
 }
 
@@ -280,11 +280,11 @@ namespace {
 // is an AssertionError.
 c10::IValue prepare_slot(const c10::IValue& v, const c10::optional<Placement>& layout,
                          const c10::optional<Placement>& desired, const DeviceMesh& mesh, bool use_local,
-                         const std::string& where) {
+                         const std::string& qualified_where) {
   if (!layout) return v;
-  HP_CHECK_T(AssertionError, v.isTensor(), where, " has layout ", layout->to_string(),
+  HP_CHECK_T(AssertionError, v.isTensor(), qualified_where, " has layout ", layout->to_string(),
              " but is not a tensor (got ", v.tagKind(), ")");
-  return prepare_input(v.toTensor(), *layout, desired.value_or(*layout), mesh, use_local, where);
+  return prepare_input(v.toTensor(), *layout, desired.value_or(*layout), mesh, use_local, qualified_where);
 }
 }  // namespace
 
@@ -295,12 +295,12 @@ torch::nn::Module& PrepareModuleInput::apply(torch::nn::Module& module, const De
   const bool local = use_local_output_;
   auto prepare_args = [in, desired, local](nn::Module& m, const std::vector<c10::IValue>& args, const DeviceMesh& mesh) {
     if (!in) return args;
-    HP_CHECK_T(c10::ValueError, args.size() == in->size(), "PrepareModuleInput: module inputs and input_layouts should have "
+    HP_CHECK_T(c10::ValueError, args.size() == in->size(), "hyper_parallel::PrepareModuleInput: module inputs and input_layouts should have "
                "same length, but '", name_of(m), "' got ", args.size(), " inputs for ", in->size(), " layouts");
     std::vector<c10::IValue> out(args.size());
     for (size_t i = 0; i < args.size(); ++i)
       out[i] = prepare_slot(args[i], (*in)[i], (*desired)[i], mesh, local,
-                            "PrepareModuleInput: input " + std::to_string(i) + " of '" + name_of(m) + "'");
+                            "hyper_parallel::PrepareModuleInput: input " + std::to_string(i) + " of '" + name_of(m) + "'");
     return out;
   };
   if (kin.empty()) {
@@ -319,7 +319,7 @@ torch::nn::Module& PrepareModuleInput::apply(torch::nn::Module& module, const De
             if (it == kin.end()) continue;
             auto d = kdesired.find(key);
             value = prepare_slot(value, it->second, d == kdesired.end() ? c10::nullopt : d->second, mesh, local,
-                                 "PrepareModuleInput: keyword input '" + key + "' of '" + name_of(m) + "'");
+                                 "hyper_parallel::PrepareModuleInput: keyword input '" + key + "' of '" + name_of(m) + "'");
           }
           return std::make_pair(prepare_args(m, args, mesh), std::move(out));
         },
@@ -337,7 +337,7 @@ PrepareModuleOutput::PrepareModuleOutput(Layouts output_layouts, Layouts desired
       use_local_output_(use_local_output),
       reduce_dtype_(reduce_dtype) {
   HP_CHECK_T(AssertionError, output_layouts_.size() == desired_output_layouts_.size(),
-             "PrepareModuleOutput: output_layouts and desired_output_layouts should have the same length, got ",
+             "hyper_parallel::PrepareModuleOutput: output_layouts and desired_output_layouts should have the same length, got ",
              output_layouts_.size(), " and ", desired_output_layouts_.size());
 }
 
@@ -355,15 +355,15 @@ torch::nn::Module& PrepareModuleOutput::apply(torch::nn::Module& module, const D
                                                                               const c10::IValue& output) -> c10::optional<c10::IValue> {
     const bool tuple = output.isTuple();
     std::vector<c10::IValue> items = tuple ? output.toTupleRef().elements().vec() : std::vector<c10::IValue>{output};
-    HP_CHECK_T(c10::ValueError, items.size() == out.size(), "PrepareModuleOutput: module outputs and output_layouts should "
+    HP_CHECK_T(c10::ValueError, items.size() == out.size(), "hyper_parallel::PrepareModuleOutput: module outputs and output_layouts should "
                "have same length, but '", name_of(m), "' returned ", items.size(), " outputs for ", out.size(), " layouts");
     for (size_t i = 0; i < items.size(); ++i) {
       if (!out[i]) continue;
-      const std::string where = "PrepareModuleOutput: output " + std::to_string(i) + " of '" + name_of(m) + "'";
-      HP_CHECK_T(AssertionError, items[i].isTensor(), where, " has layout ", out[i]->to_string(), " but is not a tensor");
+      const std::string qualified_where = "hyper_parallel::PrepareModuleOutput: output " + std::to_string(i) + " of '" + name_of(m) + "'";
+      HP_CHECK_T(AssertionError, items[i].isTensor(), qualified_where, " has layout ", out[i]->to_string(), " but is not a tensor");
       const at::Tensor& t = items[i].toTensor();
       DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {*out[i]});
-      items[i] = prepare_output(d, desired[i].value_or(*out[i]), reduce, mesh, local, where);
+      items[i] = prepare_output(d, desired[i].value_or(*out[i]), reduce, mesh, local, qualified_where);
     }
     return tuple ? c10::IValue(c10::ivalue::Tuple::create(std::move(items))) : items[0];
   });

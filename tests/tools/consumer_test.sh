@@ -2,11 +2,17 @@
 # Installs the built tree into a scratch prefix, then configures, builds and runs a consumer
 # project that uses find_package(HyperParallel).
 set -eu
-BUILD=$1; SRC=$2; HPRUN=$3
+BUILD=$1; SRC=$2; HPRUN=$3; CHECKPOINT=${4:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cmake --install "$BUILD" --prefix "$WORK/prefix" >/dev/null
 cmake -S "$SRC/tests/consumer" -B "$WORK/build" -G Ninja -DCMAKE_PREFIX_PATH="$WORK/prefix" \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$WORK/build" >/dev/null
-"$HPRUN" --nproc-per-node 2 "$WORK/build/consumer"
+# With a transformers checkpoint: the installed models library loads it, generates, and compares.
+if [ -n "$CHECKPOINT" ] && [ -f "$CHECKPOINT/expected.safetensors" ]; then
+  "$HPRUN" --nproc-per-node 2 "$WORK/build/consumer" "$CHECKPOINT"
+else
+  echo "consumer: no transformers checkpoint at '$CHECKPOINT'; the models part is not run"
+  "$HPRUN" --nproc-per-node 2 "$WORK/build/consumer"
+fi

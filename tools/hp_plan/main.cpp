@@ -17,8 +17,10 @@
 #include <iostream>
 #include <string>
 
-#include "config.h"
-#include "plan.h"
+#include <hyper_parallel/models/qwen3/config.h>
+#include <hyper_parallel/models/qwen3/plan.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace {
 

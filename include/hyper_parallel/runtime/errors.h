@@ -26,11 +26,12 @@ class AssertionError : public c10::Error {
 namespace hyper_parallel {
 
 /// `dim` in [-ndim, ndim) made non-negative (a 0-dim tensor counts as 1-D when `scalar_as_1d`);
-/// c10::IndexError "<what>: dim <dim> is out of range for <of> with <ndim> dimensions" otherwise.
+/// c10::IndexError "hyper_parallel::<what>: dim <dim> is out of range for <of> with <ndim>
+/// dimensions" otherwise (`what`: the function's name below hyper_parallel::).
 /// e.g. `wrap_dim(-1, 3, "all_gather")` == 2.
 inline int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what, const char* of = "a tensor", bool scalar_as_1d = false) {
   const int64_t n = scalar_as_1d && ndim == 0 ? 1 : ndim;
-  HP_CHECK_T(c10::IndexError, dim >= -n && dim < n, what, ": dim ", dim, " is out of range for ", of, " with ", ndim,
+  HP_CHECK_T(c10::IndexError, dim >= -n && dim < n, "hyper_parallel::", what, ": dim ", dim, " is out of range for ", of, " with ", ndim,
              " dimensions");
   return dim < 0 ? dim + n : dim;
 }

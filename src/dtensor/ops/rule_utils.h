@@ -51,7 +51,7 @@ inline bool evenly_sharded(const OpInfo& info, const DTensorSpec& spec, int64_t 
 }
 
 /// A dimension argument of an op (a 0-dim tensor has dim 0 and -1, as in PyTorch).
-inline int64_t wrap_dim(int64_t d, int64_t ndim) { return hyper_parallel::wrap_dim(d, ndim, "sharding rule", "a tensor", true); }
+inline int64_t wrap_dim(int64_t d, int64_t ndim) { return hyper_parallel::wrap_dim(d, ndim, "dispatch", "a tensor", true); }
 
 /// Pops the op's local arguments off `stack` (returned) for a kernel or handler that computes
 /// one result and pushes it.

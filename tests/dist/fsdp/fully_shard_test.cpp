@@ -7,8 +7,10 @@
 #include "../../common/error_message.h"
 #include "../../common/test_util.h"
 #include "../tensor_parallel/tp_models.h"
-#include "model.h"
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace tp_test;
 

@@ -16,10 +16,12 @@
 
 #include "../../common/test_files.h"
 #include "../../common/test_util.h"
-#include "config.h"
-#include "generate.h"
-#include "model.h"
-#include "pretrained.h"
+#include <hyper_parallel/models/qwen3/config.h>
+#include <hyper_parallel/models/qwen3/generate.h>
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/pretrained.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace hp_test;
 namespace fs = std::filesystem;

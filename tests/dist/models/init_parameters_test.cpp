@@ -12,8 +12,10 @@
 #include <hyper_parallel/runtime/collectives.h>
 
 #include "../../common/test_util.h"
-#include "model.h"
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace hp_test;
 

@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "../../common/test_util.h"
-#include "pretrained.h"
+#include <hyper_parallel/models/qwen3/pretrained.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace hp_test;
 namespace fs = std::filesystem;

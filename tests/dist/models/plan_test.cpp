@@ -23,9 +23,11 @@
 
 #include <hyper_parallel/runtime/process_group.h>
 
-#include "config.h"
-#include "plan.h"
+#include <hyper_parallel/models/qwen3/config.h>
+#include <hyper_parallel/models/qwen3/plan.h>
 #include "../../common/error_message.h"
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace {
 

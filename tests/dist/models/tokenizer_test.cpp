@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tokenizer.h"
+#include <hyper_parallel/models/qwen3/tokenizer.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace {
 

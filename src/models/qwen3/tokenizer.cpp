@@ -1,4 +1,4 @@
-#include "tokenizer.h"
+#include <hyper_parallel/models/qwen3/tokenizer.h>
 
 #include <hyper_parallel/runtime/errors.h>
 
@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 namespace {
@@ -103,7 +104,7 @@ struct Tokenizer::Impl {
   int64_t size = 0;
 
   [[noreturn]] void fail(const std::string& why) const {
-    HP_CHECK_T(c10::ValueError, false, "tokenizer ", origin, ": ", why);
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::Tokenizer::from_json: ", origin, ": ", why);
   }
 
   void bpe(const std::string& piece, std::vector<int64_t>& out) const {
@@ -189,7 +190,7 @@ Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ifstream in(path);
-  HP_CHECK_T(c10::ValueError, in.good(), "tokenizer: cannot read ", path);
+  HP_CHECK_T(c10::ValueError, in.good(), "hyper_parallel::qwen3::Tokenizer::from_file: cannot read ", path);
   std::stringstream ss;
   ss << in.rdbuf();
   return from_json(ss.str(), path);
@@ -297,7 +298,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& origi
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   const Impl& t = *impl_;
   scan_utf8(text, [](int32_t b, int32_t, bool valid) {
-    HP_CHECK_T(c10::ValueError, valid, "tokenizer: the text is not valid UTF-8 (byte ", b, ")");
+    HP_CHECK_T(c10::ValueError, valid, "hyper_parallel::qwen3::Tokenizer::encode: the text is not valid UTF-8 (byte ", b, ")");
   });
   std::vector<int64_t> out;
   size_t plain = 0;
@@ -334,14 +335,14 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
       continue;
     }
     auto tok = t.id_to_token.find(id);
-    HP_CHECK_T(c10::ValueError, tok != t.id_to_token.end(), "tokenizer: id ", id, " is not in the vocabulary");
+    HP_CHECK_T(c10::ValueError, tok != t.id_to_token.end(), "hyper_parallel::qwen3::Tokenizer::decode: id ", id, " is not in the vocabulary");
     const auto* s = reinterpret_cast<const uint8_t*>(tok->second.data());
     const int32_t n = static_cast<int32_t>(tok->second.size());
     for (int32_t i = 0; i < n;) {
       UChar32 c;
       U8_NEXT(s, i, n, c);
       auto b = table.find(c);
-      HP_CHECK_T(c10::ValueError, b != table.end(), "tokenizer: token ", id, " '", tok->second, "' is not byte-level");
+      HP_CHECK_T(c10::ValueError, b != table.end(), "hyper_parallel::qwen3::Tokenizer::decode: token ", id, " '", tok->second, "' is not byte-level");
       bytes += static_cast<char>(b->second);
     }
   }
@@ -378,3 +379,4 @@ std::string byte_tokenizer_json() {
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

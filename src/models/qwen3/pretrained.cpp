@@ -1,12 +1,13 @@
-#include "pretrained.h"
+#include <hyper_parallel/models/qwen3/pretrained.h>
 
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/nn/init_parameters.h>
 
-#include "config.h"
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/config.h>
+#include <hyper_parallel/models/qwen3/parallelize.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype) {
@@ -50,3 +51,4 @@ hyper_parallel::HFSaveReport save_pretrained(CausalLMImpl& model, const std::str
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -3,8 +3,9 @@
 // model's tensors in an HF checkpoint.
 #include <string>
 
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 /// Reads an HF Qwen3 config.json (model_type "qwen3"). Keys that change the model in ways this
@@ -23,3 +24,4 @@ std::string config_to_json(const Config& c);
 std::string hf_key(const std::string& fqn);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 /// How to pick tokens (transformers' GenerationConfig names).
@@ -40,3 +41,4 @@ struct GenerationResult {
 GenerationResult generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& config);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -8,8 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 struct PlanOptions {
@@ -82,3 +83,4 @@ PlanReport measure_training(const PlanOptions& options);
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

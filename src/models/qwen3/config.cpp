@@ -1,4 +1,4 @@
-#include "config.h"
+#include <hyper_parallel/models/qwen3/config.h>
 
 #include <hyper_parallel/runtime/errors.h>
 
@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 namespace {
@@ -17,7 +18,7 @@ struct Reader {
   const json& j;
   const std::string& origin;
   [[noreturn]] void fail(const std::string& why) const {
-    HP_CHECK_T(c10::ValueError, false, "qwen3 config ", origin, ": ", why);
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::config_from_json: ", origin, ": ", why);
   }
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
   int64_t integer(const char* key, int64_t lo) const {
@@ -74,9 +75,9 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    HP_CHECK_T(c10::ValueError, false, "qwen3 config ", origin, ": not valid JSON (", e.what(), ")");
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::config_from_json: ", origin, ": not valid JSON (", e.what(), ")");
   }
-  HP_CHECK_T(c10::ValueError, j.is_object(), "qwen3 config ", origin, ": not a JSON object");
+  HP_CHECK_T(c10::ValueError, j.is_object(), "hyper_parallel::qwen3::config_from_json: ", origin, ": not a JSON object");
   const Reader r{j, origin};
   if (r.has("model_type") && j["model_type"] != "qwen3")
     r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\"");
@@ -134,7 +135,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
 
 Config load_config(const std::string& path) {
   std::ifstream in(path);
-  HP_CHECK_T(c10::ValueError, in.good(), "qwen3: cannot read ", path);
+  HP_CHECK_T(c10::ValueError, in.good(), "hyper_parallel::qwen3::load_config: cannot read ", path);
   std::stringstream ss;
   ss << in.rdbuf();
   return config_from_json(ss.str(), path);
@@ -170,3 +171,4 @@ std::string config_to_json(const Config& c) {
 std::string hf_key(const std::string& fqn) { return fqn.rfind("lm_head.", 0) == 0 ? fqn : "model." + fqn; }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -1,4 +1,4 @@
-#include "generate.h"
+#include <hyper_parallel/models/qwen3/generate.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 namespace {
@@ -39,23 +40,23 @@ at::Tensor pick(at::Tensor logits, const GenerationConfig& g, at::Generator& gen
 
 GenerationResult generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& g) {
   const Config& c = model.config;
-  HP_CHECK_T(c10::ValueError, !prompts.empty(), "generate: no prompts");
-  HP_CHECK_T(c10::ValueError, g.max_new_tokens >= 1, "generate: max_new_tokens must be at least 1, got ", g.max_new_tokens);
-  HP_CHECK_T(c10::ValueError, g.temperature >= 0, "generate: temperature must be >= 0, got ", g.temperature);
-  HP_CHECK_T(c10::ValueError, g.top_p > 0 && g.top_p <= 1, "generate: top_p must be in (0, 1], got ", g.top_p);
-  HP_CHECK_T(c10::ValueError, g.top_k >= 0, "generate: top_k must be >= 0, got ", g.top_k);
-  HP_CHECK_T(c10::ValueError, g.pad_token_id >= 0 && g.pad_token_id < c.vocab_size, "generate: pad_token_id ", g.pad_token_id,
+  HP_CHECK_T(c10::ValueError, !prompts.empty(), "hyper_parallel::qwen3::generate: no prompts");
+  HP_CHECK_T(c10::ValueError, g.max_new_tokens >= 1, "hyper_parallel::qwen3::generate: max_new_tokens must be at least 1, got ", g.max_new_tokens);
+  HP_CHECK_T(c10::ValueError, g.temperature >= 0, "hyper_parallel::qwen3::generate: temperature must be >= 0, got ", g.temperature);
+  HP_CHECK_T(c10::ValueError, g.top_p > 0 && g.top_p <= 1, "hyper_parallel::qwen3::generate: top_p must be in (0, 1], got ", g.top_p);
+  HP_CHECK_T(c10::ValueError, g.top_k >= 0, "hyper_parallel::qwen3::generate: top_k must be >= 0, got ", g.top_k);
+  HP_CHECK_T(c10::ValueError, g.pad_token_id >= 0 && g.pad_token_id < c.vocab_size, "hyper_parallel::qwen3::generate: pad_token_id ", g.pad_token_id,
              " is outside the vocabulary [0, ", c.vocab_size, ")");
   size_t longest = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
-    HP_CHECK_T(c10::ValueError, !prompts[b].empty(), "generate: prompt ", b, " is empty");
+    HP_CHECK_T(c10::ValueError, !prompts[b].empty(), "hyper_parallel::qwen3::generate: prompt ", b, " is empty");
     for (int64_t id : prompts[b])
-      HP_CHECK_T(c10::ValueError, id >= 0 && id < c.vocab_size, "generate: prompt ", b, " holds token ", id,
+      HP_CHECK_T(c10::ValueError, id >= 0 && id < c.vocab_size, "hyper_parallel::qwen3::generate: prompt ", b, " holds token ", id,
                  ", outside the vocabulary [0, ", c.vocab_size, ")");
     longest = std::max(longest, prompts[b].size());
   }
   const int64_t batch = static_cast<int64_t>(prompts.size()), len = static_cast<int64_t>(longest);
-  HP_CHECK_T(c10::ValueError, len + g.max_new_tokens <= c.max_position_embeddings, "generate: ", len, " prompt positions and ",
+  HP_CHECK_T(c10::ValueError, len + g.max_new_tokens <= c.max_position_embeddings, "hyper_parallel::qwen3::generate: ", len, " prompt positions and ",
              g.max_new_tokens, " new tokens exceed max_position_embeddings (", c.max_position_embeddings, ")");
 
   c10::InferenceMode inference;
@@ -115,3 +116,4 @@ GenerationResult generate(CausalLMImpl& model, const std::vector<std::vector<int
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 class Tokenizer {
@@ -46,3 +47,4 @@ class Tokenizer {
 std::string byte_tokenizer_json();
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

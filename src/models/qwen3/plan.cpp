@@ -1,4 +1,4 @@
-#include "plan.h"
+#include <hyper_parallel/models/qwen3/plan.h>
 
 #include <hyper_parallel/hyper_parallel.h>
 
@@ -9,11 +9,12 @@
 #include <set>
 #include <sstream>
 
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/parallelize.h>
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
+namespace hyper_parallel {
 namespace qwen3 {
 namespace {
 
@@ -59,7 +60,7 @@ std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text)
   std::string item;
   while (std::getline(ss, item, ',')) {
     const size_t eq = item.find('=');
-    HP_CHECK_T(c10::ValueError, eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "--mesh '", text,
+    HP_CHECK_T(c10::ValueError, eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "hyper_parallel::qwen3::parse_mesh: --mesh '", text,
                "': each dimension is name=size, e.g. dp=16,tp=8");
     size_t used = 0;
     int64_t n = 0;
@@ -68,11 +69,11 @@ std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text)
     } catch (const std::exception&) {
       used = 0;
     }
-    HP_CHECK_T(c10::ValueError, used == item.size() - eq - 1 && n > 0, "--mesh '", text, "': the size of '",
+    HP_CHECK_T(c10::ValueError, used == item.size() - eq - 1 && n > 0, "hyper_parallel::qwen3::parse_mesh: --mesh '", text, "': the size of '",
                item.substr(0, eq), "' must be a positive integer");
     out.emplace_back(item.substr(0, eq), n);
   }
-  HP_CHECK_T(c10::ValueError, !out.empty(), "--mesh is empty; e.g. dp=16,tp=8");
+  HP_CHECK_T(c10::ValueError, !out.empty(), "hyper_parallel::qwen3::parse_mesh: --mesh is empty; e.g. dp=16,tp=8");
   return out;
 }
 
@@ -85,21 +86,22 @@ struct MeshShape {
   int64_t world = 1, tp = 1, dp = 1;
 };
 
+// `what`: the function's name below hyper_parallel:: ("qwen3::plan_training").
 MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
-  HP_CHECK_T(c10::ValueError, options.batch > 0 && options.seq > 0, what, ": batch ", options.batch, " and seq ",
+  HP_CHECK_T(c10::ValueError, options.batch > 0 && options.seq > 0, "hyper_parallel::", what, ": batch ", options.batch, " and seq ",
              options.seq, " must be positive");
-  HP_CHECK_T(c10::ValueError, options.optimizer_dtype == at::kFloat || options.optimizer_dtype == at::kBFloat16, what,
-             ": the optimizer state is float32 or bfloat16, got ", options.optimizer_dtype);
+  HP_CHECK_T(c10::ValueError, options.optimizer_dtype == at::kFloat || options.optimizer_dtype == at::kBFloat16, "hyper_parallel::",
+             what, ": the optimizer state is float32 or bfloat16, got ", options.optimizer_dtype);
   MeshShape m;
   for (const auto& [name, size] : options.mesh) {
-    HP_CHECK_T(c10::ValueError, name == "dp" || name == "tp", what, ": mesh dimension '", name,
+    HP_CHECK_T(c10::ValueError, name == "dp" || name == "tp", "hyper_parallel::", what, ": mesh dimension '", name,
                "': the demo's plan shards over 'dp' (fully_shard) and 'tp' (tensor parallelism) only");
     (name == "tp" ? m.tp : m.dp) = size;
     m.shape.push_back(size);
     m.names.push_back(name);
     m.world *= size;
   }
-  HP_CHECK_T(c10::ValueError, !m.shape.empty(), what, ": the mesh is empty");
+  HP_CHECK_T(c10::ValueError, !m.shape.empty(), "hyper_parallel::", what, ": the mesh is empty");
   return m;
 }
 
@@ -176,7 +178,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
 }  // namespace
 
 PlanReport plan_training(const PlanOptions& options) {
-  HP_CHECK_T(c10::ValueError, !hp::is_initialized(), "qwen3::plan_training: a process group exists already; the plan ",
+  HP_CHECK_T(c10::ValueError, !hp::is_initialized(), "hyper_parallel::qwen3::plan_training: a process group exists already; the plan ",
              "runs in a fake world of its own");
   const MeshShape m = mesh_shape_of(options, "qwen3::plan_training");
   const FakeWorld fake(m.world, options.rank, options.device_type);
@@ -186,7 +188,7 @@ PlanReport plan_training(const PlanOptions& options) {
 PlanReport measure_training(const PlanOptions& options) {
   const MeshShape m = mesh_shape_of(options, "qwen3::measure_training");
   HP_CHECK_T(c10::ValueError, hp::is_initialized() && !hp::is_fake_world() && hp::get_world_size() == m.world,
-             "qwen3::measure_training: it runs in a real job of ", m.world, " ranks (init_process_group under hprun)");
+             "hyper_parallel::qwen3::measure_training: it runs in a real job of ", m.world, " ranks (init_process_group under hprun)");
   PlanOptions o = options;
   o.rank = hp::get_rank();
   return run_step(o, m, "cpu");
@@ -257,3 +259,4 @@ std::string PlanReport::to_json() const {
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

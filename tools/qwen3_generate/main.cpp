@@ -14,9 +14,11 @@
 #include <sstream>
 #include <string>
 
-#include "generate.h"
-#include "pretrained.h"
-#include "tokenizer.h"
+#include <hyper_parallel/models/qwen3/generate.h>
+#include <hyper_parallel/models/qwen3/pretrained.h>
+#include <hyper_parallel/models/qwen3/tokenizer.h>
+
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 

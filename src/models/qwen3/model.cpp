@@ -1,4 +1,4 @@
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
 #include <ATen/ATen.h>
 
@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+namespace hyper_parallel {
 namespace qwen3 {
 namespace hp = hyper_parallel;
 
@@ -73,7 +74,7 @@ at::Tensor AttentionImpl::attention_dropout(const at::Tensor& probs) {
   const at::Tensor& w = q_proj->weight();
   if (!hp::is_dtensor(w)) return hp::dropout(probs, p, true);
   const hp::DTensor weight(w);
-  HP_CHECK_T(c10::ValueError, weight.device_mesh().ndim() == 1 && weight.placements()[0].is_shard(0), "qwen3: attention dropout ",
+  HP_CHECK_T(c10::ValueError, weight.device_mesh().ndim() == 1 && weight.placements()[0].is_shard(0), "hyper_parallel::qwen3::AttentionImpl::attention_dropout: attention dropout ",
              "under tensor parallelism needs q_proj sharded by rows (Colwise), got ", hp::to_string(weight.placements()));
   return hp::DTensor(hp::dropout(hp::DTensor::from_local(probs, weight.device_mesh(), {hp::Shard(1)}), p, true)).to_local();
 }
@@ -101,7 +102,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
     const int64_t past = in->past;
     at::Tensor& keys = cache.keys.at(static_cast<size_t>(layer_idx));
     at::Tensor& values = cache.values.at(static_cast<size_t>(layer_idx));
-    HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "qwen3: the KV cache holds ", keys.size(2), " positions; ", past,
+    HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "hyper_parallel::qwen3::AttentionImpl::forward: the KV cache holds ", keys.size(2), " positions; ", past,
                " are filled and ", s, " more were given");
     keys.narrow(2, past, s).copy_(k);
     values.narrow(2, past, s).copy_(v);
@@ -204,3 +205,4 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -1,5 +1,6 @@
-#include "parallelize.h"
+#include <hyper_parallel/models/qwen3/parallelize.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 namespace hp = hyper_parallel;
 
@@ -8,7 +9,7 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   const int64_t tp = tp_mesh.size(0);
   const Config& c = model.config;
   // A head must not be split: the projections' widths could divide while the head counts do not.
-  HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0 && c.num_kv_heads % tp == 0, "parallelize_qwen3_tp: num_heads (",
+  HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0 && c.num_kv_heads % tp == 0, "hyper_parallel::qwen3::parallelize_qwen3_tp: num_heads (",
              c.num_heads, ") and num_kv_heads (", c.num_kv_heads, ") must be divisible by the tensor-parallel size ", tp);
   const hp::Placement seq = hp::Shard(1);
   // The residual stream: sequence-sharded DTensors with sequence parallelism; otherwise plain
@@ -48,3 +49,4 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
 }
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

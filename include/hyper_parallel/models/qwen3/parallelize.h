@@ -2,8 +2,9 @@
 // The Qwen tensor-parallel plan: attention heads and MLP columns split over tp.
 #include <hyper_parallel/hyper_parallel.h>
 
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 /// Splits `model` over the 1-D `tp_mesh`:
@@ -20,3 +21,4 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh&
                           bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

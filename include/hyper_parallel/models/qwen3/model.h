@@ -10,6 +10,7 @@
 
 #include <vector>
 
+namespace hyper_parallel {
 namespace qwen3 {
 namespace hnn = hyper_parallel::nn;
 
@@ -123,3 +124,4 @@ HP_MODULE(CausalLM);
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel

@@ -7,8 +7,9 @@
 
 #include <string>
 
-#include "model.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
+namespace hyper_parallel {
 namespace qwen3 {
 
 struct Pretrained {
@@ -38,3 +39,4 @@ hyper_parallel::HFSaveReport save_pretrained(CausalLMImpl& model, const std::str
                                              c10::optional<at::ScalarType> dtype = c10::nullopt);
 
 }  // namespace qwen3
+}  // namespace hyper_parallel
