@@ -100,6 +100,43 @@ DeviceMesh DeviceMesh::operator[](const std::string& dim_name) const {
   return DeviceMesh(std::move(sub));
 }
 
+DeviceMesh DeviceMesh::unflatten(int64_t dim, const std::vector<int64_t>& sizes, const std::vector<std::string>& names) const {
+  const auto& m = get(impl_);
+  dim = wrap_mesh_dim(dim, ndim());
+  HP_CHECK_T(c10::NotImplementedError, ndim() == 1, "hyper_parallel::DeviceMesh::unflatten: only a 1-D mesh can be unflattened; ",
+             to_string(), " has ", ndim(), " dimensions (slice it first, e.g. mesh[\"tp\"])");
+  int64_t total = 1;
+  for (int64_t s : sizes) {
+    HP_CHECK_T(c10::ValueError, s > 0, "hyper_parallel::DeviceMesh::unflatten: sizes ", c10::IntArrayRef(sizes),
+               " hold a non-positive size");
+    total *= s;
+  }
+  HP_CHECK_T(c10::ValueError, total == size(dim) && !sizes.empty(), "hyper_parallel::DeviceMesh::unflatten: sizes ",
+             c10::IntArrayRef(sizes), " hold ", total, " ranks but dimension ", dim, " of ", to_string(), " has ", size(dim));
+  HP_CHECK_T(c10::ValueError, names.size() == sizes.size(), "hyper_parallel::DeviceMesh::unflatten: ", names.size(),
+             " names for ", sizes.size(), " dimensions");
+  TORCH_CHECK(m.coordinate.has_value(), "hyper_parallel::DeviceMesh::unflatten: this rank is not part of ", to_string());
+  auto out = std::make_shared<Impl>();
+  out->device_type = m.device_type;
+  out->shape = sizes;
+  out->dim_names = names;
+  out->ranks = m.ranks;
+  out->seed = m.seed;
+  const int64_t me = (*m.coordinate)[0];
+  const auto st = strides_of(sizes);
+  std::vector<int64_t> coord(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) coord[d] = (me / st[d]) % sizes[d];
+  out->coordinate = coord;
+  // In dimension order on every rank, as init_device_mesh does, so members of a group meet.
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    const int64_t base = me - coord[d] * st[d];
+    std::vector<int64_t> peers;
+    for (int64_t i = 0; i < sizes[d]; ++i) peers.push_back(m.ranks[static_cast<size_t>(base + i * st[d])]);
+    out->groups.push_back(new_group(peers));
+  }
+  return DeviceMesh(std::move(out));
+}
+
 DeviceMesh DeviceMesh::root_mesh() const {
   const auto& m = get(impl_);
   return m.root ? DeviceMesh(m.root) : *this;

@@ -33,6 +33,9 @@ VARIANTS = {
     "fp32_single": (torch.float32, False, None),
     "bf16_sharded_tied": (torch.bfloat16, True, "40KB"),
     "fp32_sharded_tied": (torch.float32, True, "100KB"),
+    # Fewer KV heads than ranks (tp=4 over 2, tp=2 and 4 over 1: MQA): the KV heads are replicated.
+    "fp32_kv2": (torch.float32, False, None),
+    "fp32_kv1": (torch.float32, False, None),
 }
 # Big enough that each of 2 ranks loads more than 64 MiB of bf16 shards (221 MB in four files): the
 # memory test of from_pretrained (only local shards allocated, pages of the files released).
@@ -123,7 +126,10 @@ def make(out):
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         torch.manual_seed(1234)
-        config = Qwen3Config(**(UNEVEN if "uneven" in name else SMALL), tie_word_embeddings=tied)
+        shape = dict(UNEVEN if "uneven" in name else SMALL)
+        if name.startswith("fp32_kv"):
+            shape["num_key_value_heads"] = int(name[len("fp32_kv"):])
+        config = Qwen3Config(**shape, tie_word_embeddings=tied)
         model = Qwen3ForCausalLM(config).to(dtype)
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(d, **kwargs)

@@ -44,6 +44,13 @@ class DeviceMesh {
   /// The 1-D sub-mesh of this rank's peers along the named dimension; shares its group.
   /// e.g. on a ("dp","tp") = 2x2 mesh rank 3 gets `mesh["tp"]` == ranks [2, 3].
   DeviceMesh operator[](const std::string& dim_name) const;
+  /// The same ranks with dimension `dim` split into `sizes` (row-major), named `names`, and a
+  /// process group per new dimension (PyTorch's DeviceMesh._unflatten). Collective over this
+  /// mesh's ranks. The result is a root mesh of its own. Only a 1-D mesh can be unflattened now
+  /// (c10::NotImplementedError otherwise); c10::ValueError when the sizes' product differs from
+  /// the dimension's size. e.g. tp = 8 ranks viewed as (kv=4, kv_replica=2):
+  /// `auto kv = tp.unflatten(0, {4, 2}, {"kv", "kv_replica"});`
+  DeviceMesh unflatten(int64_t dim, const std::vector<int64_t>& sizes, const std::vector<std::string>& names) const;
   /// The mesh this one was sliced from with operator[] (itself for a mesh from init_device_mesh).
   DeviceMesh root_mesh() const;
   /// For a slice: its dimension in root_mesh(); nullopt for a root.

@@ -36,6 +36,22 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
 }
 
 at::Tensor local(const at::Tensor& t) { return hyper_parallel::is_dtensor(t) ? hyper_parallel::DTensor(t).to_local() : t; }
+
+// Whether `proj` holds replicated KV heads (parallelize_qwen3_tp with tp > num_key_value_heads):
+// its weight lives on the (kv, kv_replica) view of the tp ranks.
+bool replicated_heads(const hnn::LinearImpl& proj) {
+  const at::Tensor& w = proj.weight();
+  return hp::is_dtensor(w) && hp::DTensor(w).device_mesh().ndim() == 2;
+}
+
+// The projection of a replicated KV head, on local tensors. Only this rank's query heads use its
+// copy of the head, so the input's gradient through it is a partial sum over the tp ranks (as
+// through a Colwise projection), and the weight's a partial sum over the head's replicas, which
+// the weight's gradient hook (distribute_module) reduces.
+at::Tensor replicated_head_projection(const hnn::LinearImpl& proj, const at::Tensor& x) {
+  const at::Tensor x_local = hp::is_dtensor(x) ? hp::DTensor(x).to_local(hp::Placements{hp::Partial()}) : x;
+  return at::linear(x_local, hp::DTensor(proj.weight()).to_local(hp::Placements{hp::Shard(0), hp::Partial()}));
+}
 }  // namespace
 
 LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
@@ -82,7 +98,14 @@ at::Tensor AttentionImpl::attention_dropout(const at::Tensor& probs) {
 at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads.
-  at::Tensor q = q_proj(hidden), k = k_proj(hidden), v = v_proj(hidden);
+  at::Tensor q = q_proj(hidden), k, v;
+  if (replicated_heads(*k_proj)) {
+    k = replicated_head_projection(*k_proj, hidden);
+    v = replicated_head_projection(*v_proj, hidden);
+  } else {
+    k = k_proj(hidden);
+    v = v_proj(hidden);
+  }
   const int64_t b = q.size(0), s = q.size(1);
   // (B, S, heads, D): the q/k norms act per head over D.
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);

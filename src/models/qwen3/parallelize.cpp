@@ -4,13 +4,38 @@ namespace hyper_parallel {
 namespace qwen3 {
 namespace hp = hyper_parallel;
 
+namespace {
+
+// k/v_proj of every layer as DTensors on the tp ranks viewed as (kv, kv_replica): rank r holds
+// rows of KV head floor(r * kv / tp). distribute_module gives each weight the hook that reduces
+// its Partial gradient over the replicas (AttentionImpl::forward computes them locally).
+void replicate_kv_heads(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh) {
+  const int64_t kv = model.config.num_kv_heads, tp = tp_mesh.size(0);
+  const hp::DeviceMesh kv_mesh = tp_mesh.unflatten(0, {kv, tp / kv}, {"kv", "kv_replica"});
+  auto by_head = [](const std::string&, torch::nn::Module& m, const hp::DeviceMesh& mesh) {
+    for (const auto& p : m.named_parameters(/*recurse=*/false))
+      hnn::replace_parameter(m, p.key(), hp::distribute_tensor(p.value().detach(), mesh, {hp::Shard(0), hp::Replicate()},
+                                                               p.value().is_meta() ? c10::nullopt : c10::optional<int64_t>(0)));
+  };
+  for (const auto& layer : *model.layers) {
+    auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
+    for (auto* proj : {attn->k_proj.get(), attn->v_proj.get()}) hp::distribute_module(*proj, kv_mesh, by_head);
+  }
+}
+
+}  // namespace
+
 void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bool sequence_parallel, bool loss_parallel,
                           c10::optional<at::ScalarType> reduce_dtype) {
   const int64_t tp = tp_mesh.size(0);
   const Config& c = model.config;
   // A head must not be split: the projections' widths could divide while the head counts do not.
-  HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0 && c.num_kv_heads % tp == 0, "hyper_parallel::qwen3::parallelize_qwen3_tp: num_heads (",
-             c.num_heads, ") and num_kv_heads (", c.num_kv_heads, ") must be divisible by the tensor-parallel size ", tp);
+  HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0, "hyper_parallel::qwen3::parallelize_qwen3_tp: num_attention_heads (",
+             c.num_heads, ") must be divisible by the tensor-parallel size ", tp);
+  const bool replicate_kv = tp > c.num_kv_heads;
+  HP_CHECK_T(c10::ValueError, c.num_kv_heads > 0 && (replicate_kv ? tp % c.num_kv_heads == 0 : c.num_kv_heads % tp == 0),
+             "hyper_parallel::qwen3::parallelize_qwen3_tp: the tensor-parallel size ", tp, " must divide num_key_value_heads (",
+             c.num_kv_heads, "), or be a multiple of it (each KV head is then replicated on tp / num_key_value_heads ranks)");
   const hp::Placement seq = hp::Shard(1);
   // The residual stream: sequence-sharded DTensors with sequence parallelism; otherwise plain
   // (replicated) local tensors, as in Megatron.
@@ -24,8 +49,6 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   std::vector<hp::PlanEntry> entries{
       {"embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream)},
       {"layers.*.self_attn.q_proj", hp::ColwiseParallel()},
-      {"layers.*.self_attn.k_proj", hp::ColwiseParallel()},
-      {"layers.*.self_attn.v_proj", hp::ColwiseParallel()},
       {"layers.*.self_attn.q_norm", head_norm},
       {"layers.*.self_attn.k_norm", head_norm},
       {"layers.*.self_attn.o_proj", out_proj},
@@ -34,6 +57,8 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
       {"layers.*.mlp.down_proj", out_proj},
       {"lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel)},
   };
+  if (!replicate_kv)
+    for (const char* proj : {"layers.*.self_attn.k_proj", "layers.*.self_attn.v_proj"}) entries.emplace_back(proj, hp::ColwiseParallel());
   for (const char* norm : {"layers.*.input_layernorm", "layers.*.post_attention_layernorm", "norm"}) {
     if (sequence_parallel) entries.emplace_back(norm, hp::SequenceParallel(1));
     else entries.emplace_back(norm, hp::NoParallel());
@@ -44,6 +69,7 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   for (const char* block : {"layers.*.self_attn", "layers.*.mlp"})
     entries.emplace_back(block, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
+  if (replicate_kv) replicate_kv_heads(model, tp_mesh);
   // Both are Shard(0) over the vocabulary, so one DTensor serves both again.
   model.tie_weights();
 }

@@ -47,6 +47,25 @@ TEST(DeviceMesh2x2Dist, SlicingCoordinatesAndGroups) {
   EXPECT_EQ(again.shared_seed(), mesh.shared_seed());
 }
 
+// A 1-D slice unflattened: the tp ranks of a (dp=1, tp=4) mesh viewed as (kv=2, kv_replica=2),
+// with working groups along both new dimensions; bad sizes refused.
+TEST(DeviceMesh2x2Dist, UnflattenSplitsAOneDimensionalMesh) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  const int64_t me = hp::get_rank();
+  auto tp = hp::init_device_mesh("cpu", {1, 4}, {"dp", "tp"})["tp"];
+  auto kv = tp.unflatten(0, {2, 2}, {"kv", "kv_replica"});
+  EXPECT_EQ(kv.to_string(), "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('kv', 'kv_replica'))");
+  EXPECT_EQ(*kv.get_coordinate(), (std::vector<int64_t>{me / 2, me % 2}));
+  EXPECT_EQ(kv["kv"].ranks(), (std::vector<int64_t>{me % 2, me % 2 + 2}));
+  EXPECT_EQ(kv["kv_replica"].ranks(), (std::vector<int64_t>{me / 2 * 2, me / 2 * 2 + 1}));
+  at::Tensor t = at::full({1}, static_cast<double>(me), at::kLong);
+  EXPECT_EQ(hp::all_reduce(t, hp::ReduceOp::SUM, kv.get_group("kv_replica")).item<int64_t>(), (me / 2 * 2) * 2 + 1);
+  EXPECT_EQ(hp::all_reduce(t, hp::ReduceOp::SUM, kv.get_group("kv")).item<int64_t>(), (me % 2) * 2 + 2);
+  EXPECT_THROW(tp.unflatten(0, {3, 2}, {"a", "b"}), c10::ValueError);
+  EXPECT_THROW(tp.unflatten(0, {2, 2}, {"a"}), c10::ValueError);
+  EXPECT_THROW(kv.unflatten(0, {1, 2}, {"a", "b"}), c10::NotImplementedError);
+}
+
 TEST(DeviceMeshDist, OneDimensionalMeshIsTheWorld) {
   auto mesh = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"tp"});
   EXPECT_EQ(mesh.get_group(), hp::world_group());

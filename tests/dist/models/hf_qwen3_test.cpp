@@ -139,6 +139,55 @@ TEST(HFQwen3, LogitsMatchTransformers) {
   }
 }
 
+// More ranks than KV heads: tp=4 over 2 KV heads, tp=2 and 4 over 1 (MQA). from_pretrained
+// replicates the heads (rank r holds head floor(r * kv / tp)); logits and greedy tokens equal
+// transformers'; the KV cache holds one head per rank; a save writes each head once (the files
+// hold the checkpoint's own k/v_proj tensors).
+TEST(HFQwen3, ReplicatedKVHeadsMatchTransformers) {
+  REQUIRE_REFERENCE(ref);
+  const int64_t tp = hp::get_world_size();
+  for (const int64_t kv : {2, 1}) {
+    if (tp <= kv) continue;
+    SCOPED_TRACE("kv=" + std::to_string(kv) + " tp=" + std::to_string(tp));
+    const std::string d = ref + "/fp32_kv" + std::to_string(kv);
+    auto loaded = qwen3::from_pretrained(d, world_mesh());
+    auto& model = *loaded.model;
+    ASSERT_EQ(model.config.num_kv_heads, kv);
+    const auto& attn = model.layers[0]->as<qwen3::DecoderLayerImpl>()->self_attn;
+    const hp::DTensor k(attn->k_proj->weight());
+    EXPECT_EQ(k.device_mesh().shape(), (std::vector<int64_t>{kv, tp / kv}));
+    EXPECT_EQ(k.to_local().size(0), model.config.head_dim) << "one KV head per rank";
+    // Rank r's rows are KV head floor(r * kv / tp) of the checkpoint.
+    hp::SafetensorsFile file(d + "/model.safetensors");
+    const int64_t head = hp::get_rank() * kv / tp;
+    EXPECT_TRUE(at::equal(k.to_local(), file.tensor("model.layers.0.self_attn.k_proj.weight")
+                                            .narrow(0, head * model.config.head_dim, model.config.head_dim)));
+    at::Tensor logits;
+    {
+      c10::InferenceMode inference;
+      logits = loaded.model(expected(d, "input_ids"));
+    }
+    EXPECT_TRUE(close(logits, expected(d, "logits"), 1e-4, 1e-5));
+    EXPECT_EQ(model.make_cache(2, 8).keys[0].size(1), 1) << "the KV cache holds this rank's one head";
+    const at::Tensor want = expected(d, "generated");
+    qwen3::GenerationConfig g;
+    g.max_new_tokens = want.size(1);
+    const auto result = qwen3::generate(model, prompts_of(d), g);
+    for (int64_t b = 0; b < want.size(0); ++b)
+      EXPECT_EQ(result.tokens[static_cast<size_t>(b)], std::vector<int64_t>(want[b].data_ptr<int64_t>(), want[b].data_ptr<int64_t>() + want.size(1)))
+          << "prompt " << b;
+    const char* out_root = std::getenv("HP_HF_OUT");
+    ASSERT_NE(out_root, nullptr);
+    // Named as the other saves, so transformers reads it too (hf_transformers_reads_ours).
+    const std::string out = std::string(out_root) + "/np" + std::to_string(tp) + "_fp32_kv" + std::to_string(kv);
+    qwen3::save_pretrained(model, out);
+    hp::SafetensorsFile saved(out + "/model.safetensors");
+    for (const auto& t : file.tensors())
+      EXPECT_TRUE(at::equal(saved.tensor(t.name), file.tensor(t.name))) << t.name << " saved differs from the checkpoint's";
+    EXPECT_EQ(saved.tensors().size(), file.tensors().size());
+  }
+}
+
 TEST(HFQwen3, GreedyGenerateMatchesTransformers) {
   REQUIRE_REFERENCE(ref);
   for (const char* variant : kVariants) {

@@ -83,6 +83,63 @@ TEST(Qwen3TensorParallel, LossParallelKeepsLogitsShardedOnTheVocab) {
   EXPECT_TRUE(close(qwen3::causal_lm_loss(logits, x), qwen3::causal_lm_loss(ref(x), x)));
 }
 
+// More ranks than KV heads (kv = tp / 2: 2 at tp=4, MQA at tp=2): the heads are replicated, and
+// five SGD steps give one process's losses, gradients and parameters, with and without sequence
+// parallelism. The replicas' partial gradients are summed (a wrong sum would double or halve them).
+TEST(Qwen3TensorParallel, ReplicatedKVHeadsTrainAsOneProcess) {
+  for (const bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "no sequence parallel");
+    auto c = small_config();
+    c.num_kv_heads = hp::get_world_size() / 2;
+    const int64_t seq = 4 * hp::get_world_size();
+    auto model = build(c), ref = build(c);
+    qwen3::parallelize_qwen3_tp(*model, world_mesh(), sp);
+    const hp::DTensor k(model->layers[0]->as<qwen3::DecoderLayerImpl>()->self_attn->k_proj->weight());
+    ASSERT_EQ(k.device_mesh().ndim(), 2);
+    ASSERT_EQ(k.to_local().size(0), c.head_dim);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 5; ++step) {
+      at::Tensor ids = at::randint(c.vocab_size, {2, seq + 1}, at::detail::createCPUGenerator(40 + step), at::kLong);
+      at::Tensor x = ids.narrow(1, 0, seq), y = ids.narrow(1, 1, seq);
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      at::Tensor loss = qwen3::causal_lm_loss(model(x), y), ref_loss = qwen3::causal_lm_loss(ref(x), y);
+      EXPECT_TRUE(close(loss, ref_loss)) << "step " << step;
+      loss.backward();
+      ref_loss.backward();
+      auto ref_params = ref->named_parameters();
+      for (const auto& p : model->named_parameters()) {
+        EXPECT_EQ(hp::DTensor(p.value().grad()).placements(), hp::DTensor(p.value()).placements()) << p.key();
+        EXPECT_TRUE(close(p.value().grad(), ref_params[p.key()].grad())) << p.key() << " gradient at step " << step;
+      }
+      opt.step();
+      ref_opt.step();
+    }
+    auto ref_params = ref->named_parameters();
+    for (const auto& p : model->named_parameters()) EXPECT_TRUE(close(p.value(), ref_params[p.key()])) << p.key();
+  }
+}
+
+// A tp that neither divides the KV heads nor is a multiple of them is refused before any change.
+TEST(Qwen3TensorParallel, KVHeadsThatNeitherDivideNorAreDividedByTpAreRefused) {
+  if (hp::get_world_size() != 4) GTEST_SKIP() << "needs tp=4 (6 KV heads neither divide nor are divided by 4)";
+  auto c = small_config();
+  c.num_heads = 12;
+  c.num_kv_heads = 6;
+  auto model = build(c);
+  try {
+    qwen3::parallelize_qwen3_tp(*model, world_mesh());
+    FAIL() << "tp=4 over 6 KV heads was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("hyper_parallel::qwen3::parallelize_qwen3_tp: the tensor-parallel size 4 must divide "
+                                         "num_key_value_heads (6)"),
+              std::string::npos)
+        << e.what();
+  }
+  for (const auto& p : model->parameters()) EXPECT_FALSE(hp::is_dtensor(p)) << "the model was changed";
+}
+
 TEST(Qwen3TensorParallel, IndivisibleHeadsAndSequenceFailCleanly) {
   auto c = small_config();
   c.num_heads = 2 * hp::get_world_size() + 1;  // q_proj width may divide, heads do not

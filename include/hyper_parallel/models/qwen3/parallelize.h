@@ -16,7 +16,14 @@ namespace qwen3 {
 ///   `reduce_dtype` when given;
 /// - lm_head Colwise(Shard(1) -> Replicate), or with loss_parallel -> Shard(-1) kept a DTensor.
 /// Without sequence parallelism activations are replicated and the norms NoParallel.
-/// Head counts that do not divide by the mesh size fail (c10::ValueError) before any change.
+/// With tp > num_key_value_heads (tp a multiple of it) the KV heads are replicated, as vLLM does:
+/// rank r holds KV head floor(r * kv / tp), the one its query heads use. k/v_proj's weights are
+/// then DTensors on the tp ranks viewed as a (kv, kv_replica) mesh, Shard(0) over kv and
+/// Replicate over the replicas: a checkpoint loads each rank's head from that head's rows, a save
+/// writes each head once, the KV cache holds one head per rank, and a weight's gradient is summed
+/// over its replicas.
+/// num_heads not divisible by tp, or a tp that neither divides num_key_value_heads nor is a
+/// multiple of it, fails (c10::ValueError) before any change.
 void parallelize_qwen3_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
                           bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
 
