@@ -83,7 +83,7 @@ void run_fsdp_benchmarks(const std::string& filter) {
   torch::optim::SGD ddp_opt(ddp->parameters(), torch::optim::SGDOptions(0.01));
   std::vector<at::Tensor> params = ddp->parameters();
   int64_t total = 0;
-  for (const auto& p : params) total += (hp::is_dtensor(p) ? hp::DTensor(p).to_local() : p).numel();
+  for (const auto& p : params) total += hp::local_tensor(p).numel();
   at::Tensor flat = at::empty({total});
   auto ddp_step = [&] {
     ddp_opt.zero_grad();

@@ -55,7 +55,7 @@ void copy_local_shards(torch::nn::Module& from, torch::nn::Module& to) {
   auto src = from.named_parameters();
   for (auto& p : to.named_parameters()) {
     const at::Tensor& s = src[p.key()];
-    p.value().copy_(hp::is_dtensor(s) ? hp::DTensor(s).to_local() : s);
+    p.value().copy_(hp::local_tensor(s));
   }
 }
 
@@ -142,14 +142,14 @@ void tp_block(const std::string& filter) {
                         : x;
     auto ours = [&] {
       at::Tensor y = layer.call_tensor(xin);
-      at::Tensor local = hp::is_dtensor(y) ? hp::DTensor(y).to_local() : y;
+      at::Tensor local = hp::local_tensor(y);
       at::Tensor wl = sp ? w.chunk(tp, 1)[hp::get_rank()] : w;
       (local * wl).sum().backward();
     };
     if (want_comm) {
       hp::CommDebugMode fwd;
       at::Tensor y = layer.call_tensor(xin);
-      at::Tensor local = hp::is_dtensor(y) ? hp::DTensor(y).to_local() : y;
+      at::Tensor local = hp::local_tensor(y);
       at::Tensor loss = (local * (sp ? w.chunk(tp, 1)[hp::get_rank()] : w)).sum();
       const auto f = fwd.get_comm_counts();
       const int64_t fb = fwd.get_total_bytes();
@@ -244,7 +244,7 @@ void save_sharded_cost(const std::string& filter) {
   auto old_way = [&] {
     torch::serialize::OutputArchive archive;
     for (const auto& p : model->named_parameters()) {
-      at::Tensor v = hp::is_dtensor(p.value()) ? hp::DTensor(p.value()).to_local() : p.value();
+      at::Tensor v = hp::local_tensor(p.value());
       archive.write(p.key(), v.detach().contiguous(), true);
     }
     archive.save_to(plain);

@@ -258,8 +258,6 @@ void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ra
   }
 }
 
-at::Tensor local_of(const at::Tensor& v) { return is_dtensor(v) ? DTensor(v).to_local() : v; }
-
 }  // namespace
 
 void load_sharded(torch::nn::Module& model, const std::string& dir) {
@@ -277,7 +275,7 @@ void load_sharded(torch::nn::Module& model, const std::string& dir) {
     for (int64_t r = 0; r < meta.world_size; ++r) ranks.push_back(read_rank_meta(gdir, r, latest, meta));
     const std::vector<Read> reads = plan_reads(entries, ranks);
     // Everything is read and verified before anything is written.
-    for (const auto& e : entries) staged.push_back(at::empty_like(local_of(e.value), at::MemoryFormat::Contiguous));
+    for (const auto& e : entries) staged.push_back(at::empty_like(local_tensor(e.value), at::MemoryFormat::Contiguous));
     stage_reads(reads, ranks, meta, gdir, staged);
   } catch (const std::exception& e) {
     err = message_of(e);
@@ -289,7 +287,7 @@ void load_sharded(torch::nn::Module& model, const std::string& dir) {
     HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }
   at::NoGradGuard no_grad;
-  for (size_t k = 0; k < entries.size(); ++k) local_of(entries[k].value).copy_(staged[k]);
+  for (size_t k = 0; k < entries.size(); ++k) local_tensor(entries[k].value).copy_(staged[k]);
 }
 
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {

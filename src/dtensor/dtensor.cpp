@@ -270,6 +270,8 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   return DTensor(FromLocalFn::apply(data, std::move(spec)));
 }
 
+at::Tensor local_tensor(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).to_local() : t; }
+
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, c10::optional<int64_t> src_data_rank) {
   auto spec = std::make_shared<DTensorSpec>(mesh, checked_placements("hyper_parallel::distribute_tensor", tensor, mesh, placements),

@@ -5,6 +5,7 @@
 // the output specs and local shapes, and which returns alias which arguments.
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +55,13 @@ struct OpInfoAccess {
 
 /// The mesh of the first DTensor among `nargs` arguments, or nullptr.
 const DeviceMesh* find_mesh(const c10::IValue* args, size_t nargs);
+
+/// Bumped by every registration and by clear_sharding_cache(): the per-thread decision caches
+/// compare it on each call (a relaxed load on the hot path).
+extern std::atomic<uint64_t> g_registry_version;
+
+/// The op handler registered under `name`, or nullptr.
+const OpHandler* find_handler(const std::string& name);
 
 /// The rule registered for `op` (its overload, else its name), or nullptr.
 const ShardingRule* find_rule(const c10::OperatorHandle& op);

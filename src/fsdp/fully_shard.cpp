@@ -65,7 +65,7 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
 // The sharded parameter: this rank's dp piece of the compute-local tensor, on the root mesh
 // (with TP) or on dp_mesh.
 at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const DeviceMesh& dp_mesh) {
-  at::Tensor local = is_dtensor(param) ? DTensor(param).to_local().detach() : param.detach();
+  at::Tensor local = local_tensor(param).detach();
   if (p.dp_dim >= 0) local = local.narrow(p.dp_dim, chunk_offset(local.size(p.dp_dim), p.dp_size, p.dp_rank),
                                           chunk_size(local.size(p.dp_dim), p.dp_size, p.dp_rank));
   DeviceMesh mesh = dp_mesh;

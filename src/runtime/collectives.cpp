@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "group_impl.h"
+#include "reduction_emulation.h"
 
 namespace hyper_parallel {
 namespace {
@@ -76,16 +77,6 @@ void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
              t, "; reduce with sum and divide as your integer semantics require");
 }
 
-// Booleans reduce as logical or (sum, max) / logical and (min), on bytes.
-ReduceOp bool_op(ReduceOp op) { return op == ReduceOp::MIN ? ReduceOp::MIN : ReduceOp::MAX; }
-
-// Tensors handed to the backend are written on its own threads, outside the caller's
-// c10::InferenceMode: they must be normal tensors, not inference tensors (also those made when
-// a Work completes; only the copy into an in-place target runs in the caller's mode).
-struct NormalTensors {
-  c10::InferenceMode guard{false};
-};
-
 // HP_DEBUG_COLLECTIVES=1 (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL): before each collective
 // the ranks compare what they are about to do (one small all_gather), so a mismatch raises on
 // every rank instead of aborting inside a backend or hanging. The shared-memory transport checks
@@ -140,77 +131,6 @@ int64_t padded_numel_of(at::IntArrayRef sizes, int64_t dim, int64_t padded) {
   for (size_t k = 0; k < sizes.size(); ++k)
     if (static_cast<int64_t>(k) != dim) n *= sizes[k];
   return n;
-}
-
-// A reduction on transport `tr`: of `in` in place-like (all_reduce; rows == 1) or of the rows of
-// `in` ([g, m]; reduce_scatter: the result is the reduction of row `rank`). `in` is contiguous,
-// on the transport's device. Emulates what the transport lacks, the same for every transport:
-// - bool: bytes, max for or, min for and;
-// - 16-bit floats it cannot add, and averages of them it cannot take: in fp32, rounded once;
-// - avg: a sum, then a division;
-// - max/min whose NaN could vanish: a flag per element travels along and marks the NaN;
-// - no reduce_scatter: an all_to_all, then a local reduction (torch's max/min keep a NaN).
-// Returns what yields the result (flat, in `in`'s dtype) once the collective completed.
-std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, ReduceOp op, bool scatter, int64_t g) {
-  const at::ScalarType dtype = in.scalar_type();
-  const TransportCapabilities caps = tr.capabilities();
-  const bool is_bool = dtype == at::kBool;
-  at::Tensor buf = is_bool ? in.view(at::kByte) : in;
-  if (is_bool) op = bool_op(op);
-  const bool on_wire = !scatter || caps.reduce_scatter;  // the transport itself reduces
-  const bool is_16bit = dtype == at::kBFloat16 || dtype == at::kHalf;
-  const bool widen = on_wire && is_16bit && (!caps.reduce_16bit || (op == ReduceOp::AVG && !caps.average));
-  if (widen) buf = buf.to(at::kFloat);
-  // Averaged by a division here when the transport does not average, or does not reduce at all.
-  const bool divide = op == ReduceOp::AVG && (!caps.average || !on_wire);
-  const ReduceOp wire_op = divide ? ReduceOp::SUM : op;
-  const bool flags = on_wire && (wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) &&
-                     at::isFloatingType(buf.scalar_type()) && !caps.nan_max_min;
-  const int64_t rows = scatter ? g : 1;
-  const int64_t m = buf.numel() / rows;
-  if (flags) {
-    const at::Tensor r = buf.view({rows, m});
-    at::Tensor f = r.isnan().to(buf.scalar_type());
-    if (wire_op == ReduceOp::MIN) f.neg_();
-    buf = at::cat({r, f}, 1);  // [rows, 2m]: a block is its values, then its flags
-  }
-  at::Tensor out;
-  Completion done;
-  if (!scatter) {
-    done = tr.all_reduce(buf, wire_op);
-    out = buf;
-  } else if (caps.reduce_scatter) {
-    out = at::empty({buf.numel() / g}, buf.options());
-    done = tr.reduce_scatter(buf, out, wire_op);
-  } else {
-    out = at::empty_like(buf);
-    done = tr.all_to_all(buf, out);
-  }
-  return [=]() mutable {
-    const NormalTensors normal;
-    if (done) done();
-    if (scatter && !caps.reduce_scatter) {
-      const at::Tensor recv = out.view({g, m});
-      switch (wire_op) {
-        // Summed in the buffer's dtype (torch.sum would promote integers to int64); bf16/fp16
-        // accumulate in fp32 inside the kernel and round once.
-        case ReduceOp::SUM:
-        case ReduceOp::AVG:  // not reached: an average is a sum here (`divide`)
-          out = recv.sum(0, false, recv.scalar_type());
-          break;
-        case ReduceOp::MAX: out = std::get<0>(recv.max(0)); break;
-        case ReduceOp::MIN: out = std::get<0>(recv.min(0)); break;
-      }
-    }
-    if (flags) {
-      const at::Tensor both = out.view({2, m});
-      out = both[0].masked_fill(both[1].ne(0), std::numeric_limits<double>::quiet_NaN());
-    }
-    if (divide) out = out.div_(g);
-    if (widen) out = out.to(dtype);
-    if (is_bool) out = out.view(at::kBool);
-    return out.view({-1});
-  };
 }
 
 }  // namespace

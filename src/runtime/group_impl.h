@@ -12,7 +12,7 @@
 
 #include <hyper_parallel/runtime/process_group.h>
 
-#include "transport.h"
+#include "transport/transport.h"
 
 namespace hyper_parallel {
 

@@ -20,10 +20,10 @@
 #include <random>
 #include <thread>
 
-#include "c10d_backends.h"
+#include "transport/c10d_backends.h"
 #include "group_impl.h"
 #include "rank_list.h"
-#include "shm_transport.h"
+#include "transport/shm/shm_transport.h"
 
 namespace hyper_parallel {
 

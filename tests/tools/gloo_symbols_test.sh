@@ -8,7 +8,7 @@ set -eu
 LIB=$1
 exported=$(nm -DC --defined-only "$LIB" | grep "gloo::" || true)
 if [ -n "$exported" ]; then
-  echo "gloo_symbols: $LIB exports Gloo code (keep Gloo types in src/runtime/c10d_backends.cpp):"
+  echo "gloo_symbols: $LIB exports Gloo code (keep Gloo types in src/runtime/transport/c10d_backends.cpp):"
   echo "$exported"
   exit 1
 fi

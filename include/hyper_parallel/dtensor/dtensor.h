@@ -56,6 +56,11 @@ class DTensor : public at::Tensor {
                             c10::optional<at::IntArrayRef> stride = c10::nullopt);
 };
 
+/// This rank's piece of `t`: a DTensor's local shard (DTensor::to_local, differentiable), a plain
+/// tensor itself. The one spelling of "the local tensor of a maybe-DTensor".
+/// e.g. `const int64_t local_rows = hp::local_tensor(weight).size(0);`
+at::Tensor local_tensor(const at::Tensor& t);
+
 /// Splits or replicates a whole tensor over `mesh` (PyTorch's distribute_tensor).
 /// `src_data_rank` = k: the values of the rank at coordinate k on every mesh dimension are what
 /// every rank ends up with (scatter / broadcast; other ranks may pass anything of the same shape,

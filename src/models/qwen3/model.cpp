@@ -35,8 +35,6 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
   return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
 }
 
-at::Tensor local(const at::Tensor& t) { return hyper_parallel::is_dtensor(t) ? hyper_parallel::DTensor(t).to_local() : t; }
-
 // Whether `proj` holds replicated KV heads (parallelize_qwen3_tp with tp > num_key_value_heads):
 // its weight lives on the (kv, kv_replica) view of the tp ranks.
 bool replicated_heads(const hnn::LinearImpl& proj) {
@@ -187,7 +185,7 @@ KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
   KVCache cache;
   for (const auto& layer : *layers) {
     const auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
-    const at::Tensor w = local(attn->k_proj->weight());
+    const at::Tensor w = hp::local_tensor(attn->k_proj->weight());
     const int64_t kv_heads = w.size(0) / config.head_dim;
     for (auto* list : {&cache.keys, &cache.values})
       list->push_back(at::zeros({batch, kv_heads, capacity, config.head_dim}, w.options().requires_grad(false)));

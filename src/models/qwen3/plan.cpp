@@ -18,8 +18,6 @@ namespace hyper_parallel {
 namespace qwen3 {
 namespace {
 
-at::Tensor local_of(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t).to_local() : t; }
-
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // HF's torch_dtype names.
@@ -133,7 +131,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
   int64_t elements = 0;
   for (const at::Tensor& p : params) {
-    const at::Tensor l = local_of(p);
+    const at::Tensor l = hp::local_tensor(p);
     r.param_bytes += bytes_of(l);
     elements += l.numel();
   }
@@ -152,7 +150,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   }
   for (const at::Tensor& p : params) {
     const at::Tensor g = p.grad();
-    if (g.defined()) r.grad_bytes += bytes_of(local_of(g));
+    if (g.defined()) r.grad_bytes += bytes_of(hp::local_tensor(g));
   }
   r.activation_peak_bytes = transient;
   r.step_peak_bytes = r.param_bytes + r.optimizer_bytes + peak;

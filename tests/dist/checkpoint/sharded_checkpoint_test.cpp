@@ -71,7 +71,7 @@ void expect_same_values(torch::nn::Module& a, torch::nn::Module& b) {
 void randomize(torch::nn::Module& m, uint64_t seed) {
   at::NoGradGuard g;
   for (auto& p : m.parameters()) {
-    at::Tensor local = hp::is_dtensor(p) ? hp::DTensor(p).to_local() : p;
+    at::Tensor local = hp::local_tensor(p);
     local.copy_(random(local.sizes(), seed++));
   }
 }

@@ -54,7 +54,7 @@ void expect_materialised_as(qwen3::CausalLMImpl& model, qwen3::CausalLMImpl& ref
   auto expected = ref.named_parameters();
   ASSERT_EQ(model.named_parameters().size(), expected.size());
   for (const auto& p : model.named_parameters()) {
-    const at::Tensor local = hp::is_dtensor(p.value()) ? hp::DTensor(p.value()).to_local() : p.value();
+    const at::Tensor local = hp::local_tensor(p.value());
     EXPECT_FALSE(local.is_meta()) << p.key();
     EXPECT_FALSE(local.isnan().any().item<bool>()) << p.key() << " has an uninitialised element";
     const at::Tensor whole = hp::is_dtensor(p.value()) ? hp::DTensor(p.value()).full_tensor() : p.value();

@@ -3,7 +3,7 @@
 // so shapes, dtypes and devices are those of a real run and the values are documented ones.
 #include <ATen/ATen.h>
 
-#include "group_impl.h"
+#include "../group_impl.h"
 
 namespace hyper_parallel {
 namespace {

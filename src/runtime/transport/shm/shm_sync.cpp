@@ -2,7 +2,7 @@
 // runs the same collective, and the liveness of the peers (timeouts, dead processes).
 #include "shm_transport.h"
 
-#include "rank_list.h"
+#include "../../rank_list.h"
 
 #include <hyper_parallel/runtime/errors.h>
 

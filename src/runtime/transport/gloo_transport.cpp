@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 
-#include "group_impl.h"
+#include "../group_impl.h"
 
 namespace hyper_parallel {
 namespace {

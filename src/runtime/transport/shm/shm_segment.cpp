@@ -2,7 +2,7 @@
 // (rendezvous through the store), and unlinked once all have mapped it.
 #include "shm_transport.h"
 
-#include "rank_list.h"
+#include "../../rank_list.h"
 
 #include <hyper_parallel/runtime/errors.h>
 

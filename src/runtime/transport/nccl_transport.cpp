@@ -19,7 +19,7 @@
 #include <mutex>
 #include <thread>
 
-#include "group_impl.h"
+#include "../group_impl.h"
 
 namespace hyper_parallel {
 namespace {

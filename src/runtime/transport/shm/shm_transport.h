@@ -22,7 +22,7 @@
 
 #include <atomic>
 
-#include "transport.h"
+#include "../transport.h"
 
 namespace c10d {
 class Store;
