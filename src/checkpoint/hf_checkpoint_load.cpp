@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "checkpoint_files.h"
 #include "checkpoint_layout.h"
+#include "checkpoint_progress.h"
 #include "hf_entries.h"
 
 namespace hyper_parallel {
@@ -82,13 +84,7 @@ Checkpoint open_checkpoint(const std::string& path) {
   return ck;
 }
 
-// Names (quoted by the caller) joined, the first kMaxListed of them.
-std::string listed(const std::vector<std::string>& names) {
-  std::string s;
-  for (size_t i = 0; i < names.size() && i < kMaxListed; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > kMaxListed) s += " and " + std::to_string(names.size() - kMaxListed) + " more";
-  return s;
-}
+std::string listed(const std::vector<std::string>& names) { return join_listed(names, kMaxListed); }
 
 bool same_kind(at::ScalarType a, at::ScalarType b) {
   if (a == b) return true;
@@ -171,12 +167,27 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
   }
   HFLoadReport report;
   for (const auto& f : ck.files) report.files.push_back(f->path());
+  // File by file, each in the order of its bytes: reads run forward through the page cache.
+  std::map<const SafetensorsFile*, size_t> file_index;
+  for (const auto& f : ck.files) file_index.emplace(f.get(), file_index.size());
+  std::stable_sort(loads.begin(), loads.end(), [&](const Load& a, const Load& b) {
+    const size_t fa = file_index.at(a.file), fb = file_index.at(b.file);
+    return fa != fb ? fa < fb : a.file->find(a.key)->begin < b.file->find(b.key)->begin;
+  });
+  int64_t total = 0;
+  for (const Load& l : loads) total += hf_entries::local_box(l.value).local.numel() * static_cast<int64_t>(l.value.element_size());
+  checkpoint_progress::Progress progress("load_hf_checkpoint", total, static_cast<int64_t>(ck.files.size()),
+                                         options.progress && (!is_initialized() || get_rank() == 0));
   at::NoGradGuard no_grad;
-  for (const Load& l : loads) {
+  for (size_t k = 0; k < loads.size(); ++k) {
+    const Load& l = loads[k];
     hf_entries::LocalBox box = hf_entries::local_box(l.value);
     report.bytes_read += l.file->read_box(l.key, box.offset, box.local);
-    report.local_bytes += box.local.numel() * static_cast<int64_t>(box.local.element_size());
+    const int64_t bytes = box.local.numel() * static_cast<int64_t>(box.local.element_size());
+    report.local_bytes += bytes;
     ++report.tensors;
+    const bool file_done = k + 1 == loads.size() || loads[k + 1].file != l.file;
+    progress.add(bytes, static_cast<int64_t>(file_index.at(l.file)) + (file_done ? 1 : 0));
   }
   return report;
 }

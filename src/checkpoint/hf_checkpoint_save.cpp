@@ -24,6 +24,7 @@
 
 #include "checkpoint_files.h"
 #include "checkpoint_layout.h"
+#include "checkpoint_progress.h"
 #include "hf_entries.h"
 
 namespace hyper_parallel {
@@ -181,9 +182,16 @@ void create_in(const std::string& tmp, const std::vector<PlannedFile>& files) {
 }
 
 // Every rank, step 2: its boxes copied into the mapped files (cast on the way), then flushed.
-int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& files, const std::vector<hf_entries::LocalBox>& boxes) {
-  int64_t written = 0;
+int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& files, const std::vector<hf_entries::LocalBox>& boxes,
+                    bool show_progress) {
+  int64_t written = 0, total = 0;
+  for (const auto& f : files)
+    for (const auto& t : f.tensors)
+      if (boxes[t.entry].writer) total += boxes[t.entry].local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+  checkpoint_progress::Progress progress("save_hf_checkpoint", total, static_cast<int64_t>(files.size()), show_progress);
+  int64_t files_done = 0;
   for (const auto& f : files) {
+    ++files_done;
     bool any = false;
     for (const auto& t : f.tensors) any |= boxes[t.entry].writer && boxes[t.entry].local.numel() > 0;
     if (!any) continue;
@@ -205,7 +213,9 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
         at::Tensor dst = at::from_blob(data + t.begin, t.shape, at::TensorOptions().dtype(t.dtype));
         for (int64_t d = 0; d < box.local.dim(); ++d) dst = dst.narrow(d, box.offset[static_cast<size_t>(d)], box.local.size(d));
         dst.copy_(box.local);
-        written += box.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+        const int64_t bytes = box.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+        written += bytes;
+        progress.add(bytes, files_done - 1);
       }
     } catch (const std::exception& e) {
       error = checkpoint_layout::message_of(e);
@@ -311,7 +321,7 @@ HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir
   }
   HFSaveReport report;
   try {
-    report.bytes_written = write_boxes(shared_tmp, files, boxes);
+    report.bytes_written = write_boxes(shared_tmp, files, boxes, options.progress && (!distributed || get_rank() == 0));
     checkpoint_layout::fault_point("hf_after_write", rank);
   } catch (const std::exception& e) {
     err = checkpoint_layout::message_of(e);

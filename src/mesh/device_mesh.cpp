@@ -43,6 +43,22 @@ std::string names_of(const std::vector<std::string>& names) {
   return s + (names.size() == 1 ? ",)" : ")");
 }
 
+// This rank's coordinate in `m` (shape and row-major ranks set; `me`: its index in m.ranks) and
+// the process group of its peers along every dimension. Collective over the mesh's ranks.
+void place_and_group(DeviceMesh::Impl& m, int64_t me) {
+  const auto st = strides_of(m.shape);
+  std::vector<int64_t> coord(m.shape.size());
+  for (size_t d = 0; d < m.shape.size(); ++d) coord[d] = (me / st[d]) % m.shape[d];
+  m.coordinate = coord;
+  // Groups in dimension order on every rank, so members of a group always meet.
+  for (size_t d = 0; d < m.shape.size(); ++d) {
+    const int64_t base = me - coord[d] * st[d];
+    std::vector<int64_t> peers;
+    for (int64_t i = 0; i < m.shape[d]; ++i) peers.push_back(m.ranks[static_cast<size_t>(base + i * st[d])]);
+    m.groups.push_back(new_group(peers));
+  }
+}
+
 thread_local std::vector<DeviceMesh> t_mesh_stack;
 }  // namespace
 
@@ -122,18 +138,7 @@ DeviceMesh DeviceMesh::unflatten(int64_t dim, const std::vector<int64_t>& sizes,
   out->dim_names = names;
   out->ranks = m.ranks;
   out->seed = m.seed;
-  const int64_t me = (*m.coordinate)[0];
-  const auto st = strides_of(sizes);
-  std::vector<int64_t> coord(sizes.size());
-  for (size_t d = 0; d < sizes.size(); ++d) coord[d] = (me / st[d]) % sizes[d];
-  out->coordinate = coord;
-  // In dimension order on every rank, as init_device_mesh does, so members of a group meet.
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    const int64_t base = me - coord[d] * st[d];
-    std::vector<int64_t> peers;
-    for (int64_t i = 0; i < sizes[d]; ++i) peers.push_back(m.ranks[static_cast<size_t>(base + i * st[d])]);
-    out->groups.push_back(new_group(peers));
-  }
+  place_and_group(*out, (*m.coordinate)[0]);
   return DeviceMesh(std::move(out));
 }
 
@@ -221,18 +226,7 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   m->shape = mesh_shape;
   m->dim_names = mesh_dim_names;
   for (int64_t r = 0; r < total; ++r) m->ranks.push_back(r);
-  const int64_t me = get_rank();
-  const auto st = strides_of(mesh_shape);
-  std::vector<int64_t> coord(mesh_shape.size());
-  for (size_t d = 0; d < mesh_shape.size(); ++d) coord[d] = (me / st[d]) % mesh_shape[d];
-  m->coordinate = coord;
-  // Groups in dimension order on every rank, so members of a group always meet.
-  for (size_t d = 0; d < mesh_shape.size(); ++d) {
-    const int64_t base = me - coord[d] * st[d];
-    std::vector<int64_t> peers;
-    for (int64_t i = 0; i < mesh_shape[d]; ++i) peers.push_back(base + i * st[d]);
-    m->groups.push_back(new_group(peers));
-  }
+  place_and_group(*m, get_rank());
   // Rank 0's seed on every rank (a control message: the mesh's setup, not the model's traffic).
   const int64_t seed = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed());
   m->seed = static_cast<uint64_t>(control_broadcast(world_group(), {seed}, 0)[0]);

@@ -35,13 +35,7 @@ std::vector<Slot> distinct_tensors(torch::nn::Module& module) {
   return out;
 }
 
-// Items (already quoted) joined, the first kMaxNamed of them.
-std::string listed(const std::vector<std::string>& names) {
-  std::string s;
-  for (size_t i = 0; i < names.size() && i < kMaxNamed; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > kMaxNamed) s += " and " + std::to_string(names.size() - kMaxNamed) + " more";
-  return s;
-}
+std::string listed(const std::vector<std::string>& names) { return join_listed(names, kMaxNamed); }
 
 void check_materialisable(const char* fn, torch::nn::Module& module, const std::vector<Slot>& slots, const c10::Device& device) {
   HP_CHECK_T(c10::ValueError, device.type() != c10::kMeta, "hyper_parallel::", fn, ": the target device is meta; name a real device");

@@ -2,7 +2,9 @@
 #include <hyper_parallel/runtime/process_memory.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -38,6 +40,25 @@ FileMappings file_mappings(const std::string& path_prefix) {
     if (ours && std::sscanf(line.c_str(), "Rss: %lld kB", &kib) == 1) out.resident_bytes += static_cast<int64_t>(kib) * 1024;
   }
   return out;
+}
+
+MemoryPeakSampler::MemoryPeakSampler(std::string path_prefix) : prefix_(std::move(path_prefix)) {
+  thread_ = std::thread([this] {
+    for (int n = 0; !stop_.load(); ++n) {
+      anon_ = std::max(anon_.load(), resident_anonymous_bytes());
+      if (!prefix_.empty() && n % 8 == 0) mapped_ = std::max(mapped_.load(), file_mappings(prefix_).resident_bytes);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+}
+
+MemoryPeakSampler::~MemoryPeakSampler() { stop(); }
+
+void MemoryPeakSampler::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  // The last moment counts too (a short load may end between two samples).
+  anon_ = std::max(anon_.load(), resident_anonymous_bytes());
 }
 
 }  // namespace hyper_parallel

@@ -1,6 +1,6 @@
 // Generates text from an HF Qwen3 checkpoint, with tensor parallelism under hprun:
-//   build/tools/hprun/hprun --nproc-per-node 2 build/examples/qwen3/qwen3_generate --model DIR \
-//       --prompt "Hello" --max-new-tokens 32 [--temperature 0.7 --top-k 50 --top-p 0.9 --seed 1] [--check]
+//   build/tools/hprun/hprun --nproc-per-node 2 build/tools/qwen3_generate/qwen3_generate --model DIR
+//       --prompt "Hello" --max-new-tokens 32 [--temperature 0.7 --top-k 50 --top-p 0.9 --seed 1] [--check] [--quiet]
 // --prompt may repeat (a batch of prompts of different lengths); --prompt-ids 1,2,3 gives ids.
 // --check repeats the generation in one process and exits 1 when the tokens differ.
 #include <ATen/ATen.h>
@@ -30,12 +30,13 @@ struct Args {
   std::vector<std::vector<int64_t>> prompt_ids;
   qwen3::GenerationConfig gen;
   bool check = false;
+  bool quiet = false;  // no load progress
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::cerr << "qwen3_generate: " << msg << "\n"
             << "flags: --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... --max-new-tokens N [--temperature X --top-k N\n"
-            << "       --top-p X --seed N] [--dtype float32|bfloat16] [--device cpu|cuda] [--check]\n";
+            << "       --top-p X --seed N] [--dtype float32|bfloat16] [--device cpu|cuda] [--check] [--quiet]\n";
   std::exit(2);
 }
 
@@ -60,6 +61,10 @@ Args parse(int argc, char** argv) {
     const std::string f = argv[i];
     if (f == "--check") {
       a.check = true;
+      continue;
+    }
+    if (f == "--quiet") {
+      a.quiet = true;
       continue;
     }
     if (i + 1 >= argc) usage("flag " + f + " needs a value");
@@ -107,7 +112,7 @@ int run(int argc, char** argv) {
     HP_CHECK_T(c10::ValueError, tok.has_value(), "qwen3_generate: --prompt needs ", tok_path, "; give --prompt-ids instead");
     for (const auto& p : a.prompts) prompts.push_back(tok->encode(p));
   }
-  auto loaded = qwen3::from_pretrained(a.model, tp, dtype, a.device);
+  auto loaded = qwen3::from_pretrained(a.model, tp, dtype, a.device, /*progress=*/!a.quiet);
   qwen3::GenerationConfig g = a.gen;
   g.eos_token_ids = loaded.model->config.eos_token_ids;
   g.pad_token_id = loaded.model->config.pad_token_id.value_or(0);
@@ -130,7 +135,7 @@ int run(int argc, char** argv) {
   if (a.check) {
     // The same generation in one process, without DTensors: rank 0 compares the tokens.
     if (chief) {
-      auto single = qwen3::from_pretrained(a.model, c10::nullopt, dtype, a.device);
+      auto single = qwen3::from_pretrained(a.model, c10::nullopt, dtype, a.device, /*progress=*/!a.quiet);
       const auto ref = qwen3::generate(*single.model, prompts, g);
       const bool same = ref.tokens == result.tokens;
       std::printf("--check: one process %s the tokens of tp=%lld\n", same ? "gives" : "DOES NOT give", static_cast<long long>(world));

@@ -24,6 +24,9 @@ struct HFLoadOptions {
   CheckpointKeyMap key_map;
   /// Tensors in the checkpoint that no parameter claims are an error (true) or skipped (false).
   bool strict = true;
+  /// A load that takes more than a second prints its progress on rank 0's stderr, at most once a
+  /// second ("files, GB done, GB/s"; this rank's bytes), and a last line when done.
+  bool progress = true;
 };
 
 /// What one rank did in load_hf_checkpoint.
@@ -58,6 +61,8 @@ struct HFSaveOptions {
   c10::optional<at::ScalarType> dtype;
   /// More files written into the checkpoint with it, in the same transaction (e.g. "config.json").
   std::map<std::string, std::string> extra_files;
+  /// A save whose writes take more than a second print their progress on rank 0's stderr.
+  bool progress = true;
 };
 
 /// What save_hf_checkpoint wrote.

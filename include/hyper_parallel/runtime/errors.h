@@ -5,6 +5,9 @@
 // AssertionError has no libtorch twin, hence hyper_parallel::AssertionError.
 #include <c10/util/Exception.h>
 
+#include <string>
+#include <vector>
+
 namespace hyper_parallel {
 
 /// Raised where PyTorch raises AssertionError (e.g. PrepareModuleInput layout lengths differ).
@@ -24,6 +27,16 @@ class AssertionError : public c10::Error {
   } while (false)
 
 namespace hyper_parallel {
+
+/// `items` joined with ", ": the first `most` of them, then "and N more" (a message that names
+/// every bad entry of a large model would run to pages).
+/// e.g. `join_listed({"'a'", "'b'", "'c'"}, 2)` == "'a', 'b' and 1 more".
+inline std::string join_listed(const std::vector<std::string>& items, size_t most = 8) {
+  std::string s;
+  for (size_t i = 0; i < items.size() && i < most; ++i) s += (i ? ", " : "") + items[i];
+  if (items.size() > most) s += " and " + std::to_string(items.size() - most) + " more";
+  return s;
+}
 
 /// `dim` in [-ndim, ndim) made non-negative (a 0-dim tensor counts as 1-D when `scalar_as_1d`);
 /// c10::IndexError "hyper_parallel::<what>: dim <dim> is out of range for <of> with <ndim>

@@ -1,8 +1,10 @@
 #pragma once
 // What this process holds in memory, as Linux reports it (/proc/self): for loaders and programs
 // that report their footprint, and for tests that bound it.
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace hyper_parallel {
 
@@ -17,5 +19,26 @@ struct FileMappings {
 };
 /// e.g. `hp::file_mappings("/data/Qwen3-8B/").resident_bytes`
 FileMappings file_mappings(const std::string& path_prefix);
+
+/// While alive (or until stop()), samples resident_anonymous_bytes() about every millisecond and
+/// file_mappings(path_prefix) every 8th time, on a thread of its own, keeping the largest of
+/// each: the peak of a load, which /proc keeps for the whole resident set only (VmHWM).
+/// e.g. `{ hp::MemoryPeakSampler s(dir + "/"); load(); s.stop(); s.peak_anonymous_bytes(); }`
+class MemoryPeakSampler {
+ public:
+  explicit MemoryPeakSampler(std::string path_prefix = "");
+  ~MemoryPeakSampler();
+  MemoryPeakSampler(const MemoryPeakSampler&) = delete;
+  MemoryPeakSampler& operator=(const MemoryPeakSampler&) = delete;
+  void stop();
+  int64_t peak_anonymous_bytes() const { return anon_; }
+  int64_t peak_file_resident_bytes() const { return mapped_; }
+
+ private:
+  std::string prefix_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> anon_{0}, mapped_{0};
+  std::thread thread_;
+};
 
 }  // namespace hyper_parallel

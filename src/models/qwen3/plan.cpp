@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -133,6 +134,10 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   for (const at::Tensor& p : params) {
     const at::Tensor l = hp::local_tensor(p);
     r.param_bytes += bytes_of(l);
+    if (hp::is_dtensor(p)) {
+      const auto& names = hp::DTensor(p).device_mesh().mesh_dim_names();
+      if (std::find(names.begin(), names.end(), "kv_replica") != names.end()) r.kv_replica_bytes += bytes_of(l);
+    }
     elements += l.numel();
   }
   r.optimizer_bytes = 2 * elements * static_cast<int64_t>(c10::elementSize(options.optimizer_dtype));
@@ -207,6 +212,7 @@ std::string PlanReport::to_table() const {
   };
   os << "memory per rank:\n";
   row("parameters", param_bytes);
+  if (kv_replica_bytes > 0) row("  of which KV replicas", kv_replica_bytes);
   row("gradients", grad_bytes);
   row(optimizer_dtype_row().c_str(), optimizer_bytes);
   row("activation peak", activation_peak_bytes);
@@ -242,6 +248,7 @@ std::string PlanReport::to_json() const {
   j["dtype"] = dtype_label(options.config.dtype);
   j["optimizer_dtype"] = dtype_label(options.optimizer_dtype);
   j["param_bytes"] = param_bytes;
+  j["kv_replica_bytes"] = kv_replica_bytes;
   j["grad_bytes"] = grad_bytes;
   j["optimizer_bytes"] = optimizer_bytes;
   j["activation_peak_bytes"] = activation_peak_bytes;

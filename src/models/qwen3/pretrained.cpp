@@ -28,20 +28,24 @@ CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::D
 }
 
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh, at::ScalarType dtype,
-                           const std::string& device) {
+                           const std::string& device, bool progress) {
   Pretrained out;
   // Shapes first, then this rank's shards only, which the checkpoint fills: no whole tensor and
   // no float32 copy of a 16-bit model is ever made.
   out.model = build_meta_model(load_config(dir + "/config.json"), tp_mesh, dtype);
   hyper_parallel::to_empty(*out.model, device);
-  out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, {hf_key});
+  hyper_parallel::HFLoadOptions options;
+  options.key_map = hf_key;
+  options.progress = progress;
+  out.load = hyper_parallel::load_hf_checkpoint(*out.model, dir, options);
   out.model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return out;
 }
 
 hyper_parallel::HFSaveReport save_pretrained(CausalLMImpl& model, const std::string& dir, const std::string& tokenizer_json,
                                              c10::optional<at::ScalarType> dtype) {
-  hyper_parallel::HFSaveOptions options{hf_key};
+  hyper_parallel::HFSaveOptions options;
+  options.key_map = hf_key;
   Config c = model.config;
   c.dtype = dtype ? *dtype : model.embed_tokens->weight().scalar_type();
   options.dtype = dtype;

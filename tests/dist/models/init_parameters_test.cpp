@@ -101,6 +101,23 @@ TEST(InitParametersDist, TensorParallelShardsEqualOneProcessBitwise) {
   }
 }
 
+// Refused on every rank before anything is allocated: a device the mesh does not use, and a
+// second materialisation.
+TEST(InitParametersDist, WrongDeviceAndSecondCallAreRefused) {
+  qwen3::CausalLM model = meta_model(small_config(false));
+  qwen3::parallelize_qwen3_tp(*model, world_mesh(), /*sequence_parallel=*/true);
+  const std::string other = test_device_type() == "cpu" ? "cuda" : "cpu";
+  try {
+    hp::init_parameters(*model, other);
+    FAIL() << "materialised on " << other;
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("which does not use device " + other), std::string::npos) << e.what();
+  }
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.is_meta()) << "nothing was allocated";
+  hp::init_parameters(*model, test_device());
+  EXPECT_THROW(hp::init_parameters(*model, test_device()), c10::ValueError);
+}
+
 // dp x tp = 2 x 2: TP, then FSDP per layer and at the root, all on meta; init_parameters
 // materialises the FSDP shards (and the groups' buffers follow), equal to one process's; three
 // SGD steps then give one process's losses.

@@ -8,9 +8,7 @@
 #include <hyper_parallel/runtime/process_memory.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
-#include <thread>
 
 #include "../../common/test_util.h"
 #include <hyper_parallel/models/qwen3/pretrained.h>
@@ -23,35 +21,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
-
-// Samples this process's anonymous memory and the resident pages of the checkpoint's mappings
-// while alive, keeping the largest of each.
-class PeakSampler {
- public:
-  explicit PeakSampler(std::string dir) : dir_(std::move(dir)) {
-    thread_ = std::thread([this] {
-      int n = 0;
-      while (!stop_.load()) {
-        peak_anon_ = std::max(peak_anon_.load(), hp::resident_anonymous_bytes());
-        if (n++ % 4 == 0) peak_mapped_ = std::max(peak_mapped_.load(), hp::file_mappings(dir_).resident_bytes);
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-      }
-    });
-  }
-  ~PeakSampler() { stop(); }
-  void stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  int64_t peak_anon() const { return peak_anon_; }
-  int64_t peak_mapped() const { return peak_mapped_; }
-
- private:
-  std::string dir_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int64_t> peak_anon_{0}, peak_mapped_{0};
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -73,14 +42,13 @@ TEST(LoadMemoryDist, FromPretrainedAllocatesOnlyLocalShards) {
   qwen3::Pretrained loaded;
   int64_t peak_anon = 0, peak_mapped = 0;
   {
-    PeakSampler sampler(prefix);
+    hp::MemoryPeakSampler sampler(prefix);
     loaded = qwen3::from_pretrained(dir, tp, at::kBFloat16);
     sampler.stop();
-    peak_anon = sampler.peak_anon();
-    peak_mapped = sampler.peak_mapped();
+    peak_anon = sampler.peak_anonymous_bytes();
+    peak_mapped = sampler.peak_file_resident_bytes();
   }
   const int64_t after = hp::resident_anonymous_bytes();
-  peak_anon = std::max(peak_anon, after);
   const int64_t local = loaded.load.local_bytes;
   std::printf("rank %lld: local shards %.1f MiB; RssAnon +%.1f MiB at peak, +%.1f MiB after; checkpoint pages resident at "
               "most %.1f MiB (largest file %.1f MiB)\n",

@@ -134,6 +134,21 @@ TEST(PlanReportFake, ParameterBytesAreTheAnalyticCount) {
   }
 }
 
+// More tensor-parallel ranks than KV heads: each rank holds one whole KV head (k and v: 2 * h * d
+// per layer) instead of a 1/tp share, and the report names those replicated bytes.
+TEST(PlanReportFake, ReplicatedKVHeadsAreCountedOnEveryReplica) {
+  Config c = small_config();
+  c.num_kv_heads = 2;
+  const int64_t tp = 8, h = c.hidden_size, d = c.head_dim;
+  const PlanReport r = qwen3::plan_training(options(c, "tp=8", false, 1, 16));
+  const int64_t shared = analytic_local_elements(c, tp, 1) - c.num_layers * 2 * h * c.num_kv_heads * d / tp;
+  const int64_t kv = c.num_layers * 2 * h * d;
+  EXPECT_EQ(r.param_bytes, (shared + kv) * elem(c));
+  EXPECT_EQ(r.kv_replica_bytes, kv * elem(c));
+  EXPECT_NE(r.to_table().find("of which KV replicas"), std::string::npos);
+  EXPECT_NE(r.to_json().find("\"kv_replica_bytes\": " + std::to_string(kv * elem(c))), std::string::npos);
+}
+
 // TP alone (Shoeybi et al. 2019, section 3): per decoder layer 2 all-reduces of b*s*h forward
 // (after attention and after the MLP) and 2 backward (the inputs' gradients). The embedding
 // split over the vocabulary adds one forward, lm_head's input gradient one backward, and the

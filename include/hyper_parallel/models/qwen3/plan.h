@@ -42,6 +42,9 @@ struct PlanReport {
   PlanOptions options;
   int64_t world_size = 0;
   int64_t param_bytes = 0;      ///< this rank's parameter shards
+  /// The part of param_bytes that other tensor-parallel ranks hold too: KV heads replicated when
+  /// tp > num_key_value_heads (their weights' mesh has a "kv_replica" dimension).
+  int64_t kv_replica_bytes = 0;
   int64_t grad_bytes = 0;       ///< their gradients after backward, as measured
   int64_t optimizer_bytes = 0;  ///< Adam: 2 moments per local element in optimizer_dtype
   /// The peak, over one forward and backward, of the bytes of local tensors allocated during

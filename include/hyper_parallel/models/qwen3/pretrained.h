@@ -29,9 +29,10 @@ CausalLM build_model(const Config& config, const c10::optional<hyper_parallel::D
 
 /// Reads `dir`/config.json, builds the model on meta in `dtype`, applies the Qwen TP plan without
 /// sequence parallelism (generation decodes one position at a time) when `tp_mesh` is given,
-/// allocates this rank's shards on `device` and loads the checkpoint straight into them. The model is in eval mode, as transformers' (no dropout). e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
+/// allocates this rank's shards on `device` and loads the checkpoint straight into them (a load
+/// over a second prints its progress on rank 0 unless `progress` is false). The model is in eval mode, as transformers' (no dropout). e.g. `auto m = qwen3::from_pretrained("out", tp, at::kFloat);`
 Pretrained from_pretrained(const std::string& dir, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
-                           at::ScalarType dtype = at::kFloat, const std::string& device = "cpu");
+                           at::ScalarType dtype = at::kFloat, const std::string& device = "cpu", bool progress = true);
 
 /// Saves `model` (parallelized or not) as an HF checkpoint in `dir` with its config.json, and
 /// `tokenizer_json` as tokenizer.json when not empty. Collective.
