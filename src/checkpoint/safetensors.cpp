@@ -156,6 +156,42 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+// The box read with pread straight into `out` (host memory, contiguous, the file's dtype), in its
+// longest contiguous runs: no page of the mapping is touched, and the kernel copies from the
+// page cache into the destination once (a mapping costs a fault per page on top).
+void SafetensorsFile::pread_box(const SafetensorsTensorInfo& t, at::IntArrayRef start, at::Tensor& out) const {
+  const std::vector<int64_t>& shape = t.shape;
+  const size_t n = shape.size();
+  const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+  // Dims k.. are whole in the box: a run covers dim k-1's extent times their product.
+  size_t k = n;
+  int64_t run = 1;
+  while (k > 0 && out.size(static_cast<int64_t>(k - 1)) == shape[k - 1]) run *= shape[--k];
+  if (k > 0) run *= out.size(static_cast<int64_t>(--k));
+  std::vector<int64_t> stride(n, 1);
+  for (size_t d = n; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  std::vector<int64_t> idx(k, 0);
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const int64_t base = data_start_ + t.begin;
+  while (true) {
+    int64_t elem = n == 0 ? 0 : start[k] * stride[k];
+    for (size_t d = 0; d < k; ++d) elem += (start[d] + idx[d]) * stride[d];
+    size_t left = static_cast<size_t>(run * es);
+    int64_t at = base + elem * es;
+    while (left > 0) {
+      const ssize_t got = ::pread(fd_, dst, left, at);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) fail("cannot read tensor '" + t.name + "' (" + (got < 0 ? std::strerror(errno) : "end of file") + ")");
+      dst += got;
+      at += got;
+      left -= static_cast<size_t>(got);
+    }
+    size_t d = k;
+    while (d > 0 && ++idx[d - 1] == out.size(static_cast<int64_t>(d - 1))) idx[--d] = 0;
+    if (d == 0) break;
+  }
+}
+
 // The mapping's pages of [p, p + n) are no longer needed by this process: a model loaded from a
 // file larger than memory keeps only the bytes it is copying resident (the page cache keeps the
 // file for the next reader). Advisory: a failure changes nothing but memory use.
@@ -204,6 +240,10 @@ int64_t SafetensorsFile::read_box(const std::string& name, at::IntArrayRef start
     s *= t->shape[d];
   }
   if (out.numel() == 0) return 0;
+  if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == t->dtype) {
+    pread_box(*t, start, out);
+    return out.numel() * es;
+  }
   int64_t first = 0, last = 0;
   for (size_t d = 0; d < strides.size(); ++d) {
     first += start[d] * strides[d];

@@ -46,13 +46,15 @@ class SafetensorsFile {
   /// lives). Reading it faults in only the pages touched: narrow it first to read a slice.
   at::Tensor tensor(const std::string& name) const;
   /// Copies the box [start, start + out.sizes()) of tensor `name` into `out` (any device and
-  /// dtype; cast element by element) and returns the number of file bytes it read. The pages it
-  /// read leave this process's resident set afterwards (they stay in the page cache).
+  /// dtype; cast element by element) and returns the number of file bytes it read. A contiguous
+  /// host tensor of the file's dtype is filled with pread; otherwise the box is copied from the
+  /// mapping, whose pages leave this process's resident set afterwards (the page cache keeps them).
   int64_t read_box(const std::string& name, at::IntArrayRef start, at::Tensor& out) const;
 
  private:
   [[noreturn]] void fail(const std::string& why) const;
   void drop_pages(const uint8_t* p, int64_t n) const;
+  void pread_box(const SafetensorsTensorInfo& t, at::IntArrayRef start, at::Tensor& out) const;
   std::string path_;
   int fd_ = -1;
   const uint8_t* map_ = nullptr;
