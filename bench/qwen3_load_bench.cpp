@@ -4,11 +4,12 @@
 // 1. the checkpoint's files read once (a warm page cache, as a second load finds it);
 // 2. from_pretrained with this process's anonymous memory (RssAnon) before, after and its
 //    sampled peak, and the largest resident share of the checkpoint's own mappings;
-// 3. timed without the sampler (its reads of /proc/self/smaps take CPU from 2-core machines):
+// 3. with --generate N, N greedy tokens of a fixed prompt (bench/load_bench.sh compares them
+//    across tensor-parallel sizes); then the model is freed (one model per rank at a time);
+// 4. timed without the sampler (its reads of /proc/self/smaps take CPU from 2-core machines):
 //    the floor, allocating this rank's shards and preading the same slices (each local box in its
-//    longest contiguous runs), and from_pretrained again, each twice, alternating; the faster of each;
-// 4. with --generate N, N greedy tokens of a fixed prompt (bench/load_bench.sh compares them
-//    across tensor-parallel sizes).
+//    longest contiguous runs, every shard kept until the end), and from_pretrained again, each
+//    twice, alternating; the faster of each.
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/hyper_parallel.h>
@@ -161,16 +162,6 @@ int run(int argc, char** argv) {
   const int64_t after = hp::resident_anonymous_bytes();
   peak = std::max(peak, after);
   const int64_t local = loaded.load.local_bytes;
-  int64_t floor_bytes = 0;
-  std::vector<double> floors, loads;
-  for (int rep = 0; rep < 2; ++rep) {
-    floors.push_back(floor_seconds(*loaded.model, files, floor_bytes));
-    const auto t0 = Clock::now();
-    qwen3::from_pretrained(dir, tp, dtype, "cpu", /*progress=*/false);
-    loads.push_back(seconds_since(t0));
-  }
-  const double floor_s = std::min(floors[0], floors[1]);
-  load_s = std::min(loads[0], loads[1]);
   std::string tokens;
   if (generate > 0) {
     std::vector<int64_t> prompt;
@@ -180,6 +171,21 @@ int run(int argc, char** argv) {
     const auto out = qwen3::generate(*loaded.model, {prompt}, g);
     for (size_t i = 0; i < out.tokens[0].size(); ++i) tokens += (i ? "," : "") + std::to_string(out.tokens[0][i]);
   }
+  // One model at a time from here (a 4B model twice per rank would push the page cache out):
+  // the floor's slices come from the same plan on a meta model.
+  const qwen3::Config config = loaded.model->config;
+  loaded = qwen3::Pretrained{};
+  qwen3::CausalLM meta = qwen3::build_meta_model(config, tp, dtype);
+  int64_t floor_bytes = 0;
+  std::vector<double> floors, loads;
+  for (int rep = 0; rep < 2; ++rep) {
+    floors.push_back(floor_seconds(*meta, files, floor_bytes));
+    const auto t0 = Clock::now();
+    qwen3::from_pretrained(dir, tp, dtype, "cpu", /*progress=*/false);
+    loads.push_back(seconds_since(t0));
+  }
+  const double floor_s = std::min(floors[0], floors[1]);
+  load_s = std::min(loads[0], loads[1]);
   const double mib = 1 << 20;
   const double load_gbps = static_cast<double>(local) / 1e9 / load_s, floor_gbps = static_cast<double>(floor_bytes) / 1e9 / floor_s;
   std::printf(
