@@ -96,6 +96,8 @@ struct Load {
   at::Tensor value;
   std::string key;
   const SafetensorsFile* file;
+  int64_t begin;              // of the tensor's bytes in the file
+  hf_entries::LocalBox box;   // what this rank holds of it
 };
 
 // Everything checked on this rank; every problem found goes into one message.
@@ -127,7 +129,7 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
     if (c10::IntArrayRef(t.shape) != e.value.sizes() || !same_kind(t.dtype, e.value.scalar_type()))
       mismatched.push_back("'" + *found + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
                            ", " + e.fqn_list() + " is " + c10::toString(e.value.scalar_type()) + " " + c10::str(e.value.sizes()));
-    loads.push_back({e.value, *found, f});
+    loads.push_back({e.value, *found, f, t.begin, hf_entries::local_box(e.value)});
   }
   std::vector<std::string> unexpected;
   if (options.strict)
@@ -170,18 +172,18 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
   // File by file, each in the order of its bytes: reads run forward through the page cache.
   std::map<const SafetensorsFile*, size_t> file_index;
   for (const auto& f : ck.files) file_index.emplace(f.get(), file_index.size());
-  std::stable_sort(loads.begin(), loads.end(), [&](const Load& a, const Load& b) {
+  std::sort(loads.begin(), loads.end(), [&](const Load& a, const Load& b) {
     const size_t fa = file_index.at(a.file), fb = file_index.at(b.file);
-    return fa != fb ? fa < fb : a.file->find(a.key)->begin < b.file->find(b.key)->begin;
+    return fa != fb ? fa < fb : a.begin < b.begin;
   });
   int64_t total = 0;
-  for (const Load& l : loads) total += hf_entries::local_box(l.value).local.numel() * static_cast<int64_t>(l.value.element_size());
+  for (const Load& l : loads) total += l.box.local.numel() * static_cast<int64_t>(l.box.local.element_size());
   checkpoint_progress::Progress progress("load_hf_checkpoint", total, static_cast<int64_t>(ck.files.size()),
                                          options.progress && (!is_initialized() || get_rank() == 0));
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < loads.size(); ++k) {
-    const Load& l = loads[k];
-    hf_entries::LocalBox box = hf_entries::local_box(l.value);
+    Load& l = loads[k];
+    hf_entries::LocalBox& box = l.box;
     report.bytes_read += l.file->read_box(l.key, box.offset, box.local);
     const int64_t bytes = box.local.numel() * static_cast<int64_t>(box.local.element_size());
     report.local_bytes += bytes;

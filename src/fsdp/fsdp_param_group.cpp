@@ -85,10 +85,11 @@ void FSDPParamGroup::allocate(Bucket& b) {
 }
 
 // A group made on a meta model has meta buffers; init_parameters / to_empty then materialise
-// the parameters in place, and the buffers follow here, before the first gather.
+// the parameters in place (only ever from meta), and the buffers follow here, before the first
+// gather. Every unshard asks: a flag test, not a look at the parameters.
 void FSDPParamGroup::follow_parameters_device() {
   for (Bucket& b : buckets_) {
-    if (b.send.device() == options_of(b).device()) continue;
+    if (!b.send.is_meta() || options_of(b).device().is_meta()) continue;
     allocate(b);
     b.storage.storage().unsafeGetStorageImpl()->reset();  // sharded: issue_unshard fills it
   }

@@ -94,6 +94,26 @@ std::vector<std::pair<std::string, nn::Module*>> initialisers(torch::nn::Module&
   return out;
 }
 
+// Meta stand-ins in some of a module's parameter slots, the real tensors put back when it ends
+// (also when reset_parameters throws).
+class StandIns {
+ public:
+  explicit StandIns(nn::Module& m) : m_(m) {}
+  ~StandIns() {
+    for (const auto& [name, t] : lent_) m_.replace_parameter(name, t);
+  }
+  StandIns(const StandIns&) = delete;
+  StandIns& operator=(const StandIns&) = delete;
+  void lend(const std::string& name, const at::Tensor& t) {
+    lent_.emplace_back(name, t);
+    m_.replace_parameter(name, at::empty(t.sizes(), t.options().device(c10::kMeta)));
+  }
+
+ private:
+  nn::Module& m_;
+  std::vector<std::pair<std::string, at::Tensor>> lent_;
+};
+
 void to_empty_checked(const std::vector<Slot>& slots, const c10::Device& device) {
   at::NoGradGuard no_grad;
   for (const Slot& s : slots) materialise(s.tensor, device);
@@ -125,18 +145,10 @@ void init_parameters(torch::nn::Module& module, const c10::Device& device) {
   for (const auto& [fqn, m] : mods) {
     // A slot another module owns gets a meta stand-in while this module draws (a meta draw
     // takes no call number, as when construction drew into a weight that tying then replaced).
-    std::vector<std::pair<std::string, at::Tensor>> lent;
+    StandIns stand_ins(*m);
     for (const auto& item : m->named_parameters(/*recurse=*/false))
-      if (owner.at(item.value().unsafeGetTensorImpl()) != m) lent.emplace_back(item.key(), item.value());
-    for (const auto& [name, t] : lent)
-      m->replace_parameter(name, at::empty(t.sizes(), t.options().device(c10::kMeta)));
-    try {
-      m->reset_parameters();
-    } catch (...) {
-      for (const auto& [name, t] : lent) m->replace_parameter(name, t);
-      throw;
-    }
-    for (const auto& [name, t] : lent) m->replace_parameter(name, t);
+      if (owner.at(item.value().unsafeGetTensorImpl()) != m) stand_ins.lend(item.key(), item.value());
+    m->reset_parameters();
   }
 }
 

@@ -26,6 +26,16 @@ inline at::Tensor values(at::IntArrayRef shape, int64_t salt = 0) {
   return at::arange(n, at::kFloat).add(salt).remainder(11).sub(5).div(4).reshape(shape).to(test_device());
 }
 
+/// While alive, at::empty fills NaN (integers: their maximum), so an element that initialisation
+/// or a load misses shows.
+struct FillUninitialised {
+  FillUninitialised() {
+    at::globalContext().setDeterministicFillUninitializedMemory(true);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  ~FillUninitialised() { at::globalContext().setDeterministicAlgorithms(false, false); }
+};
+
 /// Seeds hyper_parallel's generator (the layers draw their initial values from it) and torch's
 /// (at::randn and friends without a generator) alike: models built after it are the same.
 inline void manual_seed(uint64_t seed) {

@@ -1,7 +1,7 @@
 // Scaled dot-product attention on DTensors. libtorch decomposes it above autograd
-// (aten::scaled_dot_product_attention into math or a fused kernel) and the math builds plain tensors of its own (the causal mask), which
-// cannot meet DTensors. Attention is independent per batch entry and
-// per head, so with q/k/v sharded on those dims (as Colwise q/k/v projections leave them) each rank
+// (aten::scaled_dot_product_attention into math or a fused kernel), and the math builds plain
+// tensors of its own (the causal mask), which cannot meet DTensors. Attention is independent per
+// batch entry and per head, so with q/k/v sharded on those dims (as Colwise q/k/v projections leave them) each rank
 // runs it on its local heads: no collective, forward or backward. This kernel takes the op's place
 // at the Autograd keys; plain tensors get libtorch's own math, unchanged.
 #include <hyper_parallel/dtensor/dtensor.h>

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>
+#include <functional>
 #include <torch/optim.h>
 
 #include <hyper_parallel/fsdp/fully_shard.h>
@@ -39,15 +40,6 @@ qwen3::CausalLM meta_model(const qwen3::Config& c) {
   return qwen3::CausalLM(c);
 }
 
-// at::empty fills NaN while alive, so an element init_parameters misses shows.
-struct FillUninitialised {
-  FillUninitialised() {
-    at::globalContext().setDeterministicFillUninitializedMemory(true);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-  }
-  ~FillUninitialised() { at::globalContext().setDeterministicAlgorithms(false, false); }
-};
-
 // Every parameter's local piece is real memory of the piece's size, holds no NaN, and the whole
 // tensor equals the eager one-process model's bit for bit.
 void expect_materialised_as(qwen3::CausalLMImpl& model, qwen3::CausalLMImpl& ref) {
@@ -62,20 +54,29 @@ void expect_materialised_as(qwen3::CausalLMImpl& model, qwen3::CausalLMImpl& ref
   }
 }
 
-}  // namespace
-
-// tp = 1: no parallelism, the meta-built model materialised whole.
-TEST(InitParametersDist, OneProcessMetaBuiltEqualsEagerBitwise) {
-  const qwen3::Config c = small_config(/*tied=*/true);
-  hp::manual_seed(9);
+// From one seed: the one-process model of `c` built eagerly, and the same built on meta,
+// parallelized by `plan`, then materialised by init_parameters with uninitialised memory filled
+// NaN; every element of the second checked against the first. Returns {materialised, eager}.
+std::pair<qwen3::CausalLM, qwen3::CausalLM> materialised_and_eager(const qwen3::Config& c, uint64_t seed,
+                                                                   const std::function<void(qwen3::CausalLMImpl&)>& plan) {
+  hp::manual_seed(seed);
   qwen3::CausalLM ref(c);
-  hp::manual_seed(9);
+  hp::manual_seed(seed);
   qwen3::CausalLM model = meta_model(c);
+  plan(*model);
   {
     FillUninitialised nan_fill;
     hp::init_parameters(*model, test_device());
   }
   expect_materialised_as(*model, *ref);
+  return {model, ref};
+}
+
+}  // namespace
+
+// tp = 1: no parallelism, the meta-built model materialised whole.
+TEST(InitParametersDist, OneProcessMetaBuiltEqualsEagerBitwise) {
+  materialised_and_eager(small_config(/*tied=*/true), 9, [](qwen3::CausalLMImpl&) {});
 }
 
 // tp = the world (2 or 4), with and without tied embeddings.
@@ -84,16 +85,8 @@ TEST(InitParametersDist, TensorParallelShardsEqualOneProcessBitwise) {
   for (const bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
     const qwen3::Config c = small_config(tied);
-    hp::manual_seed(2024);
-    qwen3::CausalLM ref(c);
-    hp::manual_seed(2024);
-    qwen3::CausalLM model = meta_model(c);
-    qwen3::parallelize_qwen3_tp(*model, tp, /*sequence_parallel=*/true);
-    {
-      FillUninitialised nan_fill;
-      hp::init_parameters(*model, test_device());
-    }
-    expect_materialised_as(*model, *ref);
+    auto [model, ref] = materialised_and_eager(
+        c, 2024, [&](qwen3::CausalLMImpl& m) { qwen3::parallelize_qwen3_tp(m, tp, /*sequence_parallel=*/true); });
     // Only the local shard was allocated: a Colwise weight holds 1/tp of the rows.
     const at::Tensor q = hp::DTensor(model->layers[0]->as<qwen3::DecoderLayerImpl>()->self_attn->q_proj->weight()).to_local();
     EXPECT_EQ(q.size(0), c.num_heads * c.head_dim / tp.size(0));
@@ -127,18 +120,11 @@ TEST(InitParametersDist, FsdpOverTensorParallelEqualsOneProcess) {
   for (const bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
     const qwen3::Config c = small_config(tied);
-    hp::manual_seed(77);
-    qwen3::CausalLM ref(c);
-    hp::manual_seed(77);
-    qwen3::CausalLM model = meta_model(c);
-    qwen3::parallelize_qwen3_tp(*model, mesh["tp"], /*sequence_parallel=*/true);
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"]);
-    hp::fully_shard(*model, mesh["dp"]);
-    {
-      FillUninitialised nan_fill;
-      hp::init_parameters(*model, test_device());
-    }
-    expect_materialised_as(*model, *ref);
+    auto [model, ref] = materialised_and_eager(c, 77, [&](qwen3::CausalLMImpl& m) {
+      qwen3::parallelize_qwen3_tp(m, mesh["tp"], /*sequence_parallel=*/true);
+      for (const auto& layer : *m.layers) hp::fully_shard(*layer, mesh["dp"]);
+      hp::fully_shard(m, mesh["dp"]);
+    });
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {

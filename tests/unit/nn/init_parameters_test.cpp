@@ -12,6 +12,7 @@
 #include <hyper_parallel/runtime/errors.h>
 
 #include "../../common/error_message.h"
+#include "../../common/test_util.h"
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
@@ -42,16 +43,6 @@ SmallNet meta_net(bool tied) {
   hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
   return SmallNet(tied);
 }
-
-// at::empty fills NaN (and integers with their maximum) while alive: an element that
-// initialisation misses shows.
-struct FillUninitialised {
-  FillUninitialised() {
-    at::globalContext().setDeterministicFillUninitializedMemory(true);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-  }
-  ~FillUninitialised() { at::globalContext().setDeterministicAlgorithms(false, false); }
-};
 
 // A parameter holder without reset_parameters.
 class NoResetImpl : public hnn::ModuleBase<NoResetImpl> {
@@ -86,7 +77,7 @@ TEST(InitParameters, MetaBuiltModelEqualsEagerConstructionBitwise) {
     hp::manual_seed(17);
     SmallNet net = meta_net(tied);
     for (const auto& p : net->parameters()) EXPECT_TRUE(p.is_meta());
-    FillUninitialised nan_fill;
+    hp_test::FillUninitialised nan_fill;
     hp::init_parameters(*net, "cpu");
     auto expected = eager->named_parameters();
     ASSERT_EQ(net->named_parameters().size(), expected.size());
@@ -120,7 +111,7 @@ TEST(InitParameters, ToEmptyAllocatesInTheModulesDtype) {
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
     net = SmallNet(false);
   }
-  FillUninitialised nan_fill;
+  hp_test::FillUninitialised nan_fill;
   hp::to_empty(*net, "cpu");
   for (const auto& p : net->named_parameters()) {
     EXPECT_EQ(p.value().scalar_type(), at::kBFloat16) << p.key();
