@@ -16,6 +16,7 @@
 #include <hyper_parallel/runtime/process_memory.h>
 #include <hyper_parallel/runtime/program.h>
 #include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/mesh/parallel_dims.h>
 #include <hyper_parallel/dtensor/placement.h>
 #include <hyper_parallel/dtensor/dtensor_spec.h>
 #include <hyper_parallel/dtensor/dtensor.h>
@@ -26,6 +27,8 @@
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/nn/init_parameters.h>
+#include <hyper_parallel/nn/clip_grad.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/platform/platform.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>

@@ -4,12 +4,14 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <memory>
 
 #include "dtensor_impl.h"
 #include "op_execution.h"
+#include "op_interceptor.h"
 #include "op_report.h"
 #include "sharding_propagation.h"
 
@@ -31,16 +33,32 @@ void decompose(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
   op.redispatchBoxed(c10::DispatchKeySet(c10::computeDispatchKey(c10::nullopt, c10::kStrided, device)), stack);
 }
 
-void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void run_on_dtensors(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh* mesh) {
   const size_t nargs = op.schema().arguments().size();
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
-  const DeviceMesh* mesh = find_mesh(args, nargs);
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", op.operator_name());
   OpInfo info(op, args, nargs, *mesh);
   std::shared_ptr<const Decision> d = propagate(info, collect_inputs(info));
   if (d == nullptr) return decompose(op, args, nargs, stack);
   if (C10_UNLIKELY(d->communicates)) check_explicit_redistribution(info, *d);
   execute(info, *d, stack);
+}
+
+thread_local OpInterceptor* t_interceptor = nullptr;
+
+void dtensor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const size_t nargs = op.schema().arguments().size();
+  const DeviceMesh* mesh = find_mesh(stack->data() + (stack->size() - nargs), nargs);
+  OpInterceptor* interceptor = t_interceptor;
+  if (C10_LIKELY(interceptor == nullptr)) return run_on_dtensors(op, stack, mesh);
+  // The ops this op calls are not intercepted: the interceptor leaves the included keys.
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  const c10::impl::ForceDispatchKeyGuard outside(tls.included_.remove(kDTensorKey), tls.excluded_);
+  OpInterceptorScope none(nullptr);
+  interceptor->on_op(op, stack, [&] {
+    if (mesh != nullptr) run_on_dtensors(op, stack, mesh);
+    else op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDTensorKey), stack);
+  });
 }
 
 // The fallback is registered when the library loads, unless another library in the process took
@@ -67,6 +85,20 @@ const FallbackRegistration& registration() {
 [[maybe_unused]] const bool registered_at_load = (registration(), true);
 
 }  // namespace
+
+OpInterceptorScope::OpInterceptorScope(OpInterceptor* interceptor)
+    : previous_(t_interceptor), was_included_(c10::impl::tls_is_dispatch_key_included(kDTensorKey)) {
+  if (interceptor != nullptr) check_dtensor_key_is_ours();
+  t_interceptor = interceptor;
+  c10::impl::tls_set_dispatch_key_included(kDTensorKey, interceptor != nullptr);
+}
+
+OpInterceptorScope::~OpInterceptorScope() {
+  t_interceptor = previous_;
+  c10::impl::tls_set_dispatch_key_included(kDTensorKey, was_included_);
+}
+
+OpInterceptor* current_op_interceptor() { return t_interceptor; }
 
 void check_dtensor_key_is_ours() {
   TORCH_CHECK(!registration().taken_by_another, "hyper_parallel::DTensor: another library in this process registered a fallback for ",

@@ -125,6 +125,8 @@ void fill(T* data, const std::vector<int64_t>& local, const std::vector<int64_t>
 }  // namespace
 
 uint64_t next_random_call() { return g_calls.fetch_add(1); }
+uint64_t random_call_count() { return g_calls.load(); }
+void set_random_call_count(uint64_t count) { g_calls.store(count); }
 uint64_t random_seed() { return g_seed.load(); }
 
 void philox_draw(const at::Tensor& out, const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offset,

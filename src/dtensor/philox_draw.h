@@ -21,6 +21,10 @@ struct DrawParams {
 /// The next call number (every random op takes one, on every rank alike) and the current seed.
 uint64_t next_random_call();
 uint64_t random_seed();
+/// The number the next call will take, and setting it (activation checkpointing replays a
+/// forward's draws: it rewinds the count before the recompute and puts it back after).
+uint64_t random_call_count();
+void set_random_call_count(uint64_t count);
 
 /// Fills `out`, the piece at `offset` of a tensor of `global_shape` (out's sizes are the piece's),
 /// with the values of call `call`. `out` may have any layout and floating or integral dtype.

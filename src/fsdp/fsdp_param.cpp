@@ -50,11 +50,11 @@ void FSDPParam::pack_grad(const at::Tensor& grad, const at::Tensor& rows) const 
   for (int64_t r = 0; r < dp_size; ++r) {
     at::Tensor to = slot(rows[r]);
     if (dp_dim < 0) {
-      to.copy_(grad);
+      to.add_(grad);
       continue;
     }
     const int64_t n = piece_size(r);
-    if (n > 0) to.narrow(dp_dim, 0, n).copy_(grad.narrow(dp_dim, piece_offset(r), n));
+    if (n > 0) to.narrow(dp_dim, 0, n).add_(grad.narrow(dp_dim, piece_offset(r), n));
   }
 }
 
@@ -62,13 +62,15 @@ at::Tensor FSDPParam::unpack_grad(const at::Tensor& row) const {
   at::Tensor g = slot(row);
   if (dp_dim >= 0) g = g.narrow(dp_dim, 0, piece_size(dp_rank));
   const DTensor p(sharded);
-  return DTensor::from_local(g.clone(at::MemoryFormat::Contiguous), p.device_mesh(), p.placements(), false,
-                             c10::IntArrayRef(global_shape));
+  // In the parameter's own dtype whatever the reduction's (mixed precision reduces in another).
+  return DTensor::from_local(g.to(p.scalar_type(), false, /*copy=*/true, at::MemoryFormat::Contiguous), p.device_mesh(),
+                             p.placements(), false, c10::IntArrayRef(global_shape));
 }
 
 void FSDPParam::install(const at::Tensor& value) const {
-  nn::replace_parameter(*owner, name, value);
-  for (const auto& [module, slot] : aliases) nn::replace_parameter(*module, slot, value);
+  // The compute tensor may have another dtype than the parameter (mixed precision).
+  nn::detail::set_parameter_unchecked(*owner, name, value);
+  for (const auto& [module, slot] : aliases) nn::detail::set_parameter_unchecked(*module, slot, value);
 }
 
 }  // namespace fsdp

@@ -29,7 +29,7 @@ struct FSDPParam {
   std::vector<std::pair<torch::nn::Module*, std::string>> aliases;
   at::Tensor sharded; // the DTensor parameter optimizers and state dicts see
 
-  int64_t dp_size = 1, dp_rank = 0;
+  int64_t dp_size = 1, dp_rank = 0;           // over the dp mesh's shard dimension (its last)
   int64_t dp_dim = -1;                         // tensor dim sharded over dp; -1: replicated over dp
   std::vector<int64_t> compute_shape;          // local shape of the compute tensor (the TP piece)
   std::vector<int64_t> padded_shape;           // a rank's padded piece (compute_shape, padded along dp_dim)
@@ -51,11 +51,11 @@ struct FSDPParam {
   void copy_out(const at::Tensor& rows);
   /// The tensor forward computes with, sharing `unsharded`'s storage (a DTensor under TP).
   at::Tensor compute_tensor() const;
-  /// Writes gradient `grad` (of the compute tensor) into the reduce-scatter input ([dp, row]):
-  /// rank r's row gets the piece rank r keeps; a parameter replicated over dp goes to every row,
-  /// so the reduce-scatter all-reduces it.
+  /// Adds gradient `grad` (of the compute tensor) to the reduce-scatter input ([dp, row], in the
+  /// reduction's dtype): rank r's row gets the piece rank r keeps; a parameter replicated over dp
+  /// goes to every row, so the reduce-scatter all-reduces it.
   void pack_grad(const at::Tensor& grad, const at::Tensor& rows) const;
-  /// The sharded parameter's gradient from this rank's reduced row.
+  /// The sharded parameter's gradient, in its dtype, from this rank's reduced row.
   at::Tensor unpack_grad(const at::Tensor& row) const;
   /// Puts `value` into the owner's slot and every alias's (the sharded or the compute tensor).
   void install(const at::Tensor& value) const;

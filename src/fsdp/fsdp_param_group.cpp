@@ -1,6 +1,7 @@
 #include "fsdp_param_group.h"
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/runtime/collectives.h>
 
@@ -45,8 +46,11 @@ void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Te
 
 }  // namespace
 
-FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, bool reshard_after_forward)
-    : params_(std::move(params)), dp_mesh_(std::move(dp_mesh)), reshard_after_forward_(reshard_after_forward) {
+FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, FullyShardOptions options)
+    : params_(std::move(params)), dp_mesh_(std::move(dp_mesh)), options_(std::move(options)) {
+  shard_group_ = dp_mesh_.get_group(dp_mesh_.ndim() - 1);
+  shard_size_ = dp_mesh_.size(dp_mesh_.ndim() - 1);
+  if (dp_mesh_.ndim() == 2) replicate_group_ = dp_mesh_.get_group(0);
   std::map<at::ScalarType, size_t> bucket_of;
   for (size_t k = 0; k < params_.size(); ++k) {
     FSDPParam& p = params_[k];
@@ -70,8 +74,14 @@ at::TensorOptions FSDPParamGroup::options_of(const Bucket& b) const {
   return DTensor(params_[b.params[0]].sharded).to_local().options();
 }
 
+at::ScalarType FSDPParamGroup::compute_dtype(const Bucket& b) const {
+  return options_.mp_policy.param_dtype.value_or(options_of(b).dtype().toScalarType());
+}
+
+at::ScalarType FSDPParamGroup::reduce_dtype(const Bucket& b) const { return options_.mp_policy.reduce_dtype.value_or(compute_dtype(b)); }
+
 void FSDPParamGroup::allocate(Bucket& b) {
-  const auto options = options_of(b);
+  const auto options = options_of(b).dtype(compute_dtype(b));
   b.send = at::empty({b.row_numel}, options);
   b.storage = at::empty({b.compute_numel}, options);
   int64_t at = 0;
@@ -81,7 +91,7 @@ void FSDPParamGroup::allocate(Bucket& b) {
     p.unsharded = b.storage.narrow(0, at, n).view(p.compute_shape);
     at += n;
   }
-  b.grad_rows = at::zeros({dp_mesh_.size(0), b.row_numel}, options);
+  b.grad_rows = at::zeros({shard_size_, b.row_numel}, options.dtype(reduce_dtype(b)));
 }
 
 // A group made on a meta model has meta buffers; init_parameters / to_empty then materialise
@@ -105,7 +115,7 @@ void FSDPParamGroup::issue_unshard() {
     s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
     s->set_nbytes(bytes);
     for (size_t k : b.params) params_[k].copy_in(b.send);
-    b.gather = all_gather_async(b.send, 0, dp_mesh_.get_group());
+    b.gather = all_gather_async(b.send, 0, shard_group_);
   }
   unsharded_ = true;
   gather_pending_ = true;
@@ -117,7 +127,7 @@ void FSDPParamGroup::unshard() {
   gather_pending_ = false;
   at::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
-    const at::Tensor rows = b.gather.wait().view({dp_mesh_.size(0), b.row_numel});
+    const at::Tensor rows = b.gather.wait().view({shard_size_, b.row_numel});
     b.gather = Work();
     // Writing the storage must not count as a modification of the tensors autograd saved.
     at::AutoDispatchBelowADInplaceOrView no_version_bump;
@@ -161,8 +171,11 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
   in_forward_ = false;
   --t_active_forwards;
   for (const FSDPParam& p : params_) p.install(p.sharded);
+  // An activation-checkpointing recompute runs in backward, which is about to use the
+  // parameters: they stay gathered until this group's gradients are reduced.
+  if (is_recomputing()) return;
   // The root's parameters stay gathered: backward starts with them (as FSDP2 does).
-  if (!reshard_after_forward_ || is_root_) return;
+  if (!options_.reshard_after_forward || is_root_) return;
   reshard();
   if (output.isNone()) return;  // no backward will come
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
@@ -178,7 +191,7 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
   if (reduce_pending_) finish_reduce_grads();  // a second backward through the same forward
   for (Bucket& b : buckets_) {
-    b.grad_rows.zero_();
+    if (!grads_accumulated_) b.grad_rows.zero_();
     for (size_t k : b.params) {
       const FSDPParam& p = params_[k];
       at::Tensor g = grads[k];
@@ -190,10 +203,15 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
       }
       p.pack_grad(g, b.grad_rows);
     }
-    b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), ReduceOp::AVG, 0, dp_mesh_.get_group());
   }
-  reduce_pending_ = true;
   reshard();  // backward is done with this group's parameters
+  if (!requires_gradient_sync) {  // accumulate: the sync backward reduces it all at once
+    grads_accumulated_ = true;
+    return;
+  }
+  grads_accumulated_ = false;
+  for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), ReduceOp::AVG, 0, shard_group_);
+  reduce_pending_ = true;
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto g = self.lock()) g->finish_reduce_grads();
@@ -205,8 +223,10 @@ void FSDPParamGroup::finish_reduce_grads() {
   reduce_pending_ = false;
   at::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
-    const at::Tensor row = b.reduce.wait();
+    at::Tensor row = b.reduce.wait();
     b.reduce = Work();
+    // HSDP: the shard-reduced row averaged over the replicas too.
+    if (replicate_group_) all_reduce_(row, ReduceOp::AVG, *replicate_group_);
     for (size_t k : b.params) {
       at::Tensor g = params_[k].unpack_grad(row);
       at::Tensor& grad = params_[k].sharded.mutable_grad();

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/runtime/collectives.h>
 
 #include "fsdp_param.h"
@@ -20,7 +21,8 @@ namespace fsdp {
 
 class FSDPParamGroup : public torch::CustomClassHolder {
  public:
-  FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, bool reshard_after_forward);
+  /// dp_mesh: 1-D (shard), or 2-D (replicate, shard) for HSDP.
+  FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, FullyShardOptions options);
 
   /// Gathers every parameter into its compute storage (one all-gather per dtype); nothing when
   /// already unsharded. Completes a gather that issue_unshard() started.
@@ -40,14 +42,18 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   /// forward that threw (`output` None): the slots and the running-forward count are restored.
   void post_forward(const c10::IValue& output);
 
-  /// Starts the reduce-scatter of the compute tensors' gradients (undefined: zero) and has the
-  /// end of the backward pass complete it and accumulate the sharded parameters' .grad, so that
-  /// it overlaps the backward of the groups before this one (as FSDP2 does).
+  /// Adds the compute tensors' gradients (undefined: zero) to the group's reduction buffer; with
+  /// gradient sync on, starts its reduce-scatter and has the end of the backward pass complete it
+  /// (and the all-reduce over HSDP's replicate dimension) and accumulate the sharded parameters'
+  /// .grad, so that it overlaps the backward of the groups before this one (as FSDP2 does).
   void reduce_grads(const std::vector<at::Tensor>& grads);
   /// Completes the reduce-scatters in flight and accumulates the sharded gradients.
   void finish_reduce_grads();
 
   const std::vector<FSDPParam>& params() const { return params_; }
+  const FullyShardOptions& options() const { return options_; }
+  /// set_requires_gradient_sync.
+  bool requires_gradient_sync = true;
   /// Groups whose all-gather is issued right after this group's in pre_forward.
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> forward_prefetch;
 
@@ -58,17 +64,23 @@ class FSDPParamGroup : public torch::CustomClassHolder {
     int64_t compute_numel = 0;  // the compute tensors, flat
     at::Tensor send;            // [row_numel]: this rank's pieces
     at::Tensor storage;         // [compute_numel]: the compute tensors' storage (freed when sharded)
-    at::Tensor grad_rows;       // [dp, row_numel]: the reduce-scatter input
+    at::Tensor grad_rows;       // [dp, row_numel]: the reduce-scatter input, in the reduction's dtype
     Work gather;                // the all-gather in flight (issue_unshard)
     Work reduce;                // the reduce-scatter in flight (reduce_grads)
   };
   at::TensorOptions options_of(const Bucket& b) const;  // of the bucket's sharded parameters
+  at::ScalarType compute_dtype(const Bucket& b) const;  // of its gather and compute tensors
+  at::ScalarType reduce_dtype(const Bucket& b) const;
   void allocate(Bucket& b);
   void follow_parameters_device();
   std::vector<FSDPParam> params_;
   std::vector<Bucket> buckets_;
   DeviceMesh dp_mesh_;
-  bool reshard_after_forward_;
+  Group shard_group_;               // dp_mesh_'s last dimension
+  c10::optional<Group> replicate_group_;  // HSDP: its first
+  int64_t shard_size_ = 1;
+  FullyShardOptions options_;
+  bool grads_accumulated_ = false;  // grad_rows hold gradients not reduced yet (no sync)
   bool unsharded_ = false;    // compute storage allocated (its all-gather may be in flight)
   bool gather_pending_ = false;
   bool reduce_pending_ = false;

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -30,16 +31,16 @@ bool already_sharded(const at::Tensor& param, const DeviceMesh& dp_mesh, const D
 // How `param` is sharded over dp (fills everything but `sharded` and `offset`).
 FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const DeviceMesh& dp_mesh) {
   const DeviceMesh root = dp_mesh.root_mesh();
-  const int64_t dp_root_dim = dp_mesh.dim_in_root().value_or(0);
+  const std::vector<int64_t> dp_root_dims = dp_mesh.dims_in_root();
   FSDPParam p;
-  p.dp_size = dp_mesh.size(0);
-  p.dp_rank = dp_mesh.get_local_rank();
+  p.dp_size = dp_mesh.size(-1);
+  p.dp_rank = dp_mesh.get_local_rank(-1);
   p.global_shape = param.sizes().vec();
   if (is_dtensor(param)) {
     const DTensor d(param);
     const DeviceMesh& tp = d.device_mesh();
     HP_CHECK_T(c10::ValueError, tp.ndim() == 1 && tp.root_mesh() == root && tp.dim_in_root().has_value() &&
-                                    *tp.dim_in_root() != dp_root_dim,
+                                    std::find(dp_root_dims.begin(), dp_root_dims.end(), *tp.dim_in_root()) == dp_root_dims.end(),
                "hyper_parallel::fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not the other dimension of the root mesh of ",
                dp_mesh.to_string(), " (apply parallelize_module on mesh[\"tp\"] and fully_shard on mesh[\"dp\"] of one mesh)");
     p.tp_mesh = tp;
@@ -68,13 +69,15 @@ at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const Devic
   at::Tensor local = local_tensor(param).detach();
   if (p.dp_dim >= 0) local = local.narrow(p.dp_dim, chunk_offset(local.size(p.dp_dim), p.dp_size, p.dp_rank),
                                           chunk_size(local.size(p.dp_dim), p.dp_size, p.dp_rank));
+  // Sharded over dp_mesh's last dimension, replicated over HSDP's replicate one (and any other).
   DeviceMesh mesh = dp_mesh;
-  Placements pl{Shard(0)};
+  Placements pl(static_cast<size_t>(dp_mesh.ndim()), Replicate());
+  pl.back() = Shard(0);
   if (p.tp_mesh) {
     mesh = dp_mesh.root_mesh();
     pl.assign(static_cast<size_t>(mesh.ndim()), Replicate());
     pl[static_cast<size_t>(*p.tp_mesh->dim_in_root())] = p.tp_placements[0];
-    pl[static_cast<size_t>(dp_mesh.dim_in_root().value_or(0))] = p.dp_dim >= 0 ? Shard(p.dp_dim) : Replicate();
+    pl[static_cast<size_t>(dp_mesh.dims_in_root().back())] = p.dp_dim >= 0 ? Shard(p.dp_dim) : Replicate();
   }
   return DTensor::from_local(local.clone(at::MemoryFormat::Contiguous), mesh, pl, false, c10::IntArrayRef(p.global_shape))
       .detach();
@@ -105,6 +108,25 @@ c10::optional<std::string> taken_by_earlier_call(const at::Tensor& param) {
   return it->second.fqn;
 }
 
+// `v` with its floating-point tensors (also inside tuples and lists) cast to `dtype`.
+c10::IValue cast_floating(const c10::IValue& v, at::ScalarType dtype) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype ? c10::IValue(t.to(dtype)) : v;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& e : v.toTupleRef().elements()) items.push_back(cast_floating(e, dtype));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(cast_floating(t, dtype).toTensor());
+    return out;
+  }
+  return v;
+}
+
 c10::intrusive_ptr<FSDPParamGroup> group_of(const torch::nn::Module& module, const char* what) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_groups.find(&module);
@@ -119,8 +141,12 @@ c10::intrusive_ptr<FSDPParamGroup> group_of(const torch::nn::Module& module, con
 
 torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options) {
   platform::hookable(module, module.name());
-  HP_CHECK_T(c10::ValueError, dp_mesh.ndim() == 1, "hyper_parallel::fully_shard: fully_shard needs the 1-D data-parallel mesh (e.g. mesh[\"dp\"]), got a ",
+  HP_CHECK_T(c10::ValueError, dp_mesh.ndim() == 1 || dp_mesh.ndim() == 2, "hyper_parallel::fully_shard: fully_shard needs the 1-D data-parallel mesh ",
+             "(e.g. mesh[\"dp\"]) or, for HSDP, the 2-D (replicate, shard) one (e.g. mesh[{\"dp_replicate\", \"dp_shard\"}]), got a ",
              dp_mesh.ndim(), "-D one");
+  for (const auto* dtype : {&options.mp_policy.param_dtype, &options.mp_policy.reduce_dtype, &options.mp_policy.output_dtype})
+    HP_CHECK_T(c10::TypeError, !dtype->has_value() || at::isFloatingType(**dtype), "hyper_parallel::fully_shard: the dtypes of a ",
+               "MixedPrecisionPolicy are floating-point, got ", **dtype);
   // Plan every parameter first: nothing changes unless all of them can be sharded.
   std::vector<FSDPParam> params;
   std::vector<at::Tensor> originals;
@@ -151,16 +177,21 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
     params[k].sharded = make_sharded(params[k], originals[k], dp_mesh);
     params[k].install(params[k].sharded);  // keeps requires_grad
   }
-  auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options.reshard_after_forward);
-  platform::register_forward_pre_hook(module, [group](nn::Module&, const std::vector<c10::IValue>&) -> c10::optional<std::vector<c10::IValue>> {
+  auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options);
+  const MixedPrecisionPolicy mp = options.mp_policy;
+  platform::register_forward_pre_hook(module, [group, mp](nn::Module&, const std::vector<c10::IValue>& args) -> c10::optional<std::vector<c10::IValue>> {
     group->pre_forward();
-    return c10::nullopt;
+    if (!mp.cast_forward_inputs || !mp.param_dtype) return c10::nullopt;
+    std::vector<c10::IValue> cast;
+    for (const auto& a : args) cast.push_back(cast_floating(a, *mp.param_dtype));
+    return cast;
   });
   platform::register_forward_hook(
       module,
-      [group](nn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) -> c10::optional<c10::IValue> {
+      [group, mp](nn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) -> c10::optional<c10::IValue> {
         group->post_forward(out);
-        return c10::nullopt;
+        if (!mp.output_dtype || out.isNone()) return c10::nullopt;
+        return cast_floating(out, *mp.output_dtype);
       },
       /*always_call=*/true);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -179,6 +210,22 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
 void unshard(torch::nn::Module& module) { group_of(module, "unshard")->unshard(); }
 
 void reshard(torch::nn::Module& module) { group_of(module, "reshard")->reshard(); }
+
+void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, bool recurse) {
+  std::vector<c10::intrusive_ptr<FSDPParamGroup>> groups;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& [prefix, m] : nn::modules_with_names(module)) {
+      if (!recurse && m != &module) continue;
+      const auto it = g_groups.find(m);
+      if (it == g_groups.end()) continue;
+      if (auto g = it->second.lock()) groups.push_back(std::move(g));
+    }
+  }
+  HP_CHECK_T(c10::ValueError, !groups.empty(), "hyper_parallel::set_requires_gradient_sync: fully_shard was not applied to this ",
+             platform::module_type_name(module), recurse ? " nor to any module inside it" : "");
+  for (auto& g : groups) g->requires_gradient_sync = requires_sync;
+}
 
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<torch::nn::Module*>& modules) {
   auto group = group_of(module, "set_modules_to_forward_prefetch");

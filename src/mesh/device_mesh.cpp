@@ -19,7 +19,8 @@ struct DeviceMesh::Impl {
   std::vector<Group> groups;  // one per dim; undefined when this rank is not in the mesh
   uint64_t seed = 0;
   std::shared_ptr<const Impl> root;  // the mesh this one was sliced from, if any
-  int64_t root_dim = -1;
+  int64_t root_dim = -1;             // a 1-D slice's dimension in root
+  std::vector<int64_t> root_dims;    // a slice's dimensions in root
 };
 
 namespace {
@@ -112,7 +113,49 @@ DeviceMesh DeviceMesh::operator[](const std::string& dim_name) const {
   sub->groups = {m.groups[static_cast<size_t>(d)]};
   sub->seed = m.seed;
   sub->root = m.root ? m.root : impl_;
-  sub->root_dim = d;
+  sub->root_dim = m.root ? m.root_dims[static_cast<size_t>(d)] : d;
+  sub->root_dims = {sub->root_dim};
+  return DeviceMesh(std::move(sub));
+}
+
+DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& dim_names) const {
+  const auto& m = get(impl_);
+  HP_CHECK_T(c10::ValueError, !dim_names.empty(), "hyper_parallel::DeviceMesh::operator[]: no dimension named; the mesh has mesh_dim_names=",
+             names_of(m.dim_names));
+  if (dim_names.size() == 1) return (*this)[dim_names[0]];
+  std::vector<int64_t> dims;
+  for (const auto& n : dim_names) {
+    dims.push_back(dim_index(n));
+    HP_CHECK_T(c10::ValueError, dims.size() == 1 || dims[dims.size() - 2] < dims.back(), "hyper_parallel::DeviceMesh::operator[]: dimensions ",
+               names_of(dim_names), " must be distinct and in the mesh's order ", names_of(m.dim_names));
+  }
+  if (dims.size() == m.shape.size()) return *this;
+  TORCH_CHECK(m.coordinate.has_value(), "hyper_parallel::DeviceMesh: this rank is not part of ", to_string());
+  auto sub = std::make_shared<Impl>();
+  sub->device_type = m.device_type;
+  sub->dim_names = dim_names;
+  sub->seed = m.seed;
+  sub->root = m.root ? m.root : impl_;
+  std::vector<int64_t> coord;
+  for (int64_t d : dims) {
+    sub->shape.push_back(m.shape[static_cast<size_t>(d)]);
+    coord.push_back((*m.coordinate)[static_cast<size_t>(d)]);
+    sub->groups.push_back(m.groups[static_cast<size_t>(d)]);
+    sub->root_dims.push_back(m.root ? m.root_dims[static_cast<size_t>(d)] : d);
+  }
+  sub->coordinate = coord;
+  // The ranks that share this rank's coordinate along every other dimension, row-major.
+  const auto st = strides_of(m.shape);
+  int64_t base = 0;
+  for (size_t d = 0; d < m.shape.size(); ++d)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) == dims.end()) base += (*m.coordinate)[d] * st[d];
+  const auto sub_st = strides_of(sub->shape);
+  const int64_t n = c10::multiply_integers(sub->shape);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t at = base;
+    for (size_t k = 0; k < dims.size(); ++k) at += ((i / sub_st[k]) % sub->shape[k]) * st[static_cast<size_t>(dims[k])];
+    sub->ranks.push_back(m.ranks[static_cast<size_t>(at)]);
+  }
   return DeviceMesh(std::move(sub));
 }
 
@@ -147,9 +190,17 @@ DeviceMesh DeviceMesh::root_mesh() const {
   return m.root ? DeviceMesh(m.root) : *this;
 }
 
+std::vector<int64_t> DeviceMesh::dims_in_root() const {
+  const auto& m = get(impl_);
+  if (m.root) return m.root_dims;
+  std::vector<int64_t> all(m.shape.size());
+  for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
+  return all;
+}
+
 c10::optional<int64_t> DeviceMesh::dim_in_root() const {
   const auto& m = get(impl_);
-  if (!m.root) return c10::nullopt;
+  if (!m.root || m.root_dims.size() != 1) return c10::nullopt;
   return m.root_dim;
 }
 

@@ -171,6 +171,15 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, at::T
   *p = std::move(value);
 }
 
+void detail::set_parameter_unchecked(torch::nn::Module& module, const std::string& name, at::Tensor value) {
+  at::Tensor* p = ParametersAccess::of(module).find(name);
+  HP_CHECK_T(c10::IndexError, p != nullptr, "hyper_parallel::nn::detail::set_parameter_unchecked: ", module.name(), " has no parameter '", name,
+             "'");
+  const bool requires_grad = p->requires_grad();
+  if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
+  *p = std::move(value);
+}
+
 void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value) {
   at::Tensor* b = buffers_of(module).find(name);
   HP_CHECK_T(c10::IndexError, b != nullptr, "hyper_parallel::nn::replace_buffer: ", module.name(), " has no buffer '", name, "'");

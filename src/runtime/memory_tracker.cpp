@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -48,6 +49,23 @@ void free_block(void* ctx) {
   delete b;  // frees the inner allocation
 }
 
+// CPU blocks by their data pointer: a CPU allocation's context must be its data (raw_allocate,
+// used by some kernels for scratch space, asserts it), so the block is found by the pointer.
+std::mutex g_raw_mutex;
+std::unordered_map<void*, Block*> g_raw_blocks;
+
+void free_raw(void* data) {
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_raw_mutex);
+    const auto it = g_raw_blocks.find(data);
+    if (it == g_raw_blocks.end()) return;
+    b = it->second;
+    g_raw_blocks.erase(it);
+  }
+  free_block(b);
+}
+
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::Allocator* inner = nullptr;
@@ -73,8 +91,14 @@ class CountingAllocator final : public c10::Allocator {
       state->alive.insert(b->id);
       state->events.push_back({b->id, b->bytes});
     }
+    if (device == c10::DeviceType::CPU && data != nullptr) {
+      std::lock_guard<std::mutex> lock(g_raw_mutex);
+      g_raw_blocks[data] = b;
+      return c10::DataPtr(data, data, &free_raw, where);
+    }
     return c10::DataPtr(data, b, &free_block, where);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return device == c10::DeviceType::CPU ? &free_raw : nullptr; }
 #if HP_ALLOCATOR_2_3
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);

@@ -15,7 +15,7 @@ import re
 import sys
 
 MACROS = {"HP_CHECK_T": 2, "TORCH_CHECK": 1}
-PREFIX = re.compile(r'^"hyper_parallel::[A-Za-z_][A-Za-z0-9_]*(::([A-Za-z_~][A-Za-z0-9_]*|operator\(\)))*(: |")')
+PREFIX = re.compile(r'^"hyper_parallel::[A-Za-z_][A-Za-z0-9_]*(::([A-Za-z_~][A-Za-z0-9_]*|operator\(\)|operator\[\]))*(: |")')
 # A message made elsewhere and already prefixed there (its maker is checked as a raising site or
 # named for what it returns).
 BUILT = re.compile(r"^([A-Za-z_][A-Za-z0-9_:.>-]*(_message|_report|_error|message_of|what_without_backtrace)\b|qualified\w*$)")

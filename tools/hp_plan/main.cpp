@@ -4,6 +4,8 @@
 //
 //   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]
 //           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
+//           [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]
+//   hp_plan --config config.json --world 128 --dp 16 [--dp-replicate 2] ...   tp takes the rest
 //   hprun --nproc-per-node N hp_plan --measure ...   the same step run for real on CPU tensors
 //                                                    (rank 0 prints what it measured)
 #include <hyper_parallel/runtime/program.h>
@@ -29,6 +31,8 @@ namespace {
                "hp_plan: %s\n"
                "usage: hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]\n"
                "               [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]\n"
+               "               [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]\n"
+               "       hp_plan --config config.json --world N --dp N [--dp-replicate N] ... (tp takes the rest of the world)\n"
                "       hprun --nproc-per-node N hp_plan --measure ... (the step run for real, on the CPU)\n",
                why.c_str());
   std::exit(2);
@@ -51,6 +55,7 @@ int64_t positive(const std::string& flag, const std::string& v) {
 int run(int argc, char** argv) {
   qwen3::PlanOptions o;
   std::string config, mesh;
+  int64_t world = 0, dp = 1, dp_replicate = 1;
   bool json = false, measure = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
@@ -67,6 +72,14 @@ int run(int argc, char** argv) {
     else if (f == "--json") json = true;
     else if (f == "--measure") measure = true;
     else if (f == "--device") o.device_type = value();
+    else if (f == "--world") world = positive(f, value());
+    else if (f == "--dp") dp = positive(f, value());
+    else if (f == "--dp-replicate") dp_replicate = positive(f, value());
+    else if (f == "--mixed-precision") {
+      const std::string v = value();
+      if (v != "none" && v != "bf16") usage("--mixed-precision is none or bf16, got '" + v + "'");
+      if (v == "bf16") o.mixed_precision = at::kBFloat16;
+    } else if (f == "--activation-checkpointing") o.activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::parse(value());
     else if (f == "--optimizer-dtype") {
       const std::string v = value();
       if (v != "float32" && v != "bfloat16") usage("--optimizer-dtype is float32 or bfloat16, got '" + v + "'");
@@ -75,10 +88,10 @@ int run(int argc, char** argv) {
     else usage("unknown argument '" + f + "'");
   }
   if (config.empty()) usage("--config is required");
-  if (mesh.empty()) usage("--mesh is required");
+  if (mesh.empty() == (world == 0)) usage("give the mesh either as --mesh or as --world (with --dp, --dp-replicate)");
   // A plan that fails raises the error the real job would, and run_program prints it.
   o.config = qwen3::load_config(config);
-  o.mesh = qwen3::parse_mesh(mesh);
+  o.mesh = mesh.empty() ? qwen3::mesh_from_degrees(world, dp_replicate, dp) : qwen3::parse_mesh(mesh);
   if (measure) {
     at::set_num_threads(1);
     hyper_parallel::init_process_group();

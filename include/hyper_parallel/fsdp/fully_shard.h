@@ -8,6 +8,23 @@
 
 namespace hyper_parallel {
 
+/// Mixed precision of fully_shard (FSDP2's MixedPrecisionPolicy): the sharded parameters (and so
+/// the optimizer's state) keep their dtype, e.g. float32, while the all-gather and the forward and
+/// backward compute run in param_dtype, and the gradients are reduced in reduce_dtype and land on
+/// the sharded parameters in their own dtype.
+/// e.g. `o.mp_policy = {at::kBFloat16, at::kFloat};  // bf16 gathers and compute, fp32 reduction`
+struct MixedPrecisionPolicy {
+  /// The dtype of the gathered parameters forward and backward compute with (unset: their own).
+  c10::optional<at::ScalarType> param_dtype;
+  /// The dtype the gradients are reduce-scattered (and, with HSDP, all-reduced) in; unset: the
+  /// compute dtype (param_dtype, else the parameters' own).
+  c10::optional<at::ScalarType> reduce_dtype;
+  /// Floating-point outputs of the module are cast to it (unset: left as computed).
+  c10::optional<at::ScalarType> output_dtype;
+  /// Floating-point tensor arguments of the module's forward are cast to param_dtype first.
+  bool cast_forward_inputs = true;
+};
+
 /// Options of fully_shard (PyTorch's names).
 struct FullyShardOptions {
   /// Free the gathered parameters after forward and gather them again before backward (less
@@ -15,10 +32,14 @@ struct FullyShardOptions {
   /// The root module (the outermost fully_shard module of a forward) always keeps them, as its
   /// backward starts at once (FSDP2's rule).
   bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
 };
 
 /// Shards the parameters of `module` that no earlier fully_shard call on a submodule took over
-/// dp_mesh (1-D), as one group: a TP parameter on mesh["tp"] becomes a DTensor on the (dp, tp)
+/// over dp_mesh, as one group. dp_mesh is 1-D (FSDP), or 2-D (replicate, shard) for HSDP: the
+/// parameters are sharded over its second dimension and replicated over its first, e.g.
+/// mesh[{"dp_replicate", "dp_shard"}]; the gradients are then reduce-scattered over the shard
+/// dimension and all-reduced over the replicate one, averaged over both. With one dimension: a TP parameter on mesh["tp"] becomes a DTensor on the (dp, tp)
 /// root mesh, sharded over dp on the first dimension its TP placement leaves whole (dim 0 unless
 /// TP shards it); a 1-D parameter whose only dim TP shards stays replicated over dp. A plain
 /// parameter becomes Shard(0) on dp_mesh. Before `module`'s forward the group is all-gathered
@@ -26,8 +47,9 @@ struct FullyShardOptions {
 /// (TP DTensors, or plain tensors without TP). In backward the group's gradients are brought to
 /// their TP placements and reduce-scattered, averaged over dp, in one collective per dtype into
 /// the sharded parameters' gradients, so torch::optim updates the shards directly. Apply it per
-/// block, then at the root. Throws before changing anything for a non-hookable module, an N-D
-/// dp_mesh, or parameters on a mesh that is not a sibling of dp_mesh.
+/// block, then at the root. `options.mp_policy` sets the dtypes of the gather, the compute and the
+/// reduction (MixedPrecisionPolicy). Throws before changing anything for a non-hookable module,
+/// a dp_mesh of more than 2 dimensions, or parameters on a mesh that is not a sibling of dp_mesh.
 /// e.g. `for (auto& l : *model->layers) hp::fully_shard(*l, mesh["dp"]); hp::fully_shard(*model, mesh["dp"]);`
 torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options = {});
 
@@ -37,6 +59,13 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
 void unshard(torch::nn::Module& module);
 /// Frees the gathered parameters of `module` (the next forward gathers them again).
 void reshard(torch::nn::Module& module);
+/// Whether the next backward passes reduce the gradients of `module`'s group (FSDP2's
+/// set_requires_gradient_sync): with false, each backward adds its unreduced gradients to a
+/// buffer of the group (in reduce_dtype) and communicates nothing; the first backward with true
+/// again reduces everything accumulated, so gradient accumulation over microbatches costs one
+/// reduction. Set it on every fully_shard module (`recurse`: on every one inside `module`).
+/// e.g. `hp::set_requires_gradient_sync(*model, microbatch + 1 == n);`
+void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, bool recurse = true);
 /// When `module`'s forward starts, also gather the parameters of `modules` (in order), as
 /// PyTorch's FSDPModule.set_modules_to_forward_prefetch; each must be a fully_shard module.
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<torch::nn::Module*>& modules);

@@ -4,6 +4,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,13 @@ class DeviceMesh {
   /// The 1-D sub-mesh of this rank's peers along the named dimension; shares its group.
   /// e.g. on a ("dp","tp") = 2x2 mesh rank 3 gets `mesh["tp"]` == ranks [2, 3].
   DeviceMesh operator[](const std::string& dim_name) const;
+  /// The sub-mesh of this rank's peers along several named dimensions, in this mesh's order
+  /// (PyTorch's mesh["dp_replicate", "dp_shard"]); shares their groups. c10::ValueError when the
+  /// names repeat or are out of order. e.g. `auto dp = mesh[{"dp_replicate", "dp_shard"}];`
+  DeviceMesh operator[](const std::vector<std::string>& dim_names) const;
+  DeviceMesh operator[](std::initializer_list<std::string> dim_names) const {
+    return (*this)[std::vector<std::string>(dim_names)];
+  }
   /// The same ranks with dimension `dim` split into `sizes` (row-major), named `names`, and a
   /// process group per new dimension (PyTorch's DeviceMesh._unflatten). Collective over this
   /// mesh's ranks. The result is a root mesh of its own. Only a 1-D mesh can be unflattened now
@@ -53,8 +61,10 @@ class DeviceMesh {
   DeviceMesh unflatten(int64_t dim, const std::vector<int64_t>& sizes, const std::vector<std::string>& names) const;
   /// The mesh this one was sliced from with operator[] (itself for a mesh from init_device_mesh).
   DeviceMesh root_mesh() const;
-  /// For a slice: its dimension in root_mesh(); nullopt for a root.
+  /// For a 1-D slice: its dimension in root_mesh(); nullopt for a root or an N-D slice.
   c10::optional<int64_t> dim_in_root() const;
+  /// The dimensions of root_mesh() this mesh spans, in order (0..ndim-1 for a root).
+  std::vector<int64_t> dims_in_root() const;
   /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation). Random
   /// ops on DTensors do not use it: they draw from hyper_parallel::manual_seed's counter-based
   /// generator (dtensor/random.h), the same values whatever the mesh.

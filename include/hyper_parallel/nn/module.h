@@ -52,6 +52,12 @@ using ForwardPreHookWithKwargs = std::function<c10::optional<std::pair<std::vect
 /// Receives the positional arguments and the output (a tuple for several results); returns a
 /// replacement output or nullopt.
 using ForwardHook = std::function<c10::optional<c10::IValue>(Module&, const std::vector<c10::IValue>&, const c10::IValue&)>;
+/// The module's own forward on packed arguments (what a ForwardWrapper calls, now or later).
+using ForwardFn = std::function<c10::IValue(const std::vector<c10::IValue>&, const Kwargs&)>;
+/// Runs in place of the module's forward, between the pre-hooks and the forward hooks, and
+/// decides how `forward` runs (activation checkpointing runs it without saving activations and
+/// again in backward).
+using ForwardWrapper = std::function<c10::IValue(Module&, const std::vector<c10::IValue>&, const Kwargs&, const ForwardFn& forward)>;
 
 class Module : public torch::nn::Module {
  public:
@@ -65,7 +71,10 @@ class Module : public torch::nn::Module {
   /// With `always_call` (as PyTorch's), the hook also runs when a pre-hook or forward throws,
   /// with a None output, before the exception propagates: the place to undo what a pre-hook did.
   HookHandle register_forward_hook(ForwardHook hook, bool always_call = false);
-  bool has_hooks() const { return !pre_hooks_.empty() || !forward_hooks_.empty(); }
+  bool has_hooks() const { return !pre_hooks_.empty() || !forward_hooks_.empty() || forward_wrapper_ != nullptr; }
+  /// Sets (or with nullptr removes) the wrapper the forward runs through; one per module.
+  void set_forward_wrapper(ForwardWrapper wrapper) { forward_wrapper_ = std::move(wrapper); }
+  const ForwardWrapper& forward_wrapper() const { return forward_wrapper_; }
 
   /// Runs the pre-hooks on the packed arguments (used by the call operator).
   void run_forward_pre_hooks(std::vector<c10::IValue>& args, Kwargs& kwargs);
@@ -140,6 +149,7 @@ class Module : public torch::nn::Module {
   uint64_t next_hook_id_ = 1;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
   std::unordered_map<std::type_index, std::shared_ptr<void>> states_;
+  ForwardWrapper forward_wrapper_;
 };
 
 /// `module` itself (named "") and every submodule with its FQN, in named_modules order. Unlike
@@ -153,6 +163,11 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, at::T
 void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value);
 
 namespace detail {
+
+/// Puts `value` in parameter slot `name` whatever its shape or dtype, keeping the slot's
+/// requires_grad: for tensors that stand in for a parameter during one forward (fully_shard's
+/// gathered compute tensors in another dtype, activation checkpointing's recompute aliases).
+void set_parameter_unchecked(torch::nn::Module& module, const std::string& name, at::Tensor value);
 
 template <class T>
 constexpr bool is_kwargs_v = std::is_same_v<std::decay_t<T>, Kwargs>;
@@ -227,6 +242,14 @@ auto call_with_hooks(M& m, Args&&... args) -> std::decay_t<decltype(m.forward(st
       m.run_forward_pre_hooks(pos, kw);
       constexpr size_t npos = (0 + ... + (detail::is_kwargs_v<Args> ? 0 : 1));
       detail::check_arity(m, npos, pos.size());
+      if (m.forward_wrapper()) {
+        M* self = &m;
+        const ForwardFn forward = [self](const std::vector<c10::IValue>& p, const Kwargs& k) -> c10::IValue {
+          auto unpacked = detail::unpack<Args...>(p, k, std::index_sequence_for<Args...>{});
+          return c10::IValue(std::apply([self](auto&&... a) -> decltype(auto) { return self->forward(a...); }, unpacked));
+        };
+        return m.forward_wrapper()(m, pos, kw, forward).template to<std::decay_t<R>>();
+      }
       auto unpacked = detail::unpack<Args...>(pos, kw, std::index_sequence_for<Args...>{});
       return std::apply([&m](auto&&... a) -> decltype(auto) { return m.forward(a...); }, unpacked);
     } catch (...) {

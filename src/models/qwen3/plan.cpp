@@ -53,6 +53,18 @@ std::string human(int64_t b) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, int64_t>> mesh_from_degrees(int64_t world, int64_t dp_replicate, int64_t dp) {
+  hp::ParallelDims d;
+  d.dp_replicate = dp_replicate;
+  d.dp_shard = dp;
+  d = hp::ParallelDims::with_tp_rest(world, d);
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (d.dp_replicate > 1) out.emplace_back("dp_replicate", d.dp_replicate);
+  if (d.dp_shard > 1 || d.dp_replicate > 1) out.emplace_back("dp", d.dp_shard);
+  if (d.tp > 1 || out.empty()) out.emplace_back("tp", d.tp);
+  return out;
+}
+
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text) {
   std::vector<std::pair<std::string, int64_t>> out;
   std::stringstream ss(text);
@@ -82,7 +94,8 @@ namespace {
 struct MeshShape {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
-  int64_t world = 1, tp = 1, dp = 1;
+  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1;
+  std::string dp_name = "dp";
 };
 
 // `what`: the function's name below hyper_parallel:: ("qwen3::plan_training").
@@ -92,15 +105,28 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   HP_CHECK_T(c10::ValueError, options.optimizer_dtype == at::kFloat || options.optimizer_dtype == at::kBFloat16, "hyper_parallel::",
              what, ": the optimizer state is float32 or bfloat16, got ", options.optimizer_dtype);
   MeshShape m;
-  for (const auto& [name, size] : options.mesh) {
-    HP_CHECK_T(c10::ValueError, name == "dp" || name == "tp", "hyper_parallel::", what, ": mesh dimension '", name,
-               "': the demo's plan shards over 'dp' (fully_shard) and 'tp' (tensor parallelism) only");
-    (name == "tp" ? m.tp : m.dp) = size;
+  const std::vector<std::string> order{"dp_replicate", "dp", "tp"};  // the canonical order; dp_shard is dp
+  size_t last = 0;
+  for (const auto& [given, size] : options.mesh) {
+    const std::string name = given == "dp_shard" ? "dp" : given;
+    const auto at = std::find(order.begin(), order.end(), name);
+    HP_CHECK_T(c10::ValueError, at != order.end(), "hyper_parallel::", what, ": mesh dimension '", given,
+               "': the demo's plan shards over 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard) and 'tp' (tensor parallelism) only");
+    const size_t index = static_cast<size_t>(at - order.begin()) + 1;
+    HP_CHECK_T(c10::ValueError, index > last, "hyper_parallel::", what, ": mesh dimension '", given,
+               "' is repeated or out of the canonical order dp_replicate, dp, tp");
+    last = index;
+    (name == "tp" ? m.tp : name == "dp" ? m.dp : m.dp_replicate) = size;
+    if (name == "dp") m.dp_name = given;
     m.shape.push_back(size);
-    m.names.push_back(name);
+    m.names.push_back(given);
     m.world *= size;
   }
   HP_CHECK_T(c10::ValueError, !m.shape.empty(), "hyper_parallel::", what, ": the mesh is empty");
+  HP_CHECK_T(c10::ValueError, m.dp_replicate == 1 || options.mesh.size() > 1, "hyper_parallel::", what,
+             ": HSDP replicates a sharded group: a dp_replicate dimension needs a dp one");
+  HP_CHECK_T(c10::ValueError, !options.mixed_precision || m.dp * m.dp_replicate > 1, "hyper_parallel::", what,
+             ": mixed precision is fully_shard's (MixedPrecisionPolicy): it needs a dp dimension larger than 1");
   return m;
 }
 
@@ -115,10 +141,15 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
     model = CausalLM(options.config);
   }
+  hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
   if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
-  if (m.dp > 1) {
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"]);
-    hp::fully_shard(*model, mesh["dp"]);
+  if (m.dp * m.dp_replicate > 1) {
+    const hp::DeviceMesh dp = m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
+    hp::FullyShardOptions o;
+    if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, dp, o);
+    if (options.mixed_precision) o.mp_policy.output_dtype = at::kFloat;
+    hp::fully_shard(*model, dp, o);
   }
   model->train();
 
@@ -203,7 +234,9 @@ std::string PlanReport::to_table() const {
   os << "plan: Qwen3 " << c.num_layers << " layers, hidden " << c.hidden_size << ", " << c.num_heads << "/" << c.num_kv_heads
      << " heads, " << dtype_label(c.dtype) << "; mesh";
   for (const auto& [n, s] : options.mesh) os << " " << n << "=" << s;
-  os << " (" << world_size << " ranks)" << (options.sequence_parallel ? ", sequence parallel" : "") << "; batch "
+  os << " (" << world_size << " ranks)" << (options.sequence_parallel ? ", sequence parallel" : "")
+     << (options.mixed_precision ? ", mixed precision " + dtype_label(*options.mixed_precision) + "/float32" : std::string())
+     << ", activation checkpointing " << options.activation_checkpointing.to_string() << "; batch "
      << options.batch << " x seq " << options.seq << " per dp rank; rank " << options.rank << "\n";
   char line[160];
   const auto row = [&](const char* what, int64_t b) {
@@ -243,6 +276,8 @@ std::string PlanReport::to_json() const {
   for (const auto& [n, s] : options.mesh) mesh[n] = s;
   j["mesh"] = mesh;
   j["sequence_parallel"] = options.sequence_parallel;
+  j["mixed_precision"] = options.mixed_precision ? dtype_label(*options.mixed_precision) : "none";
+  j["activation_checkpointing"] = options.activation_checkpointing.to_string();
   j["batch"] = options.batch;
   j["seq"] = options.seq;
   j["dtype"] = dtype_label(options.config.dtype);

@@ -28,6 +28,7 @@
 #include "../../common/error_message.h"
 
 namespace qwen3 = hyper_parallel::qwen3;
+namespace hp = hyper_parallel;
 
 namespace {
 
@@ -101,10 +102,11 @@ std::string write_config(const Config& c, const std::string& name) {
 }
 
 // The same step run for real: hp_plan --measure in a job of `nproc` ranks; rank 0's JSON.
-std::string real_run(const std::string& config, const std::string& mesh, int nproc, bool sp, int64_t batch, int64_t seq) {
+std::string real_run(const std::string& config, const std::string& mesh, int nproc, bool sp, int64_t batch, int64_t seq,
+                     const std::string& extra = "") {
   return run(env("HPRUN_BIN") + " --nproc-per-node " + std::to_string(nproc) + " " + env("HP_PLAN_BIN") +
              " --measure --json --config " + config + " --mesh " + mesh + (sp ? " --sp" : "") + " --batch " +
-             std::to_string(batch) + " --seq " + std::to_string(seq));
+             std::to_string(batch) + " --seq " + std::to_string(seq) + " " + extra);
 }
 
 
@@ -248,10 +250,21 @@ TEST(PlanReportMeasured, ARealRunCountsWhatThePlanCounts) {
     std::string mesh;
     int nproc;
     bool sp;
+    std::string ac = "none";
+    bool bf16 = false;
   };
-  for (const Case& k : {Case{"tp=2", 2, false}, Case{"tp=4", 4, true}, Case{"dp=2,tp=2", 4, true}}) {
-    const PlanReport fake = qwen3::plan_training(options(c, k.mesh, k.sp, 2, 32));
-    std::string out = real_run(config, k.mesh, k.nproc, k.sp, 2, 32);
+  // Activation checkpointing and mixed precision change what is kept and what is gathered: the
+  // plan on meta follows the real run there too.
+  for (const Case& k : {Case{"tp=2", 2, false}, Case{"tp=4", 4, true}, Case{"dp=2,tp=2", 4, true},
+                        Case{"dp=2,tp=2", 4, true, "full"}, Case{"dp=2,tp=2", 4, true, "selective", true},
+                        Case{"dp_replicate=2,dp=2", 4, false, "full:2", true}}) {
+    SCOPED_TRACE(k.mesh + " activation checkpointing " + k.ac + (k.bf16 ? " bf16" : ""));
+    PlanOptions o = options(c, k.mesh, k.sp, 2, 32);
+    o.activation_checkpointing = hp::ActivationCheckpointPolicy::parse(k.ac);
+    if (k.bf16) o.mixed_precision = at::kBFloat16;
+    const PlanReport fake = qwen3::plan_training(o);
+    std::string out = real_run(config, k.mesh, k.nproc, k.sp, 2, 32,
+                               "--activation-checkpointing " + k.ac + (k.bf16 ? " --mixed-precision bf16" : ""));
     // hprun prefixes each line with its rank; rank 0 prints the JSON.
     std::string json;
     for (size_t at = 0; at < out.size();) {
@@ -282,9 +295,33 @@ TEST(PlanReportMeasured, ARealRunCountsWhatThePlanCounts) {
     }
     const double measured = static_cast<double>(real["activation_peak_bytes"].get<int64_t>());
     const double ratio = static_cast<double>(fake.activation_peak_bytes) / measured;
-    std::printf("activation peak, %s%s: estimate %lld B, measured %.0f B, estimate / measured %.3f\n", k.mesh.c_str(),
-                k.sp ? " sp" : "", static_cast<long long>(fake.activation_peak_bytes), measured, ratio);
+    std::printf("activation peak, %s%s ac=%s%s: estimate %lld B, measured %.0f B, estimate / measured %.3f\n", k.mesh.c_str(),
+                k.sp ? " sp" : "", k.ac.c_str(), k.bf16 ? " bf16" : "", static_cast<long long>(fake.activation_peak_bytes), measured, ratio);
     EXPECT_GT(ratio, 0.8) << k.mesh;
     EXPECT_LT(ratio, 1.25) << k.mesh;
   }
+}
+
+// The plan's activation peak falls with each policy, and mixed precision halves the gathers.
+TEST(PlanReportFake, CheckpointingAndMixedPrecisionChangeThePlan) {
+  const Config c = small_config();
+  std::map<std::string, int64_t> peak;
+  for (const char* ac : {"none", "selective", "full"}) {
+    PlanOptions o = options(c, "dp=2,tp=2", true, 2, 64);
+    o.activation_checkpointing = hp::ActivationCheckpointPolicy::parse(ac);
+    peak[ac] = qwen3::plan_training(o).activation_peak_bytes;
+  }
+  EXPECT_LT(peak["full"], peak["selective"]);
+  EXPECT_LT(peak["selective"], peak["none"]);
+  PlanOptions o = options(c, "dp=2,tp=2", true, 2, 64);
+  const PlanReport fp32 = qwen3::plan_training(o);
+  o.mixed_precision = at::kBFloat16;
+  const PlanReport bf16 = qwen3::plan_training(o);
+  EXPECT_EQ(bf16.param_bytes, fp32.param_bytes);  // the master stays float32
+  EXPECT_EQ(2 * entry(bf16, "dp", "all_gather", "forward").bytes, entry(fp32, "dp", "all_gather", "forward").bytes);
+  EXPECT_EQ(entry(bf16, "dp", "reduce_scatter", "backward").bytes, entry(fp32, "dp", "reduce_scatter", "backward").bytes);
+  o.mesh = qwen3::parse_mesh("tp=4");
+  EXPECT_THROW(qwen3::plan_training(o), c10::ValueError);  // mixed precision is fully_shard's
+  EXPECT_EQ(qwen3::mesh_from_degrees(128, 2, 8), (std::vector<std::pair<std::string, int64_t>>{{"dp_replicate", 2}, {"dp", 8}, {"tp", 8}}));
+  EXPECT_THROW(qwen3::mesh_from_degrees(128, 3, 8), c10::ValueError);
 }

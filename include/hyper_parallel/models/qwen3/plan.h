@@ -9,15 +9,22 @@
 #include <vector>
 
 #include <hyper_parallel/models/qwen3/model.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 
 namespace hyper_parallel {
 namespace qwen3 {
 
 struct PlanOptions {
   Config config;
-  /// Mesh dimensions, outermost first, named "dp" (fully_shard) and "tp" (the TP plan), e.g.
+  /// Mesh dimensions, outermost first, in the canonical order (mesh/parallel_dims.h), named
+  /// "dp_replicate" (HSDP replicas), "dp" or "dp_shard" (fully_shard) and "tp" (the TP plan), e.g.
   /// {{"dp", 16}, {"tp", 8}}; their product is the world size.
   std::vector<std::pair<std::string, int64_t>> mesh;
+  /// fully_shard's MixedPrecisionPolicy: gathers and compute in this dtype (e.g. bfloat16),
+  /// reduction in float32, parameters and optimizer state in config.dtype. Needs a dp dimension.
+  c10::optional<at::ScalarType> mixed_precision;
+  /// Activation checkpointing of the decoder layers.
+  hyper_parallel::ActivationCheckpointPolicy activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::none();
   bool sequence_parallel = false;
   int64_t batch = 1;    ///< sequences per data-parallel rank in one step
   int64_t seq = 4096;   ///< tokens per sequence
@@ -81,6 +88,10 @@ PlanReport plan_training(const PlanOptions& options);
 /// and communication it measures, and its activation peak counted by a MemoryTracker on the
 /// CPU allocator. What plan_training estimates is checked against this.
 PlanReport measure_training(const PlanOptions& options);
+
+/// The flags' rule (mesh/parallel_dims.h): dp_replicate x dp x tp with tp = world / (dp_replicate
+/// x dp), dimensions of size 1 left out (c10::ValueError when it does not divide).
+std::vector<std::pair<std::string, int64_t>> mesh_from_degrees(int64_t world, int64_t dp_replicate, int64_t dp);
 
 /// "dp=16,tp=8" as PlanOptions::mesh (c10::ValueError for anything else).
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text);
