@@ -8,6 +8,7 @@
 #include <hyper_parallel/hyper_parallel.h>
 
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "bench_util.h"
@@ -62,9 +63,66 @@ std::string counts(const std::map<std::string, int64_t>& m) {
 
 }  // namespace
 
+namespace {
+
+// One FSDP training step of the demo's default model on this dp rank's rows, with mixed precision
+// `mp` and activation checkpointing `ac`.
+struct FsdpStep {
+  qwen3::CausalLM model{nullptr};
+  std::unique_ptr<torch::optim::SGD> opt;
+  at::Tensor x, y;
+  FsdpStep(const Setup& s, const hp::MixedPrecisionPolicy& mp, const hp::ActivationCheckpointPolicy& ac, const at::Tensor& ids) {
+    model = make_model(s);
+    hp::apply_activation_checkpointing(*model, ac);
+    hp::FullyShardOptions o;
+    o.mp_policy = mp;
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, s.dp, o);
+    if (mp.param_dtype) o.mp_policy.output_dtype = at::kFloat;
+    hp::fully_shard(*model, s.dp, o);
+    opt = std::make_unique<torch::optim::SGD>(hp::unique_parameters(*model), torch::optim::SGDOptions(0.01));
+    x = ids.narrow(1, 0, kSeq);
+    y = ids.narrow(1, 1, kSeq);
+  }
+  void operator()() {
+    opt->zero_grad();
+    qwen3::causal_lm_loss(model(x), y).backward();
+    opt->step();
+  }
+};
+
+void run_training_benchmarks(const std::string& filter, const Setup& s, const at::Tensor& ids) {
+  const auto barrier = [] { hp::barrier(hp::world_group()); };
+  const std::string where = "\"dp\": 2, \"tp\": " + std::to_string(s.tp_size) + ", ";
+  if (filter.empty() || std::string("fsdp_bf16_vs_fp32").find(filter) != std::string::npos) {
+    FsdpStep fp32(s, {}, hp::ActivationCheckpointPolicy::none(), ids);
+    FsdpStep bf16(s, {at::kBFloat16, at::kFloat, c10::nullopt, true}, hp::ActivationCheckpointPolicy::none(), ids);
+    const auto [base, cand] = time_pair([&] { fp32(); }, [&] { bf16(); }, 2, 9, barrier);
+    if (hp::get_rank() == 0)
+      emit("fsdp_bf16_vs_fp32", where + "\"what\": \"FSDP step, bf16 gathers and compute, fp32 reduction\", ", cand / 1000, "ms",
+           base / 1000, cand / base);
+  }
+  if (filter.empty() || std::string("activation_checkpointing").find(filter) != std::string::npos) {
+    FsdpStep none(s, {}, hp::ActivationCheckpointPolicy::none(), ids);
+    for (const char* policy : {"selective", "full"}) {
+      FsdpStep ckpt(s, {}, hp::ActivationCheckpointPolicy::parse(policy), ids);
+      const auto [base, cand] = time_pair([&] { none(); }, [&] { ckpt(); }, 2, 9, barrier);
+      if (hp::get_rank() == 0)
+        emit(std::string("activation_checkpointing_") + policy, where + "\"what\": \"FSDP step against no checkpointing\", ",
+             cand / 1000, "ms", base / 1000, cand / base);
+    }
+  }
+}
+
+}  // namespace
+
 void run_fsdp_benchmarks(const std::string& filter) {
-  if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos) return;
   const Setup s = make_meshes();
+  {
+    const at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
+                               .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
+    run_training_benchmarks(filter, s, ids);
+  }
+  if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos) return;
   at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
                        .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
   const at::Tensor x = ids.narrow(1, 0, kSeq), y = ids.narrow(1, 1, kSeq);

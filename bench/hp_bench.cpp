@@ -183,8 +183,10 @@ void tp_benchmarks(const char* self) {
 }
 
 // fully_shard against DDP-style replication: a 2-rank (dp=2) and a 4-rank (dp=2 x tp=2) job.
+// Also the training-at-scale steps: bf16 mixed precision against float32, and each activation
+// checkpointing policy against none.
 void fsdp_benchmarks(const char* self) {
-  if (!wanted("fsdp_vs_ddp")) return;
+  if (!wanted("fsdp_vs_ddp") && !wanted("fsdp_bf16_vs_fp32") && !wanted("activation_checkpointing")) return;
   for (int nproc : {2, 4})
     for (const auto& l : rank0_lines(self, "", "--fsdp", nproc))
       if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);

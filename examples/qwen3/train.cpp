@@ -36,8 +36,9 @@ namespace {
 
 struct Args {
   qwen3::Config config;
-  int64_t steps = 30, batch = 4, seq = 64, seed = 1234;
-  double lr = 3e-3;
+  // Enough to learn the text's most repeated phrase in about 20 s on two CPU cores.
+  int64_t steps = 300, batch = 8, seq = 128, seed = 1234;
+  double lr = 1e-2;
   bool sequence_parallel = true, loss_parallel = false;
   std::string text = "/usr/share/common-licenses/GPL-3";
   std::string csv = "qwen3_losses.csv";
@@ -347,8 +348,19 @@ int run(int argc, char** argv) {
     }
     std::printf("final loss %.4f nats per byte (parallel), %.4f (single)\n", tp_losses.back(), single.back());
     std::printf("max |loss_tp - loss_single| = %.3g\n", max_diff);
-    // bfloat16 rounds differently under another layout (partial sums, reduction order).
-    rc = max_diff < (a.mixed_precision == "bf16" ? 5e-2 : 1e-3) ? 0 : 1;
+    if (a.mixed_precision == "bf16") {
+      // bfloat16 rounds differently under another layout (partial sums, reduction order), and
+      // the two trajectories drift apart as training goes on: the first steps agree closely, the
+      // last within a few percent.
+      double early = 0;
+      for (size_t i = 0; i < std::min<size_t>(10, tp_losses.size()); ++i) early = std::max(early, std::abs(tp_losses[i] - single[i]));
+      const double final_rel = std::abs(tp_losses.back() - single.back()) / std::abs(single.back());
+      std::printf("bf16: max |loss_tp - loss_single| over the first 10 steps = %.3g, final losses differ by %.2f%%\n", early,
+                  100 * final_rel);
+      rc = early < 1e-2 && final_rel < 0.05 ? 0 : 1;
+    } else {
+      rc = max_diff < 1e-3 ? 0 : 1;
+    }
   }
   // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
   // parallelism now: decoding goes one position at a time), and in one process.

@@ -137,7 +137,9 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   const hp::DeviceMesh mesh = hp::init_device_mesh(options.device_type, m.shape, m.names);
   CausalLM model{nullptr};
   {
-    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.config.dtype));
+    // With mixed precision the sharded parameters are the float32 master; fully_shard gathers
+    // them in the compute dtype.
+    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.mixed_precision ? at::kFloat : options.config.dtype));
     if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
     model = CausalLM(options.config);
   }

@@ -21,7 +21,8 @@ struct PlanOptions {
   /// {{"dp", 16}, {"tp", 8}}; their product is the world size.
   std::vector<std::pair<std::string, int64_t>> mesh;
   /// fully_shard's MixedPrecisionPolicy: gathers and compute in this dtype (e.g. bfloat16),
-  /// reduction in float32, parameters and optimizer state in config.dtype. Needs a dp dimension.
+  /// reduction in float32, parameters (the master), gradients and optimizer state in float32.
+  /// Needs a dp dimension.
   c10::optional<at::ScalarType> mixed_precision;
   /// Activation checkpointing of the decoder layers.
   hyper_parallel::ActivationCheckpointPolicy activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::none();
