@@ -26,6 +26,7 @@
 #include <hyper_parallel/models/qwen3/config.h>
 #include <hyper_parallel/models/qwen3/plan.h>
 #include "../../common/error_message.h"
+#include "../nn/training_util.h"
 
 namespace qwen3 = hyper_parallel::qwen3;
 namespace hp = hyper_parallel;
@@ -324,4 +325,23 @@ TEST(PlanReportFake, CheckpointingAndMixedPrecisionChangeThePlan) {
   EXPECT_THROW(qwen3::plan_training(o), c10::ValueError);  // mixed precision is fully_shard's
   EXPECT_EQ(qwen3::mesh_from_degrees(128, 2, 8), (std::vector<std::pair<std::string, int64_t>>{{"dp_replicate", 2}, {"dp", 8}, {"tp", 8}}));
   EXPECT_THROW(qwen3::mesh_from_degrees(128, 3, 8), c10::ValueError);
+}
+
+// The plan's activations per layer (its peak's slope from 2 to 6 layers, one rank) are the
+// per-layer formula of tests/dist/nn/training_util.h for each policy, within 10%.
+TEST(PlanReportFake, PerLayerActivationsAreTheLayerFormula) {
+  const training_test::Shape m;
+  for (const char* ac : {"none", "selective", "full"}) {
+    int64_t peak[2];
+    for (int k = 0; k < 2; ++k) {
+      PlanOptions o = options(training_test::layer_config(m, k == 0 ? 2 : 6), "tp=1", false, m.b, m.s);
+      o.activation_checkpointing = hp::ActivationCheckpointPolicy::parse(ac);
+      peak[k] = qwen3::plan_training(o).activation_peak_bytes;
+    }
+    const double slope = static_cast<double>(peak[1] - peak[0]) / 4;
+    const double formula = static_cast<double>(std::string(ac) == "none"        ? training_test::layer_bytes_none(m)
+                                               : std::string(ac) == "selective" ? training_test::layer_bytes_selective(m, false)
+                                                                                : training_test::layer_bytes_full(m, false));
+    EXPECT_NEAR(slope, formula, 0.1 * formula) << ac;
+  }
 }
