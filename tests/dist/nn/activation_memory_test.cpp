@@ -1,8 +1,9 @@
 // The activation memory of one Qwen3 decoder layer, counted as Korthikanti et al. (2022) count it
 // for GPT (the bytes of the tensors autograd keeps from a layer's forward for its backward), for
-// our layer (the formulas and their derivation: training_util.h), against MemoryTracker's peak. The per-layer figure is the slope of the step's
-// transient peak over the number of layers (measured at 2 and 6 layers), which removes what does
-// not scale with depth: the logits, the loss, and backward's working set.
+// our layer (the formulas and their derivation: training_util.h), against MemoryTracker's peak.
+// The per-layer figure is the slope of the step's transient peak over the number of layers
+// (measured at 2 and 6 layers), which removes what does not scale with depth: the logits, the
+// loss, and backward's working set.
 #include <gtest/gtest.h>
 
 #include "training_util.h"
