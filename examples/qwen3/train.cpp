@@ -296,16 +296,15 @@ int run(int argc, char** argv) {
   init.device_type = a.device;
   hp::init_process_group(init);
   const bool chief = hp::get_rank() == 0;
+  // Every rank checks the same flags and stops the same way (none waits for another).
   try {
     a.dims = hp::ParallelDims::with_tp_rest(hp::get_world_size(), a.dims);
   } catch (const c10::ValueError& e) {
-    if (chief) usage(e.what());
-    hp::barrier(hp::world_group());
-    return 2;
+    usage(e.what());
   }
-  if (a.config.attention_dropout > 0 && dp_degree(a) > 1 && chief)
+  if (a.config.attention_dropout > 0 && dp_degree(a) > 1)
     usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks");
-  if (a.batch % dp_degree(a) != 0 && chief) usage("--batch must be divisible by the data-parallel degree");
+  if (a.batch % dp_degree(a) != 0) usage("--batch must be divisible by the data-parallel degree");
   auto mesh = a.dims.build_mesh(a.device);
   at::Tensor data = load_bytes(a.text);
   if (chief)
