@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <set>
 #include <string>
 
 #include <hyper_parallel/models/qwen3/generate.h>
@@ -81,9 +80,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(world), saved.files.size(), save_s, per_rank.c_str());
     }
     int64_t params = 0;
-    std::set<const void*> seen;  // tied weights once
-    for (const auto& p : loaded.model->parameters())
-      if (seen.insert(p.unsafeGetTensorImpl()).second) params += p.numel();
+    for (const auto& p : hp::unique_parameters(*loaded.model)) params += p.numel();  // tied weights once
     for (int64_t batch : {1, 8}) {
       std::vector<std::vector<int64_t>> prompts;
       for (int64_t b = 0; b < batch; ++b) {

@@ -152,13 +152,6 @@ std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step,
   return {at::stack(xs), at::stack(ys)};
 }
 
-// Steps `model`: AdamW after clipping (hp::clip_grad_norm_ collects the norm over the mesh).
-struct Trainer {
-  torch::optim::AdamW opt;
-  explicit Trainer(qwen3::CausalLMImpl& model, double lr)
-      : opt(hp::unique_parameters(model), torch::optim::AdamWOptions(lr).weight_decay(0.01)) {}
-};
-
 int64_t dp_degree(const Args& a) { return a.dims.dp_replicate * a.dims.dp_shard; }
 
 // The model of the parallel run: built on meta, activation checkpointing, tensor parallelism,
@@ -207,7 +200,8 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
   const int64_t dp = dp_degree(a);
   int64_t dp_rank = 0;
   if (mesh) dp_rank = mesh->get_local_rank(1) * a.dims.dp_shard + mesh->get_local_rank(2);
-  Trainer trainer(*model, a.lr);
+  // A tied weight once (hp::unique_parameters), so AdamW steps it once.
+  torch::optim::AdamW opt(hp::unique_parameters(*model), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   const bool bf16 = a.mixed_precision == "bf16";
   std::vector<double> losses;
   for (int64_t step = 0; step < a.steps; ++step) {
@@ -215,7 +209,7 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
     const at::Tensor x = x_host.to(device), y = y_host.to(device);
     hp::CommDebugMode comm;
     const auto t0 = std::chrono::steady_clock::now();
-    trainer.opt.zero_grad();
+    opt.zero_grad();
     double value = 0;
     if (mesh) {
       at::Tensor loss = qwen3::causal_lm_loss(model(x.chunk(dp, 0)[dp_rank]), y.chunk(dp, 0)[dp_rank]);
@@ -229,10 +223,10 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
       for (int64_t r = 0; r < dp; ++r) {
         qwen3::CausalLM compute = model;
         if (bf16) {
-          hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
-          compute = qwen3::CausalLM(a.config);
-        }
-        if (bf16) {
+          {
+            hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
+            compute = qwen3::CausalLM(a.config);
+          }
           hp::to_empty(*compute, device);  // no draws: the copy of the weights fills it
           at::NoGradGuard no_grad;
           auto master = model->named_parameters();
@@ -262,7 +256,7 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
       for (auto& [name, g] : grads) master[name].mutable_grad() = g;
       if (a.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
     }
-    trainer.opt.step();
+    opt.step();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(value);
     if (verbose) {

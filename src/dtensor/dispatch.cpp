@@ -98,8 +98,6 @@ OpInterceptorScope::~OpInterceptorScope() {
   c10::impl::tls_set_dispatch_key_included(kDTensorKey, was_included_);
 }
 
-OpInterceptor* current_op_interceptor() { return t_interceptor; }
-
 void check_dtensor_key_is_ours() {
   TORCH_CHECK(!registration().taken_by_another, "hyper_parallel::DTensor: another library in this process registered a fallback for ",
               "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",

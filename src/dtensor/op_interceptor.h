@@ -32,7 +32,4 @@ class OpInterceptorScope {
   bool was_included_;
 };
 
-/// The interceptor of this thread (used by the DTensor fallback).
-OpInterceptor* current_op_interceptor();
-
 }  // namespace hyper_parallel

@@ -47,10 +47,11 @@ void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Te
 }  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh, FullyShardOptions options)
-    : params_(std::move(params)), dp_mesh_(std::move(dp_mesh)), options_(std::move(options)) {
-  shard_group_ = dp_mesh_.get_group(dp_mesh_.ndim() - 1);
-  shard_size_ = dp_mesh_.size(dp_mesh_.ndim() - 1);
-  if (dp_mesh_.ndim() == 2) replicate_group_ = dp_mesh_.get_group(0);
+    : params_(std::move(params)),
+      shard_group_(dp_mesh.get_group(-1)),
+      shard_size_(dp_mesh.size(-1)),
+      options_(std::move(options)) {
+  if (dp_mesh.ndim() == 2) replicate_group_ = dp_mesh.get_group(0);
   std::map<at::ScalarType, size_t> bucket_of;
   for (size_t k = 0; k < params_.size(); ++k) {
     FSDPParam& p = params_[k];

@@ -51,7 +51,6 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   void finish_reduce_grads();
 
   const std::vector<FSDPParam>& params() const { return params_; }
-  const FullyShardOptions& options() const { return options_; }
   /// set_requires_gradient_sync.
   bool requires_gradient_sync = true;
   /// Groups whose all-gather is issued right after this group's in pre_forward.
@@ -75,8 +74,7 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   void follow_parameters_device();
   std::vector<FSDPParam> params_;
   std::vector<Bucket> buckets_;
-  DeviceMesh dp_mesh_;
-  Group shard_group_;               // dp_mesh_'s last dimension
+  Group shard_group_;               // the dp mesh's last dimension
   c10::optional<Group> replicate_group_;  // HSDP: its first
   int64_t shard_size_ = 1;
   FullyShardOptions options_;

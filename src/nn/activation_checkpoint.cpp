@@ -89,10 +89,33 @@ struct CheckpointCall : torch::CustomClassHolder {
   uint64_t random_calls = 0;
   at::Tensor cpu_rng_state;
   bool output_is_tuple = false;
-  size_t n_outputs = 0;
 
-  c10::IValue& arg_at(size_t k) { return k < args.size() ? args[k] : kwargs[k - args.size()].second; }
+  static c10::IValue& arg_at(std::vector<c10::IValue>& a, Kwargs& kw, size_t k) { return k < a.size() ? a[k] : kw[k - a.size()].second; }
+  c10::IValue& arg_at(size_t k) { return arg_at(args, kwargs, k); }
+
+  /// The module's forward on the kept arguments with `tensors` (their first tensor_args.size())
+  /// in the tensor slots, every op passing `interceptor` when ops are kept.
+  c10::IValue run(at::TensorList tensors, OpInterceptor* interceptor) {
+    std::vector<c10::IValue> a = args;
+    Kwargs kw = kwargs;
+    for (size_t i = 0; i < tensor_args.size(); ++i) arg_at(a, kw, tensor_args[i]) = tensors[i];
+    OpInterceptorScope scope(save_ops.empty() ? nullptr : interceptor);
+    return forward(a, kw);
+  }
 };
+
+// torch's CPU generator state (dropout on plain tensors draws from it), and setting it.
+at::Tensor cpu_generator_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_generator_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 // Rewinds the generators to the forward's and puts them back after; installs the recompute's
 // parameter aliases and puts the slots' tensors back after.
@@ -105,10 +128,8 @@ struct RecomputeScope {
     if (call.preserve_rng) {
       calls_now = random_call_count();
       set_random_call_count(call.random_calls);
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      cpu_state_now = gen.get_state();
-      gen.set_state(call.cpu_rng_state);
+      cpu_state_now = cpu_generator_state();
+      set_cpu_generator_state(call.cpu_rng_state);
     }
     ++t_recomputing;
   }
@@ -121,9 +142,7 @@ struct RecomputeScope {
     for (auto it = restore.rbegin(); it != restore.rend(); ++it) nn::detail::set_parameter_unchecked(*it->first.first, it->first.second, it->second);
     if (call.preserve_rng) {
       set_random_call_count(calls_now);
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(cpu_state_now);
+      set_cpu_generator_state(cpu_state_now);
     }
   }
 };
@@ -145,21 +164,10 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointCall> call, at::TensorList inputs) {
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     ctx->save_for_backward(inputs.vec());
-    std::vector<c10::IValue> args = call->args;
-    Kwargs kwargs = call->kwargs;
-    for (size_t i = 0; i < call->tensor_args.size(); ++i) {
-      const size_t k = call->tensor_args[i];
-      (k < args.size() ? args[k] : kwargs[k - args.size()].second) = inputs[i];
-    }
-    c10::IValue out;
-    {
-      Recorder recorder(call->save_ops, call->kept);
-      OpInterceptorScope scope(call->save_ops.empty() ? nullptr : &recorder);
-      out = call->forward(args, kwargs);
-    }
+    Recorder recorder(call->save_ops, call->kept);
+    const c10::IValue out = call->run(inputs, &recorder);
     call->output_is_tuple = out.isTuple();
     std::vector<at::Tensor> outs = flatten_outputs(out, "checkpoint_wrapper");
-    call->n_outputs = outs.size();
     for (const auto& t : outs)
       if (t.defined() && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) ctx->mark_non_differentiable({t});
     return outs;
@@ -170,8 +178,6 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     const variable_list saved = ctx->get_saved_variables();
     const size_t n_args = call->tensor_args.size();
     std::vector<at::Tensor> leaves;  // what the recompute's gradients are read from, per input
-    std::vector<c10::IValue> args = call->args;
-    Kwargs kwargs = call->kwargs;
     variable_list outs;
     {
       RecomputeScope scope(*call);
@@ -182,17 +188,12 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
           if (saved[i].requires_grad()) leaf.requires_grad_(true);
         }
         leaves.push_back(leaf);
-        if (i < n_args) {
-          const size_t k = call->tensor_args[i];
-          (k < args.size() ? args[k] : kwargs[k - args.size()].second) = leaf;
-        } else {
+        if (i >= n_args)
           for (const auto& slot : call->slots[i - n_args]) scope.install(slot, leaf);
-        }
       }
       at::AutoGradMode grad(true);
       Replayer replayer(call->save_ops, call->kept);
-      OpInterceptorScope intercept(call->save_ops.empty() ? nullptr : &replayer);
-      outs = flatten_outputs(call->forward(args, kwargs), "checkpoint_wrapper");
+      outs = flatten_outputs(call->run(leaves, &replayer), "checkpoint_wrapper");
     }
     call->kept.clear();
     variable_list roots, grads;
@@ -245,9 +246,7 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& m
   if (!any_grad) return forward(args, kwargs);
   if (call->preserve_rng) {
     call->random_calls = random_call_count();
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    call->cpu_rng_state = gen.get_state();
+    call->cpu_rng_state = cpu_generator_state();
   }
   variable_list outs = CheckpointFn::apply(call, at::TensorList(inputs));
   if (!call->output_is_tuple) return outs.at(0);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <set>
 #include <sstream>
 
 #include <hyper_parallel/models/qwen3/parallelize.h>
@@ -159,10 +158,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   r.options = options;
   r.world_size = m.world;
   r.measured = device != "meta";
-  std::set<const void*> seen;  // tied weights count once
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : model->parameters())
-    if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  const std::vector<at::Tensor> params = hp::unique_parameters(*model);  // tied weights count once
   int64_t elements = 0;
   for (const at::Tensor& p : params) {
     const at::Tensor l = hp::local_tensor(p);
