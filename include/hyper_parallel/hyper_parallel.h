@@ -29,10 +29,13 @@
 #include <hyper_parallel/nn/init_parameters.h>
 #include <hyper_parallel/nn/clip_grad.h>
 #include <hyper_parallel/nn/activation_checkpoint.h>
+#include <hyper_parallel/nn/functional_collectives.h>
+#include <hyper_parallel/nn/moe.h>
 #include <hyper_parallel/platform/platform.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 #include <hyper_parallel/tensor_parallel/api.h>
+#include <hyper_parallel/expert_parallel/expert_parallel.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/checkpoint/sharded_checkpoint.h>
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>

@@ -106,14 +106,51 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
   std::vector<std::string> missing, mismatched;
   std::set<std::string> claimed;
   for (const auto& e : entries) {
-    for (const auto& k : e.keys)
-      if (!k.empty()) claimed.insert(k);
+    const int64_t stack = e.value.dim() > 0 ? e.value.size(0) : 0;
+    for (const auto& k : e.keys) {
+      if (k.empty()) continue;
+      if (!hf_entries::is_stacked(k)) claimed.insert(k);
+      else
+        for (int64_t i = 0; i < stack; ++i) claimed.insert(hf_entries::stacked_key(k, i));
+    }
     const std::string* found = nullptr;
     for (const auto& k : e.keys)
-      if (!k.empty() && ck.where.count(k)) {
+      if (!k.empty() && ck.where.count(hf_entries::is_stacked(k) ? hf_entries::stacked_key(k, 0) : k)) {
         found = &k;
         break;
       }
+    if (found && hf_entries::is_stacked(*found)) {
+      // One checkpoint tensor per index of dim 0: each must exist with the value's other dims; this
+      // rank reads the indices of its box only.
+      const at::IntArrayRef inner = e.value.sizes().slice(1);
+      bool complete = true;
+      for (int64_t i = 0; i < stack; ++i) {
+        const std::string key = hf_entries::stacked_key(*found, i);
+        auto it = ck.where.find(key);
+        if (it == ck.where.end()) {
+          missing.push_back("'" + key + "' (for " + e.fqn_list() + ", index " + std::to_string(i) + " of " + std::to_string(stack) + ")");
+          complete = false;
+          continue;
+        }
+        const SafetensorsTensorInfo& t = *it->second->find(key);
+        if (c10::IntArrayRef(t.shape) != inner || !same_kind(t.dtype, e.value.scalar_type())) {
+          mismatched.push_back("'" + key + "' in " + it->second->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
+                               ", index " + std::to_string(i) + " of " + e.fqn_list() + " is " + c10::toString(e.value.scalar_type()) + " " +
+                               c10::str(inner));
+          complete = false;
+        }
+      }
+      if (!complete) continue;
+      const hf_entries::LocalBox box = hf_entries::local_box(e.value);
+      const int64_t first = box.offset.empty() ? 0 : box.offset[0];
+      for (int64_t j = 0; j < box.local.size(0); ++j) {
+        const std::string key = hf_entries::stacked_key(*found, first + j);
+        const SafetensorsFile* f = ck.where.at(key);
+        hf_entries::LocalBox slice{box.local.select(0, j), std::vector<int64_t>(box.offset.begin() + 1, box.offset.end()), box.writer};
+        loads.push_back({e.value, key, f, f->find(key)->begin, slice});
+      }
+      continue;
+    }
     if (!found) {
       std::string names;
       for (const auto& k : e.keys)

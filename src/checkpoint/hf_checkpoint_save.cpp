@@ -41,6 +41,7 @@ struct PlannedTensor {
   at::ScalarType dtype;
   std::vector<int64_t> shape;
   int64_t begin = 0, end = 0;  // in the data buffer
+  int64_t stack_index = -1;    // a stacked key's tensor: index `stack_index` of the value's dim 0
 };
 
 struct PlannedFile {
@@ -71,7 +72,17 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
     at::ScalarType dtype = e.value.scalar_type();
     if (options.dtype && at::isFloatingType(dtype)) dtype = *options.dtype;
     safetensors_dtype_name(dtype);  // throws for a dtype the format lacks
-    all.push_back({i, key, dtype, e.value.sizes().vec()});
+    if (!hf_entries::is_stacked(key)) {
+      all.push_back({i, key, dtype, e.value.sizes().vec()});
+      continue;
+    }
+    HP_CHECK_T(c10::ValueError, e.value.dim() >= 1, "hyper_parallel::save_hf_checkpoint: '", key, "' names one tensor per index of dim 0, but ",
+               e.fqn_list(), " is a scalar");
+    for (int64_t s = 0; s < e.value.size(0); ++s) {
+      PlannedTensor t{i, hf_entries::stacked_key(key, s), dtype, e.value.sizes().slice(1).vec()};
+      t.stack_index = s;
+      all.push_back(std::move(t));
+    }
   }
   // Files filled in the model's order, as transformers splits a state dict.
   std::vector<std::vector<PlannedTensor>> groups(1);
@@ -185,15 +196,27 @@ void create_in(const std::string& tmp, const std::vector<PlannedFile>& files) {
 int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& files, const std::vector<hf_entries::LocalBox>& boxes,
                     bool show_progress) {
   int64_t written = 0, total = 0;
+  // The part of a box that one planned tensor holds: all of it, or one index of a stacked value
+  // (empty when this rank's box does not reach that index).
+  auto part_of = [&](const PlannedTensor& t) -> hf_entries::LocalBox {
+    const auto& box = boxes[t.entry];
+    if (t.stack_index < 0) return box;
+    const int64_t j = t.stack_index - box.offset[0];
+    if (j < 0 || j >= box.local.size(0)) return {at::Tensor(), {}, false};
+    return {box.local.select(0, j), std::vector<int64_t>(box.offset.begin() + 1, box.offset.end()), box.writer};
+  };
   for (const auto& f : files)
     for (const auto& t : f.tensors)
-      if (boxes[t.entry].writer) total += boxes[t.entry].local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+      if (const auto part = part_of(t); part.writer) total += part.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
   checkpoint_progress::Progress progress("save_hf_checkpoint", total, static_cast<int64_t>(files.size()), show_progress);
   int64_t files_done = 0;
   for (const auto& f : files) {
     ++files_done;
     bool any = false;
-    for (const auto& t : f.tensors) any |= boxes[t.entry].writer && boxes[t.entry].local.numel() > 0;
+    for (const auto& t : f.tensors) {
+      const auto part = part_of(t);
+      any |= part.writer && part.local.numel() > 0;
+    }
     if (!any) continue;
     const std::string path = tmp + "/" + f.name;
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -208,7 +231,7 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     std::string error;
     try {
       for (const auto& t : f.tensors) {
-        const auto& box = boxes[t.entry];
+        const auto box = part_of(t);
         if (!box.writer || box.local.numel() == 0) continue;
         at::Tensor dst = at::from_blob(data + t.begin, t.shape, at::TensorOptions().dtype(t.dtype));
         for (int64_t d = 0; d < box.local.dim(); ++d) dst = dst.narrow(d, box.offset[static_cast<size_t>(d)], box.local.size(d));

@@ -23,6 +23,14 @@ std::string Entry::fqn_list() const {
   return s;
 }
 
+bool is_stacked(const std::string& key) { return key.find('*') != std::string::npos; }
+
+std::string stacked_key(const std::string& key, int64_t index) {
+  std::string out = key;
+  const size_t at = out.find('*');
+  return out.replace(at, 1, std::to_string(index));
+}
+
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map) {
   std::vector<Entry> out;
   std::map<const c10::TensorImpl*, size_t> seen;

@@ -21,6 +21,11 @@ struct Entry {
   std::string fqn_list() const;
 };
 
+// A key with '*' names one checkpoint tensor per index of the value's dim 0 (CheckpointKeyMap).
+bool is_stacked(const std::string& key);
+// `key` with `index` in place of its '*'.
+std::string stacked_key(const std::string& key, int64_t index);
+
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map);
 
 // Whether any entry is a DTensor: only then are load and save collective.

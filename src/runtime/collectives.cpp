@@ -82,13 +82,16 @@ void check_reduce_dtype(ReduceOp op, at::ScalarType t, const char* what) {
 // every rank instead of aborting inside a backend or hanging. The shared-memory transport checks
 // this always, for free, at its first synchronisation.
 // `describe` builds the description only then: formatting sizes costs more than a small collective.
-template <class Describe>
-void fingerprint(const Group& g, const Describe& describe) {
+bool debug_collectives() {
   static const bool on = [] {
     const char* v = std::getenv("HP_DEBUG_COLLECTIVES");
     return v != nullptr && *v != '\0' && std::string(v) != "0";
   }();
-  if (on && g.size() > 1) check_agreement(g, "collective", describe());
+  return on;
+}
+template <class Describe>
+void fingerprint(const Group& g, const Describe& describe) {
+  if (debug_collectives() && g.size() > 1) check_agreement(g, "collective", describe());
 }
 
 std::string without_dim(at::IntArrayRef sizes, int64_t dim) {
@@ -333,6 +336,81 @@ at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat
   const int64_t my_split = chunk_size(local.size(split_dim), g, group.rank());
   if (my_split != recv.size(split_dim + 1)) recv = recv.narrow(split_dim + 1, 0, my_split);
   return back_to(concat_blocks(recv, concat_dim, chunk_sizes(cn, g)).contiguous(), local.device());
+}
+
+namespace {
+// Checks one split list of all_to_all_single; an empty list becomes equal splits of `rows`.
+std::vector<int64_t> checked_splits(const std::vector<int64_t>& splits, int64_t rows, int64_t g, const char* which) {
+  if (splits.empty()) {
+    HP_CHECK_T(c10::ValueError, rows % g == 0, "hyper_parallel::all_to_all_single: without ", which, " dim 0 (", rows,
+               ") must divide evenly over the group's ", g, " ranks");
+    return std::vector<int64_t>(static_cast<size_t>(g), rows / g);
+  }
+  HP_CHECK_T(c10::ValueError, static_cast<int64_t>(splits.size()) == g, "hyper_parallel::all_to_all_single: ", which, " has ",
+             splits.size(), " entries for a group of ", g, " ranks");
+  for (int64_t s : splits)
+    HP_CHECK_T(c10::ValueError, s >= 0, "hyper_parallel::all_to_all_single: ", which, " holds a negative size (", c10::IntArrayRef(splits), ")");
+  return splits;
+}
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t n = 0;
+  for (int64_t x : v) n += x;
+  return n;
+}
+}  // namespace
+
+Work all_to_all_single_async(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                             const std::vector<int64_t>& input_split_sizes, const Group& group) {
+  check_group(group, "all_to_all_single");
+  const NormalTensors normal;
+  HP_CHECK_T(c10::ValueError, input.dim() >= 1, "hyper_parallel::all_to_all_single: the input needs a dim 0 to split, got a scalar");
+  const int64_t g = group.size();
+  const std::vector<int64_t> in_splits = checked_splits(input_split_sizes, input.size(0), g, "input_split_sizes");
+  HP_CHECK_T(c10::ValueError, sum_of(in_splits) == input.size(0), "hyper_parallel::all_to_all_single: input_split_sizes ",
+             c10::IntArrayRef(in_splits), " add up to ", sum_of(in_splits), " rows, but the input has ", input.size(0));
+  // Without output sizes every rank receives as much as it sends (equal splits everywhere).
+  const std::vector<int64_t> out_splits = checked_splits(output_split_sizes, input.size(0), g, "output_split_sizes");
+  auto out_shape = input.sizes().vec();
+  out_shape[0] = sum_of(out_splits);
+  CommDebugMode::record("all_to_all", nbytes(input), group, nbytes(input));
+  fingerprint(group, [&] {
+    return c10::str("all_to_all_single ", input.scalar_type(), " ", without_dim(input.sizes(), 0));
+  });
+  if (g == 1) {
+    HP_CHECK_T(c10::ValueError, out_splits[0] == in_splits[0], "hyper_parallel::all_to_all_single: a group of one rank receives the ",
+               in_splits[0], " rows it sends, not ", out_splits[0]);
+    return Work::completed(input.clone(at::MemoryFormat::Contiguous));
+  }
+  const int64_t row = padded_numel_of(input.sizes(), 0, 1);
+  if (row == 0 || shapes_only(input, group)) return Work::completed(at::empty(out_shape, input.options()));
+  Transport& tr = transport_of(group);
+  if (debug_collectives() && !tr.capabilities().simulated && tr.device_type() == c10::DeviceType::CPU) {
+    // Every rank sees every rank's sizes, so a disagreement raises on all of them alike.
+    std::vector<int64_t> mine = in_splits;
+    mine.insert(mine.end(), out_splits.begin(), out_splits.end());
+    const at::Tensor all = all_gather(at::tensor(mine, at::kLong).unsqueeze(0), 0, group).contiguous();
+    const int64_t* a = all.data_ptr<int64_t>();
+    for (int64_t p = 0; p < g; ++p)
+      for (int64_t q = 0; q < g; ++q)
+        HP_CHECK_T(c10::ValueError, a[p * 2 * g + q] == a[q * 2 * g + g + p], "hyper_parallel::all_to_all_single: rank ",
+                   group.ranks()[static_cast<size_t>(p)], " sends ", a[p * 2 * g + q], " rows to rank ", group.ranks()[static_cast<size_t>(q)],
+                   ", which expects ", a[q * 2 * g + g + p], " (output_split_sizes must equal the peers' input_split_sizes)");
+  }
+  const at::Tensor send = on_transport(input, tr, "all_to_all_single").contiguous().view({input.size(0), row});
+  const auto options = input.options().device(tr.device_type() == input.device().type() ? input.device() : c10::Device(tr.device_type()));
+  const at::Tensor recv = at::empty({out_shape[0], row}, options);
+  Completion done = tr.all_to_all_v(send, recv, in_splits, out_splits);
+  const c10::Device device = input.device();
+  return Work([=] {
+    const NormalTensors normal;
+    if (done) done();
+    return back_to(recv.view(out_shape), device);
+  });
+}
+
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                             const std::vector<int64_t>& input_split_sizes, const Group& group) {
+  return all_to_all_single_async(input, output_split_sizes, input_split_sizes, group).wait();
 }
 
 at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group) {

@@ -15,7 +15,10 @@
 namespace hyper_parallel {
 
 /// A model's parameter or buffer name (its FQN) to its name in the checkpoint; "" means the
-/// checkpoint does not store it. Empty: the names are the same.
+/// checkpoint does not store it. Empty: the names are the same. A name with a `*` maps one
+/// tensor to many: the checkpoint holds one tensor per index i of its dim 0, named with i in
+/// place of the `*` (stacked experts [E, I, H] from HF's per-expert `experts.<e>.gate_proj.weight`
+/// [I, H]); a rank reads and writes only the indices of its own shard.
 /// e.g. `[](const std::string& fqn) { return fqn.rfind("lm_head", 0) == 0 ? fqn : "model." + fqn; }`
 using CheckpointKeyMap = std::function<std::string(const std::string& fqn)>;
 

@@ -14,6 +14,7 @@
 #include <hyper_parallel/runtime/reduce_op.h>
 
 #include <functional>
+#include <vector>
 
 namespace hyper_parallel {
 
@@ -79,6 +80,23 @@ Work reduce_scatter_async(const at::Tensor& input, ReduceOp op, int64_t dim, con
 /// size of the result along concat_dim when the peers' pieces are uneven.
 at::Tensor all_to_all(const at::Tensor& local, int64_t split_dim, int64_t concat_dim,
                       const Group& group, c10::optional<int64_t> concat_full_size = c10::nullopt);
+
+/// PyTorch's all_to_all_single with split sizes, along dim 0: rows
+/// [sum(input_split_sizes[0..j)), +input_split_sizes[j]) of `input` go to group rank j, and the
+/// result holds output_split_sizes[p] rows from each rank p, in rank order (its other dims are
+/// `input`'s). A split may be 0, and a rank may send or receive nothing; every rank takes part.
+/// Empty split lists mean equal splits (the size of dim 0 divided by the group size). Each rank's
+/// output_split_sizes[p] must be what rank p sends it (usually exchanged first with an even
+/// all_to_all of the counts); the shared-memory transport checks that on every rank, the others
+/// with HP_DEBUG_COLLECTIVES=1. c10::ValueError on lists of the wrong length, negative sizes, or
+/// input splits that do not add up to dim 0. In a fake world, a meta tensor gives the result's
+/// shape; a real one, what this rank sends itself from every rank.
+/// e.g. `at::Tensor got = hp::all_to_all_single(tokens, recv_counts, send_counts, ep_group);`
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                             const std::vector<int64_t>& input_split_sizes, const Group& group);
+/// all_to_all_single, returning at once; wait() gives the received rows.
+Work all_to_all_single_async(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                             const std::vector<int64_t>& input_split_sizes, const Group& group);
 
 /// Overwrites `tensor` on every rank with group rank `src`'s values.
 at::Tensor& broadcast_(at::Tensor& tensor, int64_t src, const Group& group);

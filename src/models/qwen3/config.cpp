@@ -79,8 +79,9 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   }
   HP_CHECK_T(c10::ValueError, j.is_object(), "hyper_parallel::qwen3::config_from_json: ", origin, ": not a JSON object");
   const Reader r{j, origin};
-  if (r.has("model_type") && j["model_type"] != "qwen3")
-    r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\"");
+  if (r.has("model_type") && j["model_type"] != "qwen3" && j["model_type"] != "qwen3_moe")
+    r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\" and \"qwen3_moe\"");
+  const bool moe = r.has("model_type") && j["model_type"] == "qwen3_moe";
   // What this implementation does not do is refused, never ignored.
   if (r.has("rope_scaling")) r.fail("'rope_scaling' " + j["rope_scaling"].dump() + " is not supported (only default RoPE)");
   if (r.has("rope_parameters")) {
@@ -125,6 +126,35 @@ Config config_from_json(const std::string& text, const std::string& origin) {
     if (!j["tie_word_embeddings"].is_boolean()) r.fail("'tie_word_embeddings' must be true or false");
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  if (moe) {
+    // transformers 5 writes num_experts as num_local_experts (an attribute_map alias).
+    const char* experts_key = r.has("num_experts") ? "num_experts" : "num_local_experts";
+    c.num_experts = r.integer(experts_key, 0);
+    if (c.num_experts > 0) {
+      c.num_experts_per_tok = r.integer("num_experts_per_tok", 1);
+      if (c.num_experts_per_tok > c.num_experts)
+        r.fail("num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " is larger than " + experts_key + " " +
+               std::to_string(c.num_experts));
+      c.moe_intermediate_size = r.integer("moe_intermediate_size", 1);
+      if (r.has("decoder_sparse_step")) c.decoder_sparse_step = r.integer("decoder_sparse_step", 1);
+      if (r.has("norm_topk_prob")) {
+        if (!j["norm_topk_prob"].is_boolean()) r.fail("'norm_topk_prob' must be true or false");
+        c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+      }
+      c.mlp_only_layers = r.ids("mlp_only_layers");
+      for (int64_t l : c.mlp_only_layers)
+        if (l < 0 || l >= c.num_layers) r.fail("mlp_only_layers holds " + std::to_string(l) + ", not a layer of " + std::to_string(c.num_layers));
+      if (r.has("router_aux_loss_coef")) {
+        const json& v = j["router_aux_loss_coef"];
+        if (!v.is_number() || v.get<double>() < 0) r.fail("'router_aux_loss_coef' must be a number >= 0, got " + v.dump());
+        c.router_aux_loss_coef = v.get<double>();
+      }
+      if (r.has("output_router_logits")) {
+        if (!j["output_router_logits"].is_boolean()) r.fail("'output_router_logits' must be true or false");
+        c.output_router_logits = j["output_router_logits"].get<bool>();
+      }
+    }
+  }
   c.dtype = dtype_of(r);
   c.eos_token_ids = r.ids("eos_token_id");
   const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
@@ -143,8 +173,18 @@ Config load_config(const std::string& path) {
 
 std::string config_to_json(const Config& c) {
   json j;
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  j["model_type"] = "qwen3";
+  j["architectures"] = {c.is_moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  j["model_type"] = c.is_moe() ? "qwen3_moe" : "qwen3";
+  if (c.is_moe()) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+  }
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -168,7 +208,18 @@ std::string config_to_json(const Config& c) {
   return j.dump(2) + "\n";
 }
 
-std::string hf_key(const std::string& fqn) { return fqn.rfind("lm_head.", 0) == 0 ? fqn : "model." + fqn; }
+std::string hf_key(const std::string& fqn) {
+  if (fqn.rfind("lm_head.", 0) == 0) return fqn;
+  // Stacked experts [E, ...] are HF's per-expert Linear weights (what save_pretrained writes).
+  static const std::string experts = ".mlp.experts.";
+  const size_t at = fqn.find(experts);
+  if (at != std::string::npos) {
+    const std::string proj = fqn.substr(at + experts.size());
+    if (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj")
+      return "model." + fqn.substr(0, at + experts.size()) + "*." + proj + ".weight";
+  }
+  return "model." + fqn;
+}
 
 }  // namespace qwen3
 }  // namespace hyper_parallel

@@ -149,17 +149,29 @@ MlpImpl::MlpImpl(const Config& c) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
 
+bool Config::is_moe_layer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
 DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
   input_layernorm = register_module("input_layernorm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
   self_attn = register_module("self_attn", Attention(c, layer_idx));
   post_attention_layernorm =
       register_module("post_attention_layernorm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
-  mlp = register_module("mlp", Mlp(c));
+  if (c.is_moe_layer(layer_idx))
+    moe = register_module("mlp", hnn::SparseMoeBlock(hnn::MoEOptions(c.hidden_size, c.moe_intermediate_size, c.num_experts,
+                                                                     c.num_experts_per_tok).norm_topk_prob(c.norm_topk_prob)));
+  else
+    mlp = register_module("mlp", Mlp(c));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) {
   at::Tensor h = hidden + self_attn(input_layernorm(hidden));
-  return h + mlp(post_attention_layernorm(h));
+  const at::Tensor x = post_attention_layernorm(h);
+  return h + (moe ? moe(x) : mlp(x));
 }
 
 CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
@@ -191,6 +203,17 @@ KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
       list->push_back(at::zeros({batch, kv_heads, capacity, config.head_dim}, w.options().requires_grad(false)));
   }
   return cache;
+}
+
+std::vector<at::Tensor> CausalLMImpl::router_logits() const {
+  std::vector<at::Tensor> out;
+  for (const auto& layer : *layers)
+    if (const auto& moe = layer->as<DecoderLayerImpl>()->moe) out.push_back(moe->router_logits);
+  return out;
+}
+
+at::Tensor CausalLMImpl::aux_loss(const hyper_parallel::Group& data_group) const {
+  return hnn::load_balancing_loss(router_logits(), config.num_experts, config.num_experts_per_tok, data_group);
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }

@@ -1,5 +1,7 @@
 #include <hyper_parallel/models/qwen3/parallelize.h>
 
+#include <memory>
+
 namespace hyper_parallel {
 namespace qwen3 {
 namespace hp = hyper_parallel;
@@ -36,6 +38,8 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   HP_CHECK_T(c10::ValueError, c.num_kv_heads > 0 && (replicate_kv ? tp % c.num_kv_heads == 0 : c.num_kv_heads % tp == 0),
              "hyper_parallel::qwen3::parallelize_qwen3_tp: the tensor-parallel size ", tp, " must divide num_key_value_heads (",
              c.num_kv_heads, "), or be a multiple of it (each KV head is then replicated on tp / num_key_value_heads ranks)");
+  HP_CHECK_T(c10::ValueError, !(sequence_parallel && c.is_moe() && tp > 1), "hyper_parallel::qwen3::parallelize_qwen3_tp: sequence parallelism ",
+             "with MoE layers is not supported (their blocks take the replicated stream); pass sequence_parallel=false");
   const hp::Placement seq = hp::Shard(1);
   // The residual stream: sequence-sharded DTensors with sequence parallelism; otherwise plain
   // (replicated) local tensors, as in Megatron.
@@ -52,9 +56,6 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
       {"layers.*.self_attn.q_norm", head_norm},
       {"layers.*.self_attn.k_norm", head_norm},
       {"layers.*.self_attn.o_proj", out_proj},
-      {"layers.*.mlp.gate_proj", hp::ColwiseParallel()},
-      {"layers.*.mlp.up_proj", hp::ColwiseParallel()},
-      {"layers.*.mlp.down_proj", out_proj},
       {"lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel)},
   };
   if (!replicate_kv)
@@ -66,12 +67,41 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   // Each block takes its input as one DTensor, so q/k/v (gate/up) share it and the backward
   // reduces their summed input gradient once: an all-gather's reduce-scatter with sequence
   // parallelism, Megatron's all-reduce without.
-  for (const char* block : {"layers.*.self_attn", "layers.*.mlp"})
-    entries.emplace_back(block, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
+  entries.emplace_back("layers.*.self_attn", hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
+  // Dense MLPs (every layer of a dense model): Colwise gate/up, Rowwise down.
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.is_moe_layer(l)) continue;
+    const std::string mlp = c.is_moe() ? "layers." + std::to_string(l) + ".mlp" : "layers.*.mlp";
+    entries.emplace_back(mlp + ".gate_proj", hp::ColwiseParallel());
+    entries.emplace_back(mlp + ".up_proj", hp::ColwiseParallel());
+    entries.emplace_back(mlp + ".down_proj", out_proj);
+    entries.emplace_back(mlp, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
+    if (!c.is_moe()) break;
+  }
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
   if (replicate_kv) replicate_kv_heads(model, tp_mesh);
   // Both are Shard(0) over the vocabulary, so one DTensor serves both again.
   model.tie_weights();
+}
+
+void parallelize_qwen3_experts(CausalLMImpl& model, const hp::DeviceMesh& mesh, bool tensor_parallel, const std::string& token_dispatcher) {
+  HP_CHECK_T(c10::ValueError, model.config.is_moe(), "hyper_parallel::qwen3::parallelize_qwen3_experts: the model has no MoE layer (num_experts is 0)");
+  HP_CHECK_T(c10::ValueError, mesh.defined() && (mesh.ndim() == 1 || (mesh.ndim() == 2 && !tensor_parallel)),
+             "hyper_parallel::qwen3::parallelize_qwen3_experts: expects a 1-D mesh (ep, or tp with tensor_parallel) or a 2-D [ep, tp] mesh, got ",
+             mesh.defined() ? mesh.ndim() : 0, "-D");
+  std::unique_ptr<hp::ParallelStyle> style;
+  if (mesh.ndim() == 2) style = std::make_unique<hp::ExpertTensorParallel>();
+  else if (tensor_parallel) style = std::make_unique<hp::expert::TensorParallel>();
+  else style = std::make_unique<hp::ExpertParallel>(token_dispatcher);
+  std::vector<std::pair<std::string, hnn::GroupedExpertsImpl*>> experts;
+  int64_t l = 0;
+  for (const auto& layer : *model.layers) {
+    if (auto moe = layer->as<DecoderLayerImpl>()->moe) experts.emplace_back("layers." + std::to_string(l) + ".mlp.experts", moe->experts.get());
+    ++l;
+  }
+  // All or nothing: every layer is checked before the first is split.
+  for (auto& [fqn, e] : experts) style->validate(*e, fqn, mesh);
+  for (auto& [fqn, e] : experts) style->apply(*e, mesh);
 }
 
 }  // namespace qwen3

@@ -16,7 +16,13 @@ CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parall
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(dtype));
     model = CausalLM(config);
   }
-  if (tp_mesh) parallelize_qwen3_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+  if (tp_mesh) {
+    parallelize_qwen3_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+    // Every tp rank holds the same tokens: its experts run on them and the outputs are summed
+    // (vLLM's layout); experts that do not divide over tp are split by columns instead.
+    if (config.is_moe() && tp_mesh->size() > 1)
+      parallelize_qwen3_experts(*model, *tp_mesh, /*tensor_parallel=*/config.num_experts % tp_mesh->size() != 0, "all_reduce");
+  }
   return model;
 }
 

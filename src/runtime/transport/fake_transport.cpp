@@ -3,6 +3,8 @@
 // so shapes, dtypes and devices are those of a real run and the values are documented ones.
 #include <ATen/ATen.h>
 
+#include <hyper_parallel/runtime/errors.h>
+
 #include "../group_impl.h"
 
 namespace hyper_parallel {
@@ -38,6 +40,22 @@ class FakeTransport final : public Transport {
     // Block j of the result is block `rank` of rank j's input, which is this rank's own.
     const at::Tensor block = in.view({size_, -1})[rank_];
     out.view({size_, -1}).copy_(block.unsqueeze(0).expand({size_, block.numel()}));
+    return {};
+  }
+  Completion all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                          const std::vector<int64_t>& out_splits) override {
+    // Every rank p sends this rank what this rank sends itself: in_splits[rank] rows.
+    int64_t offset = 0;
+    for (int64_t j = 0; j < rank_; ++j) offset += in_splits[static_cast<size_t>(j)];
+    const int64_t mine = in_splits[static_cast<size_t>(rank_)];
+    int64_t at_row = 0;
+    for (int64_t p = 0; p < size_; ++p) {
+      const int64_t n = out_splits[static_cast<size_t>(p)];
+      HP_CHECK_T(c10::ValueError, n == mine, "hyper_parallel::all_to_all_single: in a fake world every rank is taken to hold this rank's ",
+                  "tensors, so it receives from each rank the ", mine, " rows it sends itself; output_split_sizes[", p, "] is ", n);
+      if (n > 0) out.narrow(0, at_row, n).copy_(in.narrow(0, offset, n));
+      at_row += n;
+    }
     return {};
   }
   Completion broadcast(const at::Tensor&, int64_t) override { return {}; }

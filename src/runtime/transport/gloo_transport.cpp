@@ -53,6 +53,13 @@ class GlooTransport final : public Transport {
     return completion("all_to_all", g_.pg->alltoall_base(wire_out, wire_in, splits, splits), {in, out});
   }
 
+  Completion all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                          const std::vector<int64_t>& out_splits) override {
+    std::vector<int64_t> ins = in_splits, outs = out_splits;  // rows of dim 0
+    at::Tensor wire_in = as_wire(in), wire_out = as_wire(out);
+    return completion("all_to_all", g_.pg->alltoall_base(wire_out, wire_in, outs, ins), {in, out});
+  }
+
   Completion broadcast(const at::Tensor& buf, int64_t src) override {
     std::vector<at::Tensor> ts{as_wire(buf)};
     c10d::BroadcastOptions opts;

@@ -123,6 +123,13 @@ class NcclTransport final : public Transport {
     return issue("all_to_all", g_.pg->alltoall_base(flat_out, flat_in, splits, splits));
   }
 
+  Completion all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                          const std::vector<int64_t>& out_splits) override {
+    std::vector<int64_t> ins = in_splits, outs = out_splits;  // rows of dim 0
+    at::Tensor wire_in = in, wire_out = out;
+    return issue("all_to_all", g_.pg->alltoall_base(wire_out, wire_in, outs, ins));
+  }
+
   Completion broadcast(const at::Tensor& buf, int64_t src) override {
     std::vector<at::Tensor> ts{buf};
     c10d::BroadcastOptions opts;

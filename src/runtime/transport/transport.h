@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <functional>
+#include <vector>
 
 #include <hyper_parallel/runtime/reduce_op.h>
 
@@ -56,6 +57,11 @@ class Transport {
   /// `in` holds size() blocks, block j for rank j; `out` receives block `rank` of every rank, in
   /// rank order.
   virtual Completion all_to_all(const at::Tensor& in, const at::Tensor& out) = 0;
+  /// Variable blocks: `in` and `out` are [rows, row] (the same row on every rank); rows
+  /// [sum(in_splits[0..j)), +in_splits[j]) of `in` go to rank j, and `out` receives out_splits[p]
+  /// rows from rank p, in rank order. Either may have no rows on a rank; every rank takes part.
+  virtual Completion all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                                  const std::vector<int64_t>& out_splits) = 0;
   virtual Completion broadcast(const at::Tensor& buf, int64_t src) = 0;
   /// `src`'s `in` holds size() blocks (undefined on the other ranks); every rank receives its
   /// block in `out`.

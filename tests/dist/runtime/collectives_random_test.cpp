@@ -68,7 +68,7 @@ void one_step(Checker& c, int64_t step, const hp::Group& g, std::mt19937_64& rng
                            " group of " + std::to_string(gs);
   const bool is_bool = dtype == at::kBool;
   const bool is_float = at::isFloatingType(dtype);
-  switch (rng() % 7) {
+  switch (rng() % 8) {
     case 0: {  // all_reduce, in place or not
       const hp::ReduceOp ops[] = {hp::ReduceOp::SUM, hp::ReduceOp::MAX, hp::ReduceOp::MIN, hp::ReduceOp::AVG};
       const auto op = ops[rng() % (is_float ? 4 : 3)];
@@ -133,6 +133,31 @@ void one_step(Checker& c, int64_t step, const hp::Group& g, std::mt19937_64& rng
       at::Tensor got = hp::scatter(laid_out(in[me], layout), dim, src, g);
       c.expect(at::equal(got, in[src].narrow(dim, hp::chunk_offset(n, gs, me), hp::chunk_size(n, gs, me))),
                "scatter from " + std::to_string(src) + " " + what);
+      break;
+    }
+    case 6: {  // all_to_all_single with random splits: zeros, ranks that send nothing, uneven blocks
+      std::vector<std::vector<int64_t>> sends(static_cast<size_t>(gs));  // sends[p][q]: rows p sends q
+      for (int64_t p = 0; p < gs; ++p) {
+        const bool silent = rng() % 4 == 0;
+        for (int64_t q = 0; q < gs; ++q) sends[p].push_back(silent ? 0 : static_cast<int64_t>(rng() % (rng() % 6 == 0 ? 40 : 4)));
+      }
+      std::vector<at::Tensor> inputs;
+      std::vector<int64_t> recv;
+      for (int64_t p = 0; p < gs; ++p) {
+        int64_t total = 0;
+        for (int64_t q : sends[p]) total += q;
+        inputs.push_back(input_of(c.seed + 1, step, g.ranks()[static_cast<size_t>(p)], {total, cols}, dtype));
+        recv.push_back(sends[p][me]);
+      }
+      std::vector<at::Tensor> parts;
+      for (int64_t p = 0; p < gs; ++p) {
+        int64_t offset = 0;
+        for (int64_t q = 0; q < me; ++q) offset += sends[p][q];
+        parts.push_back(inputs[p].narrow(0, offset, sends[p][me]));
+      }
+      const at::Tensor x = laid_out(inputs[me], layout);
+      at::Tensor got = rng() % 2 ? hp::all_to_all_single(x, recv, sends[me], g) : hp::all_to_all_single_async(x, recv, sends[me], g).wait();
+      c.expect(got.scalar_type() == dtype && at::equal(got, at::cat(parts, 0)), "all_to_all_single " + what);
       break;
     }
     default:

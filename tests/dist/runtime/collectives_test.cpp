@@ -259,3 +259,35 @@ TEST(CollectivesDist, AllReduceIsTheRankOrderFoldBitForBit) {
     }
   }
 }
+
+// Splits that are malformed on one rank fail on that rank before anything moves; splits that
+// disagree between peers fail on every rank (the shared-memory transport exchanges the sizes).
+TEST(CollectivesDist, AllToAllSingleRefusesBadSplits) {
+  auto g = hp::world_group();
+  const int64_t gs = g.size();
+  at::Tensor x = at::ones({gs, 3});
+  std::vector<int64_t> ones(static_cast<size_t>(gs), 1);
+  EXPECT_THROW(hp::all_to_all_single(x, ones, {1}, g), c10::ValueError);
+  std::vector<int64_t> negative = ones;
+  negative[0] = -1;
+  negative[1] = 2;
+  EXPECT_THROW(hp::all_to_all_single(x, ones, negative, g), c10::ValueError);
+  std::vector<int64_t> too_many = ones;
+  too_many[0] = 2;
+  EXPECT_THROW(hp::all_to_all_single(x, ones, too_many, g), c10::ValueError);
+  EXPECT_THROW(hp::all_to_all_single(at::ones({gs + 1, 3}), {}, {}, g), c10::ValueError);
+  // Empty lists: equal splits.
+  EXPECT_TRUE(at::equal(hp::all_to_all_single(x, {}, {}, g), x));
+  if (g.transport() != "shm") return;
+  // Rank 0 expects 2 rows from rank 1, which sends it 1.
+  std::vector<int64_t> expect = ones;
+  if (g.rank() == 0) expect[1] = 2;
+  try {
+    hp::all_to_all_single(x, expect, ones, g);
+    ADD_FAILURE() << "a disagreement on the sizes went unnoticed";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 sends 1 rows to rank 0, which expects 2"), std::string::npos) << e.what();
+  }
+  // The group still works afterwards.
+  EXPECT_TRUE(at::equal(hp::all_to_all_single(x, ones, ones, g), x));
+}

@@ -164,3 +164,17 @@ TEST(MemoryTracker, CountsMetaAndCpuStoragesLiveAndTransient) {
   EXPECT_EQ(again.live_bytes(), 0);
   EXPECT_THROW(hp::MemoryTracker("cuda"), c10::ValueError);
 }
+
+TEST_F(FakeWorld, AllToAllSingleGivesShapesOnMetaAndThisRanksRowsOnRealTensors) {
+  hp::init_fake_process_group(4, 1);
+  hp::Group g = hp::world_group();
+  hp::CommDebugMode comm;
+  EXPECT_EQ(hp::all_to_all_single(meta({10, 8}), {3, 0, 2, 6}, {1, 2, 3, 4}, g).sizes(), at::IntArrayRef({11, 8}));
+  // Every rank sends this rank what it sends itself (rows 1..2 of its input).
+  at::Tensor x = at::arange(20, at::kFloat).view({10, 2});
+  at::Tensor got = hp::all_to_all_single(x, {2, 2, 2, 2}, {1, 2, 3, 4}, g);
+  EXPECT_TRUE(at::equal(got, x.narrow(0, 1, 2).repeat({4, 1})));
+  EXPECT_EQ(comm.get_comm_counts().at("all_to_all"), 2);
+  // Output sizes that contradict that are refused by name.
+  EXPECT_THROW(hp::all_to_all_single(x, {2, 1, 2, 2}, {1, 2, 3, 4}, g), c10::ValueError);
+}

@@ -5,6 +5,7 @@
 // parallelize_qwen3_tp, with heads and MLP columns split over a tensor-parallel mesh (the head
 // counts are read off the projections' local widths).
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/nn/moe.h>
 
 #include <c10/util/Optional.h>
 
@@ -33,6 +34,19 @@ struct Config {
   at::ScalarType dtype = at::kFloat;  // torch_dtype: what the checkpoint holds
   std::vector<int64_t> eos_token_ids;
   c10::optional<int64_t> bos_token_id, pad_token_id;
+
+  // Qwen3-MoE (model_type "qwen3_moe"; transformers' Qwen3MoeConfig). num_experts == 0: dense.
+  int64_t num_experts = 0;             // num_experts (transformers 5 writes num_local_experts)
+  int64_t num_experts_per_tok = 0;     // top-k
+  int64_t moe_intermediate_size = 0;   // each expert's intermediate size
+  bool norm_topk_prob = false;         // renormalise the top-k router probabilities
+  int64_t decoder_sparse_step = 1;     // every decoder_sparse_step-th layer is sparse ...
+  std::vector<int64_t> mlp_only_layers;  // ... except these, which keep a dense MLP
+  double router_aux_loss_coef = 0.001;   // weight of the load-balancing loss in training
+  bool output_router_logits = false;     // transformers adds the aux loss to its loss when true
+  /// Whether layer `layer` has a sparse MoE block (transformers' rule).
+  bool is_moe_layer(int64_t layer) const;
+  bool is_moe() const { return num_experts > 0; }
 };
 
 /// Generation state of one model: each layer's cached keys and values (this rank's KV heads under
@@ -95,7 +109,9 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
   at::Tensor forward(const at::Tensor& hidden);
   hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
+  // One of the two, registered as "mlp" (HF's name for both): a dense MLP or a sparse MoE block.
   Mlp mlp{nullptr};
+  hnn::SparseMoeBlock moe{nullptr};
 };
 HP_MODULE(DecoderLayer);
 
@@ -112,6 +128,12 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   /// An empty cache for `batch` sequences of up to `capacity` positions, sized from this rank's
   /// k_proj (its local KV heads).
   KVCache make_cache(int64_t batch, int64_t capacity) const;
+  /// The router logits [T, E] of every MoE layer from the last forward, in layer order (empty
+  /// for a dense model): what transformers returns with output_router_logits.
+  std::vector<at::Tensor> router_logits() const;
+  /// The load-balancing loss of the last forward (transformers' aux_loss), over `data_group`'s
+  /// whole batch when given (see hyper_parallel::nn::load_balancing_loss).
+  at::Tensor aux_loss(const hyper_parallel::Group& data_group = hyper_parallel::Group()) const;
   Config config;
   hnn::Embedding embed_tokens{nullptr};
   hnn::ModuleList layers;

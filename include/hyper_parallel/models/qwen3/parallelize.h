@@ -23,9 +23,24 @@ namespace qwen3 {
 /// writes each head once, the KV cache holds one head per rank, and a weight's gradient is summed
 /// over its replicas.
 /// num_heads not divisible by tp, or a tp that neither divides num_key_value_heads nor is a
-/// multiple of it, fails (c10::ValueError) before any change.
+/// multiple of it, fails (c10::ValueError) before any change. A Qwen3-MoE model's dense layers
+/// get the MLP entries above; its sparse blocks take the replicated stream as it is (the router
+/// replicated, the experts split by parallelize_qwen3_experts), so sequence parallelism with MoE
+/// layers is refused.
 void parallelize_qwen3_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
                           bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
+
+/// Splits the experts of every MoE layer of `model` (router weights stay replicated):
+/// - a 1-D `mesh`: ExpertParallel(token_dispatcher) over it, or with tensor_parallel the seed's
+///   expert TensorParallel (each expert's intermediate dim split);
+/// - a 2-D [ep, tp] `mesh`: ExpertTensorParallel.
+/// Every layer is checked before any changes (num_experts not divisible by ep: c10::ValueError).
+/// Which tokens the ranks hold decides the dispatcher: ranks with different tokens (ep taken
+/// from the data-parallel ranks) use "all_to_all"; ranks with the same tokens (ep over the
+/// tensor-parallel ranks without sequence parallelism) "all_reduce".
+/// e.g. `parallelize_qwen3_experts(*model, mesh["ep"]);`
+void parallelize_qwen3_experts(CausalLMImpl& model, const hyper_parallel::DeviceMesh& mesh, bool tensor_parallel = false,
+                               const std::string& token_dispatcher = "all_to_all");
 
 }  // namespace qwen3
 }  // namespace hyper_parallel

@@ -19,6 +19,8 @@ struct Pretrained {
 
 /// The model of `config` in `dtype` on the meta device (shapes only), with the Qwen TP plan
 /// without sequence parallelism when `tp_mesh` is given: ready for to_empty or init_parameters.
+/// A Qwen3-MoE model's experts are then split over the same ranks, which hold the same tokens:
+/// ExpertParallel("all_reduce") when num_experts divides by tp, else expert TensorParallel.
 CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parallel::DeviceMesh>& tp_mesh,
                           at::ScalarType dtype = at::kFloat);
 

@@ -38,11 +38,11 @@ void ShmTransport::check_agreement(const char* what) {
   for (int64_t p = 1; p < size(); ++p)
     same = same && control(p)->kind[k] == r0->kind[k] && control(p)->bytes[k] == r0->bytes[k];
   if (same) return;
-  static const char* kinds[] = {"?", "all_reduce", "all_gather", "all_to_all", "broadcast", "scatter", "barrier"};
+  static const char* kinds[] = {"?", "all_reduce", "all_gather", "all_to_all", "broadcast", "scatter", "barrier", "all_to_all_single"};
   std::string who;
   for (int64_t p = 0; p < size(); ++p)
     who += (p ? ", rank " : "rank ") + std::to_string(ranks_[static_cast<size_t>(p)]) + ": " +
-           kinds[std::min<uint32_t>(control(p)->kind[k] & 0xFF, 6)] + " of " + std::to_string(control(p)->bytes[k]) +
+           kinds[std::min<uint32_t>(control(p)->kind[k] & 0xFF, 7)] + " of " + std::to_string(control(p)->bytes[k]) +
            " bytes" + (control(p)->kind[k] >> 8 ? " (dtype/op code " + std::to_string(control(p)->kind[k] >> 8) + ")" : "");
   TORCH_CHECK(false, "hyper_parallel::", what, ": the shared-memory transport on the group of ranks [", join_ranks(ranks_),
               "]: the ranks called different collectives or sizes (", who, ")");

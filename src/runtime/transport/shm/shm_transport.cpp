@@ -8,6 +8,8 @@
 
 #include "shm_reduce.h"
 
+#include <hyper_parallel/runtime/errors.h>
+
 #include <ATen/core/Tensor.h>
 
 namespace hyper_parallel {
@@ -93,6 +95,60 @@ void ShmTransport::exchange_blocks(const void* in, void* out, size_t block, int6
 
 void ShmTransport::all_to_all(const void* in, void* out, size_t block) { exchange_blocks(in, out, block, -1, "all_to_all"); }
 
+void ShmTransport::all_to_all_v(const void* in, void* out, const std::vector<size_t>& send, const std::vector<size_t>& recv,
+                                size_t row_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  begin(7, row_bytes);
+  const int64_t g = size();
+  const size_t ug = static_cast<size_t>(g);
+  // Every rank publishes what it sends and expects; each checks all pairs, so all agree on the
+  // verdict and on the number of rounds (the largest block over every pair).
+  TORCH_INTERNAL_ASSERT(buffer_bytes_ >= 16 * ug, "the shared-memory buffers are too small for the sizes of an all_to_all");
+  size_t largest = 0;
+  {
+    const uint64_t step = step_++;
+    auto* sizes = reinterpret_cast<uint64_t*>(buffer(rank_, step));
+    for (size_t j = 0; j < ug; ++j) {
+      sizes[j] = send[j];
+      sizes[ug + j] = recv[j];
+    }
+    sync("all_to_all");
+    std::vector<uint64_t> all(2 * ug * ug);
+    for (int64_t p = 0; p < g; ++p)
+      std::memcpy(all.data() + 2 * ug * static_cast<size_t>(p), buffer(p, step), 2 * ug * sizeof(uint64_t));
+    for (size_t p = 0; p < ug; ++p)
+      for (size_t q = 0; q < ug; ++q) {
+        const uint64_t sent = all[2 * ug * p + q], expected = all[2 * ug * q + ug + p];
+        HP_CHECK_T(c10::ValueError, sent == expected, "hyper_parallel::all_to_all_single: rank ", ranks_[p], " sends ", sent / row_bytes,
+                    " rows to rank ", ranks_[q], ", which expects ", expected / row_bytes,
+                    " (output_split_sizes must equal the peers' input_split_sizes)");
+        largest = std::max<size_t>(largest, sent);
+      }
+  }
+  const size_t per = std::max<size_t>(1, buffer_bytes_ / ug);
+  std::vector<size_t> send_at(ug, 0), recv_at(ug, 0);
+  for (size_t j = 1; j < ug; ++j) {
+    send_at[j] = send_at[j - 1] + send[j - 1];
+    recv_at[j] = recv_at[j - 1] + recv[j - 1];
+  }
+  const auto* src = static_cast<const unsigned char*>(in);
+  auto* dst = static_cast<unsigned char*>(out);
+  for (size_t done = 0; done < largest; done += per) {
+    const uint64_t step = step_++;
+    for (size_t j = 0; j < ug; ++j)
+      if (static_cast<int64_t>(j) != rank_ && send[j] > done)
+        std::memcpy(buffer(rank_, step) + j * per, src + send_at[j] + done, std::min(per, send[j] - done));
+    sync("all_to_all");
+    for (size_t p = 0; p < ug; ++p) {
+      if (recv[p] <= done) continue;
+      const size_t n = std::min(per, recv[p] - done);
+      // What this rank sends itself is read from its own input.
+      if (static_cast<int64_t>(p) == rank_) std::memcpy(dst + recv_at[p] + done, src + send_at[p] + done, n);
+      else shm::copy_from_peer(dst + recv_at[p] + done, buffer(static_cast<int64_t>(p), step) + static_cast<size_t>(rank_) * per, n);
+    }
+  }
+}
+
 void ShmTransport::broadcast(void* data, size_t bytes, int64_t src) {
   std::lock_guard<std::mutex> lock(mutex_);
   begin(4 | static_cast<uint32_t>(src) << 8, bytes);
@@ -145,6 +201,20 @@ Completion ShmTransport::all_reduce(const at::Tensor& buf, ReduceOp op) {
 
 Completion ShmTransport::all_to_all(const at::Tensor& in, const at::Tensor& out) {
   all_to_all(host_data(in), host_data(out), nbytes(in) / static_cast<size_t>(size()));
+  return {};
+}
+
+Completion ShmTransport::all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                                      const std::vector<int64_t>& out_splits) {
+  const size_t row = static_cast<size_t>(in.size(1)) * in.element_size();
+  std::vector<size_t> send(in_splits.size()), recv(out_splits.size());
+  for (size_t j = 0; j < send.size(); ++j) {
+    send[j] = static_cast<size_t>(in_splits[j]) * row;
+    recv[j] = static_cast<size_t>(out_splits[j]) * row;
+  }
+  TORCH_INTERNAL_ASSERT(in.device().is_cpu() && in.is_contiguous() && out.device().is_cpu() && out.is_contiguous(),
+                        "the shared-memory transport moves contiguous host memory");
+  all_to_all_v(in.data_ptr(), out.data_ptr(), send, recv, row);
   return {};
 }
 

@@ -47,6 +47,8 @@ class ShmTransport : public Transport {
   Completion all_gather(const at::Tensor& in, const at::Tensor& out) override;
   Completion all_reduce(const at::Tensor& buf, ReduceOp op) override;
   Completion all_to_all(const at::Tensor& in, const at::Tensor& out) override;
+  Completion all_to_all_v(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& in_splits,
+                          const std::vector<int64_t>& out_splits) override;
   Completion broadcast(const at::Tensor& buf, int64_t src) override;
   Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) override;
   Completion barrier() override;
@@ -62,6 +64,11 @@ class ShmTransport : public Transport {
   /// `in` holds size() blocks of `block` bytes, block j for rank j; `out` receives block `rank`
   /// of every rank, in rank order.
   void all_to_all(const void* in, void* out, size_t block);
+  /// Blocks of any size: send[j] bytes of `in` (consecutive blocks) go to rank j, and `out`
+  /// receives recv[p] bytes from rank p, in rank order. The ranks first exchange every size, so
+  /// a size that disagrees with its peer's is an error on every rank, before any data moves.
+  void all_to_all_v(const void* in, void* out, const std::vector<size_t>& send, const std::vector<size_t>& recv,
+                    size_t row_bytes);
   void broadcast(void* data, size_t bytes, int64_t src);
   /// `src`'s `in` holds size() blocks of `block` bytes; every rank receives its block in `out`.
   void scatter(const void* in, void* out, size_t block, int64_t src);

@@ -1,0 +1,103 @@
+#pragma once
+// Mixture-of-experts layers: a top-k softmax router, experts held as 3-D weights (one matrix per
+// expert, stacked), and the sparse block that routes each token to its top-k experts and sums
+// their outputs weighted by the router (dropless: no capacity, no token dropped). The expert
+// parallel styles (expert_parallel/) split the experts and set how tokens reach them; the block's
+// code is the same on one process and split.
+#include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/runtime/process_group.h>
+
+#include <vector>
+
+namespace hyper_parallel {
+namespace nn {
+
+struct MoEOptions {
+  MoEOptions(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts, int64_t top_k)
+      : hidden_size_(hidden_size), intermediate_size_(intermediate_size), num_experts_(num_experts), top_k_(top_k) {}
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, intermediate_size);  ///< each expert's (HF's moe_intermediate_size)
+  TORCH_ARG(int64_t, num_experts);
+  TORCH_ARG(int64_t, top_k);              ///< experts per token (HF's num_experts_per_tok)
+  TORCH_ARG(bool, norm_topk_prob) = false;  ///< renormalise the top-k probabilities to sum to 1
+};
+
+/// What the router decided for T tokens: the scores before the softmax [T, E] (in the input's
+/// dtype), the top-k experts of each token [T, k] and their weights [T, k] (the softmax in
+/// float32, renormalised when norm_topk_prob, cast to the input's dtype), as transformers' Qwen3-MoE.
+struct RouterOutput {
+  at::Tensor logits, indices, weights;
+};
+
+/// The router: logits = x W^T with W [E, H] (HF's `mlp.gate.weight`).
+class TopKRouterImpl : public ModuleBase<TopKRouterImpl> {
+ public:
+  explicit TopKRouterImpl(const MoEOptions& options);
+  void reset_parameters() override;
+  /// x [T, H] -> RouterOutput.
+  RouterOutput route(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x) { return route(x).logits; }
+  const at::Tensor& weight() const { return parameter("weight"); }
+  MoEOptions options;
+};
+HP_MODULE(TopKRouter);
+
+/// How routed tokens reach the experts' ranks (set by the expert-parallel styles).
+struct ExpertPlacement {
+  /// The ranks the experts are split over (Shard(0) of the expert dim); undefined: all local.
+  Group ep;
+  /// all_to_all: the ep ranks hold different tokens, which travel to their experts' ranks and
+  /// back (two all-to-alls of the tokens, one of the counts). all_reduce: the ep ranks hold the
+  /// same tokens; each runs its experts on those routed to them and the outputs are summed.
+  enum class Dispatch { all_to_all, all_reduce } dispatch = Dispatch::all_to_all;
+  /// Expert tensor parallelism: each expert's intermediate dim split over these ranks, which
+  /// hold the same tokens (their partial outputs are summed); undefined: none.
+  Group tp;
+};
+
+/// E experts of SwiGLU MLPs as three 3-D weights: gate_proj and up_proj [E, I, H], down_proj
+/// [E, H, I], each expert's slice being HF's per-expert Linear weight
+/// (`mlp.experts.<e>.gate_proj.weight`, ...). Under the expert-parallel styles the weights are
+/// DTensors (Shard(0) over ep; Shard(1), Shard(1), Shard(2) over an expert tp) and forward uses
+/// this rank's experts and columns.
+class GroupedExpertsImpl : public ModuleBase<GroupedExpertsImpl> {
+ public:
+  explicit GroupedExpertsImpl(const MoEOptions& options);
+  void reset_parameters() override;
+  /// Tokens x [T, H] with their routing (indices, weights [T, k]) -> the weighted sum of their
+  /// experts' outputs [T, H]. Collective over the placement's groups when set.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights);
+  /// x [N, H] ordered by local expert, `counts` rows per local expert -> each row through its
+  /// expert [N, H] (one matmul per expert and projection).
+  at::Tensor run_local(const at::Tensor& x, const std::vector<int64_t>& counts);
+  MoEOptions options;
+  ExpertPlacement placement;
+};
+HP_MODULE(GroupedExperts);
+
+/// The sparse block (HF's Qwen3MoeSparseMoeBlock): `gate` (the router) and `experts`.
+/// forward(x [..., H]) -> [..., H]. The router logits of the last forward stay in
+/// `router_logits` [T, E] (in the graph) for the load-balancing loss.
+class SparseMoeBlockImpl : public ModuleBase<SparseMoeBlockImpl> {
+ public:
+  explicit SparseMoeBlockImpl(const MoEOptions& options);
+  at::Tensor forward(const at::Tensor& x);
+  MoEOptions options;
+  TopKRouter gate{nullptr};
+  GroupedExperts experts{nullptr};
+  at::Tensor router_logits;
+};
+HP_MODULE(SparseMoeBlock);
+
+/// The load-balancing loss of Switch Transformer as transformers computes it
+/// (load_balancing_loss_func, without padding mask): over the router logits of every MoE layer
+/// ([T, E] each), E · Σ_e f_e · P_e, where f_e is the fraction of top-k choices that picked e and
+/// P_e the mean softmax probability of e, both over every token of every layer. With
+/// `data_group`, the counts and probability sums are summed over its ranks first, so the loss is
+/// that of the whole batch (and its gradient, once the data ranks average theirs, is the
+/// whole batch's).
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                               const Group& data_group = Group());
+
+}  // namespace nn
+}  // namespace hyper_parallel

@@ -1,0 +1,248 @@
+#include <hyper_parallel/nn/moe.h>
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/nn/functional_collectives.h>
+#include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <cmath>
+#include <numeric>
+
+namespace hyper_parallel {
+namespace nn {
+namespace fn = hyper_parallel::nn::functional;
+
+namespace {
+
+void check_options(const MoEOptions& o, const char* what) {
+  HP_CHECK_T(c10::ValueError, o.num_experts() > 0 && o.top_k() > 0 && o.top_k() <= o.num_experts(), "hyper_parallel::nn::", what,
+             ": top_k (num_experts_per_tok, ", o.top_k(), ") must be between 1 and num_experts (", o.num_experts(), ")");
+  HP_CHECK_T(c10::ValueError, o.hidden_size() > 0 && o.intermediate_size() > 0, "hyper_parallel::nn::", what,
+             ": hidden_size (", o.hidden_size(), ") and intermediate_size (", o.intermediate_size(), ") must be positive");
+}
+
+// This rank's part of a parameter, in the graph (a DTensor's local shard).
+at::Tensor local_of(const at::Tensor& p) { return hyper_parallel::is_dtensor(p) ? hyper_parallel::DTensor(p).to_local() : p; }
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+int64_t sum(const std::vector<int64_t>& v, size_t from = 0, size_t to = static_cast<size_t>(-1)) {
+  int64_t n = 0;
+  for (size_t i = from; i < std::min(to, v.size()); ++i) n += v[i];
+  return n;
+}
+
+at::Tensor long_tensor(const std::vector<int64_t>& v, const at::Device& device) {
+  return at::tensor(v, at::kLong).to(device);
+}
+
+}  // namespace
+
+TopKRouterImpl::TopKRouterImpl(const MoEOptions& o) : options(o) {
+  check_options(o, "TopKRouterImpl");
+  register_parameter("weight", at::empty({o.num_experts(), o.hidden_size()}, ParameterScope::current()));
+  reset_parameters();
+}
+
+void TopKRouterImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.hidden_size()));
+  at::Tensor w = parameter("weight");
+  hyper_parallel::uniform_(w, -bound, bound);
+}
+
+RouterOutput TopKRouterImpl::route(const at::Tensor& x) {
+  RouterOutput r;
+  r.logits = at::linear(x, weight());
+  // The softmax over every expert in float32, then the top k; renormalised only on request.
+  const at::Tensor probs = at::softmax(r.logits, -1, at::kFloat);
+  auto [top, idx] = at::topk(probs, options.top_k(), -1);
+  if (options.norm_topk_prob()) top = top / top.sum(-1, /*keepdim=*/true);
+  r.weights = top.to(r.logits.scalar_type());
+  r.indices = idx;
+  return r;
+}
+
+GroupedExpertsImpl::GroupedExpertsImpl(const MoEOptions& o) : options(o) {
+  check_options(o, "GroupedExpertsImpl");
+  const auto& scope = ParameterScope::current();
+  const int64_t e = o.num_experts(), i = o.intermediate_size(), h = o.hidden_size();
+  register_parameter("gate_proj", at::empty({e, i, h}, scope));
+  register_parameter("up_proj", at::empty({e, i, h}, scope));
+  register_parameter("down_proj", at::empty({e, h, i}, scope));
+  reset_parameters();
+}
+
+// Each expert as torch::nn::Linear would initialise its projections: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+void GroupedExpertsImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  const double in_bound = 1.0 / std::sqrt(static_cast<double>(options.hidden_size()));
+  const double mid_bound = 1.0 / std::sqrt(static_cast<double>(options.intermediate_size()));
+  for (const char* name : {"gate_proj", "up_proj"}) {
+    at::Tensor w = parameter(name);
+    hyper_parallel::uniform_(w, -in_bound, in_bound);
+  }
+  at::Tensor w = parameter("down_proj");
+  hyper_parallel::uniform_(w, -mid_bound, mid_bound);
+}
+
+at::Tensor GroupedExpertsImpl::run_local(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  at::Tensor x_in = placement.tp.defined() ? fn::copy_to_group(x, placement.tp) : x;
+  const at::Tensor gate = local_of(parameter("gate_proj")), up = local_of(parameter("up_proj")),
+                   down = local_of(parameter("down_proj"));
+  TORCH_INTERNAL_ASSERT(gate.size(0) == static_cast<int64_t>(counts.size()), "one count per local expert");
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n == 0) continue;
+    const at::Tensor xe = x_in.narrow(0, offset, n);
+    const int64_t ei = static_cast<int64_t>(e);
+    outs.push_back(at::linear(at::silu(at::linear(xe, gate[ei])) * at::linear(xe, up[ei]), down[ei]));
+    offset += n;
+  }
+  // No token for any local expert: an empty result that stays in the graph, so that this rank
+  // still runs the backward collectives its peers run.
+  at::Tensor y = outs.empty() ? x_in.narrow(0, 0, 0) : outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  return placement.tp.defined() ? fn::reduce_from_group(y, placement.tp) : y;
+}
+
+at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) {
+  const int64_t n_experts = options.num_experts(), k = indices.size(-1), t = x.size(0);
+  HP_CHECK_T(c10::ValueError, x.dim() == 2 && indices.sizes() == weights.sizes() && indices.dim() == 2 && indices.size(0) == t,
+             "hyper_parallel::nn::GroupedExpertsImpl::forward: expected tokens [T, H] with indices and weights [T, k], got ",
+             x.sizes(), ", ", indices.sizes(), " and ", weights.sizes());
+  const bool meta = x.is_meta();
+  // Group the T·k (token, choice) slots by expert, stably (each expert's tokens in token order).
+  const at::Tensor flat = indices.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(flat, /*stable=*/true, /*dim=*/0));
+  const at::Tensor token_of = at::floor_divide(order, k);
+  std::vector<int64_t> counts(static_cast<size_t>(n_experts));
+  if (meta) {
+    // Shapes only (a plan): routing has no values, so every expert is taken to get as many slots.
+    for (int64_t e = 0; e < n_experts; ++e) counts[static_cast<size_t>(e)] = (t * k) / n_experts + (e < (t * k) % n_experts ? 1 : 0);
+  } else {
+    counts = to_vector(at::bincount(flat, {}, n_experts));
+  }
+  const ExpertPlacement& pl = placement;
+  at::Tensor out_sorted;  // each slot's expert output, in the grouped order
+  if (!pl.ep.defined()) {
+    out_sorted = run_local(x.index_select(0, token_of), counts);
+  } else {
+    const int64_t ep = pl.ep.size(), r = pl.ep.rank();
+    HP_CHECK_T(c10::ValueError, n_experts % ep == 0, "hyper_parallel::nn::GroupedExpertsImpl::forward: num_experts (", n_experts,
+               ") must be divisible by the expert-parallel size ", ep);
+    const int64_t local = n_experts / ep;
+    const size_t lo = static_cast<size_t>(r * local), hi = static_cast<size_t>((r + 1) * local);
+    if (pl.dispatch == ExpertPlacement::Dispatch::all_reduce) {
+      // Every ep rank holds these tokens: run the slots of this rank's experts, sum over ep.
+      const at::Tensor xs = fn::copy_to_group(x, pl.ep);
+      const int64_t start = sum(counts, 0, lo), n = sum(counts, lo, hi);
+      const at::Tensor mine = order.narrow(0, start, n);
+      const at::Tensor y = run_local(xs.index_select(0, token_of.narrow(0, start, n)),
+                                     std::vector<int64_t>(counts.begin() + static_cast<std::ptrdiff_t>(lo), counts.begin() + static_cast<std::ptrdiff_t>(hi)));
+      const at::Tensor w = weights.reshape({-1}).index_select(0, mine).unsqueeze(-1);
+      at::Tensor out = at::zeros_like(x).index_add(0, token_of.narrow(0, start, n), y * w);
+      return fn::reduce_from_group(out, pl.ep);
+    }
+    // all_to_all: how many slots this rank sends each peer's experts, and receives for its own.
+    const at::Tensor counts_t = meta ? at::empty({n_experts, 1}, x.options().dtype(at::kLong))
+                                     : long_tensor(counts, at::kCPU).view({n_experts, 1});
+    const at::Tensor got = all_to_all(counts_t, 0, 1, pl.ep);  // [local, ep]: from each source rank
+    std::vector<int64_t> recv_matrix;                           // [local][ep], row-major
+    if (meta) {
+      for (int64_t e = 0; e < local; ++e)
+        for (int64_t s = 0; s < ep; ++s) recv_matrix.push_back(counts[lo + static_cast<size_t>(e)]);
+    } else {
+      recv_matrix = to_vector(got);
+    }
+    std::vector<int64_t> send_splits, recv_splits(static_cast<size_t>(ep), 0), local_counts(static_cast<size_t>(local), 0);
+    for (int64_t j = 0; j < ep; ++j) send_splits.push_back(sum(counts, static_cast<size_t>(j * local), static_cast<size_t>((j + 1) * local)));
+    for (int64_t e = 0; e < local; ++e)
+      for (int64_t s = 0; s < ep; ++s) {
+        const int64_t c = recv_matrix[static_cast<size_t>(e * ep + s)];
+        recv_splits[static_cast<size_t>(s)] += c;
+        local_counts[static_cast<size_t>(e)] += c;
+      }
+    const at::Tensor received =
+        fn::all_to_all_single_autograd(x.index_select(0, token_of), recv_splits, send_splits, pl.ep);  // by (source, expert)
+    // Regroup by (expert, source) for the experts, and back afterwards.
+    std::vector<int64_t> perm;
+    if (!meta) {
+      std::vector<int64_t> block_start(static_cast<size_t>(local * ep));
+      int64_t at_row = 0;
+      for (int64_t s = 0; s < ep; ++s)
+        for (int64_t e = 0; e < local; ++e) {
+          block_start[static_cast<size_t>(e * ep + s)] = at_row;
+          at_row += recv_matrix[static_cast<size_t>(e * ep + s)];
+        }
+      perm.reserve(static_cast<size_t>(at_row));
+      for (int64_t e = 0; e < local; ++e)
+        for (int64_t s = 0; s < ep; ++s) {
+          const int64_t b = block_start[static_cast<size_t>(e * ep + s)];
+          for (int64_t i = 0; i < recv_matrix[static_cast<size_t>(e * ep + s)]; ++i) perm.push_back(b + i);
+        }
+    }
+    at::Tensor y;
+    if (meta) {
+      y = run_local(received, local_counts);
+    } else {
+      const at::Tensor p = long_tensor(perm, x.device());
+      y = run_local(received.index_select(0, p), local_counts);
+      y = y.index_select(0, at::argsort(p));
+    }
+    out_sorted = fn::all_to_all_single_autograd(y, send_splits, recv_splits, pl.ep);
+  }
+  // Combine: each slot's output weighted by its router weight, summed into its token (per token
+  // in expert order, as transformers' loop over experts adds them).
+  const at::Tensor w = weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
+  return at::zeros_like(x).index_add(0, token_of, out_sorted * w);
+}
+
+SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {
+  gate = register_module("gate", TopKRouter(o));
+  experts = register_module("experts", GroupedExperts(o));
+}
+
+at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
+  const at::Tensor flat = x.reshape({-1, options.hidden_size()});
+  RouterOutput r = gate->route(flat);
+  router_logits = r.logits;
+  return experts(flat, r.indices, r.weights).view(x.sizes());
+}
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                               const Group& data_group) {
+  HP_CHECK_T(c10::ValueError, !router_logits.empty(), "hyper_parallel::nn::load_balancing_loss: no router logits were given");
+  at::Tensor counts, prob_sum;
+  int64_t rows = 0;
+  for (const at::Tensor& logits : router_logits) {
+    HP_CHECK_T(c10::ValueError, logits.dim() == 2 && logits.size(1) == num_experts, "hyper_parallel::nn::load_balancing_loss: router logits must be [T, ",
+               num_experts, "], got ", logits.sizes());
+    // In the logits' dtype, as transformers (only the router's own softmax is in float32).
+    const at::Tensor probs = at::softmax(logits, -1);
+    const at::Tensor chosen = std::get<1>(at::topk(probs, top_k, -1)).reshape({-1});
+    const auto f32 = probs.options().dtype(at::kFloat);
+    const at::Tensor c = at::zeros({num_experts}, f32).index_add(0, chosen, at::ones({chosen.size(0)}, f32));
+    counts = counts.defined() ? counts + c : c;
+    const at::Tensor p = probs.to(at::kFloat).sum(0);
+    prob_sum = prob_sum.defined() ? prob_sum + p : p;
+    rows += logits.size(0);
+  }
+  at::Tensor total = at::full({1}, static_cast<double>(rows), counts.options());
+  if (data_group.defined() && data_group.size() > 1) {
+    counts = all_reduce(counts.detach(), ReduceOp::SUM, data_group);
+    total = all_reduce(total, ReduceOp::SUM, data_group);
+    prob_sum = fn::all_reduce_sum_autograd(prob_sum, data_group);
+  }
+  return (counts / total * (prob_sum / total)).sum() * static_cast<double>(num_experts);
+}
+
+}  // namespace nn
+}  // namespace hyper_parallel
