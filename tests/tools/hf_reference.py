@@ -15,7 +15,7 @@ import sys
 try:
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"SKIPPED: transformers/safetensors not importable ({e}); scripts/setup.sh installs them", flush=True)
     sys.exit(77)
@@ -41,15 +41,44 @@ VARIANTS = {
 # memory test of from_pretrained (only local shards allocated, pages of the files released).
 MEMORY = dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
               num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-6, max_position_embeddings=128, pad_token_id=0)
+# Qwen3-MoE: 3 layers, layer `mlp_only_layers` dense, the others sparse (top-2). Experts divide by
+# ep = 1, 2, 4; moe_intermediate_size by tp = 2.
+MOE = dict(SMALL, num_hidden_layers=3, moe_intermediate_size=32, num_experts_per_tok=2)
+# name: (dtype of the files, num_experts, norm_topk_prob, mlp_only_layers, max_shard_size or None)
+MOE_VARIANTS = {
+    "moe_fp32_e4": (torch.float32, 4, False, [0], None),
+    "moe_bf16_e8_sharded": (torch.bfloat16, 8, True, [1], "50KB"),
+}
+# The smallest gap allowed between a token's k-th and (k+1)-th router logit: a closer call could
+# go either way in another summation order, and the test would compare routings, not models.
+MIN_ROUTER_GAP = 2e-3
 PROMPTS = [[5, 17, 200, 3, 99], [250, 8, 41], [1, 2, 3, 4, 5, 6, 7], [299]]
 NEW_TOKENS = 10
+
+
+def router_gap(router_logits, k):
+    """The smallest gap between the k-th and (k+1)-th router logit over every token."""
+    gap = float("inf")
+    for logits in router_logits:
+        top = logits.float().topk(k + 1, dim=-1).values
+        gap = min(gap, (top[:, k - 1] - top[:, k]).min().item())
+    return gap
 
 
 def reference(model, out):
     g = torch.Generator().manual_seed(7)
     input_ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=g)
+    moe = getattr(model.config, "num_experts", 0) > 0
+    extra = {}
     with torch.no_grad():
-        logits = model(input_ids=input_ids).logits.float()
+        if moe:
+            o = model(input_ids=input_ids, output_router_logits=True)
+            extra["router_logits"] = torch.stack([r.float() for r in o.router_logits]).contiguous()
+            extra["aux_loss"] = o.aux_loss.float().reshape(1)
+            extra["router_gap"] = torch.tensor([router_gap(o.router_logits, model.config.num_experts_per_tok)])
+        else:
+            o = model(input_ids=input_ids)
+        logits = o.logits.float()
     width = max(len(p) for p in PROMPTS)
     ids = torch.zeros(len(PROMPTS), width, dtype=torch.long)
     mask = torch.zeros(len(PROMPTS), width, dtype=torch.long)
@@ -59,8 +88,49 @@ def reference(model, out):
     with torch.no_grad():
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0, eos_token_id=None, use_cache=True)
+    if moe:
+        # Every routing decision the tests replay (the logits' batch, each prompt and its greedy
+        # continuation) must be clear.
+        with torch.no_grad():
+            o = model(input_ids=gen, attention_mask=torch.cat([mask, torch.ones_like(gen[:, width:])], 1), output_router_logits=True)
+        gap = min(extra["router_gap"].item(), router_gap(o.router_logits, model.config.num_experts_per_tok))
+        extra["router_gap"] = torch.tensor([gap])
     save_file({"input_ids": input_ids, "logits": logits.contiguous(), "prompt_ids": ids, "prompt_mask": mask,
-               "generated": gen[:, width:].contiguous()}, os.path.join(out, "expected.safetensors"))
+               "generated": gen[:, width:].contiguous(), **extra}, os.path.join(out, "expected.safetensors"))
+    return extra.get("router_gap", torch.tensor([1.0])).item()
+
+
+def make_moe(out):
+    for name, (dtype, experts, norm, dense, shard) in MOE_VARIANTS.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        # Router weights drawn wide (the default init makes every expert nearly equally likely);
+        # a seed whose routing has a near tie anywhere is skipped (asserted below).
+        for seed in range(1234, 1244):
+            torch.manual_seed(seed)
+            config = Qwen3MoeConfig(**MOE, num_experts=experts, norm_topk_prob=norm, mlp_only_layers=dense)
+            model = Qwen3MoeForCausalLM(config)
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    if hasattr(layer.mlp, "gate"):
+                        layer.mlp.gate.weight.normal_(0.0, 0.5)
+            model = model.to(dtype)
+            kwargs = {"max_shard_size": shard} if shard else {}
+            model.save_pretrained(d, **kwargs)
+            ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+            gap = reference(ref, d)
+            if gap > MIN_ROUTER_GAP:
+                break
+        assert gap > MIN_ROUTER_GAP, f"{name}: every seed gave a near tie in the routing (gap {gap})"
+        print(f"{name}: {sorted(os.listdir(d))}, smallest router gap {gap:.3g}")
+    # The fp32 checkpoint with one expert's up_proj taken out: a load must name it on every rank.
+    import shutil
+    src, d = os.path.join(out, "moe_fp32_e4"), os.path.join(out, "moe_missing_expert")
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), d)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    del tensors["model.layers.2.mlp.experts.3.up_proj.weight"]
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
 
 # Texts the tokenizer test encodes and decodes with both implementations: unicode of several
@@ -138,6 +208,7 @@ def make(out):
             ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
             reference(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
+    make_moe(out)
     d = os.path.join(out, "bf16_memory")
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(1234)
@@ -147,7 +218,7 @@ def make(out):
 
 def check(ours, ref_dir):
     expected = load_file(os.path.join(ref_dir, "expected.safetensors"))
-    model = Qwen3ForCausalLM.from_pretrained(ours, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(ours, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         logits = model(input_ids=expected["input_ids"]).logits.float()
     err = (logits - expected["logits"]).abs().max().item()
