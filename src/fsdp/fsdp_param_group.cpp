@@ -211,7 +211,8 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
     return;
   }
   grads_accumulated_ = false;
-  for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), ReduceOp::AVG, 0, shard_group_);
+  const ReduceOp op = options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG;
+  for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), op, 0, shard_group_);
   reduce_pending_ = true;
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
@@ -227,7 +228,8 @@ void FSDPParamGroup::finish_reduce_grads() {
     at::Tensor row = b.reduce.wait();
     b.reduce = Work();
     // HSDP: the shard-reduced row averaged over the replicas too.
-    if (replicate_group_) all_reduce_(row, ReduceOp::AVG, *replicate_group_);
+    if (replicate_group_) all_reduce_(row, options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG, *replicate_group_);
+    if (options_.gradient_divide_factor) row.div_(*options_.gradient_divide_factor);
     for (size_t k : b.params) {
       at::Tensor g = params_[k].unpack_grad(row);
       at::Tensor& grad = params_[k].sharded.mutable_grad();

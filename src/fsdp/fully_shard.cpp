@@ -39,15 +39,22 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
   if (is_dtensor(param)) {
     const DTensor d(param);
     const DeviceMesh& tp = d.device_mesh();
-    HP_CHECK_T(c10::ValueError, tp.ndim() == 1 && tp.root_mesh() == root && tp.dim_in_root().has_value() &&
-                                    std::find(dp_root_dims.begin(), dp_root_dims.end(), *tp.dim_in_root()) == dp_root_dims.end(),
-               "hyper_parallel::fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not the other dimension of the root mesh of ",
+    // TP (or expert) dimensions of the same root that dp does not use, e.g. mesh["tp"] or
+    // mesh[{"ep", "tp"}] beside mesh["dp"].
+    bool sibling = tp.root_mesh() == root && (tp.ndim() > 1 || tp.dim_in_root().has_value());
+    if (sibling)
+      for (int64_t dim : tp.dims_in_root()) sibling = sibling && std::find(dp_root_dims.begin(), dp_root_dims.end(), dim) == dp_root_dims.end();
+    HP_CHECK_T(c10::ValueError, sibling,
+               "hyper_parallel::fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not made of other dimensions of the root mesh of ",
                dp_mesh.to_string(), " (apply parallelize_module on mesh[\"tp\"] and fully_shard on mesh[\"dp\"] of one mesh)");
     p.tp_mesh = tp;
     p.tp_placements = d.placements();
     // The first dim TP leaves whole: sharding it over dp nests correctly under any mesh order.
-    for (int64_t k = 0; k < d.dim() && p.dp_dim < 0; ++k)
-      if (!d.placements()[0].is_shard(k)) p.dp_dim = k;
+    for (int64_t k = 0; k < d.dim() && p.dp_dim < 0; ++k) {
+      bool whole = true;
+      for (const Placement& pl : d.placements()) whole = whole && !pl.is_shard(k);
+      if (whole) p.dp_dim = k;
+    }
     p.compute_shape = d.spec().local_shape();
   } else {
     HP_CHECK_T(c10::ValueError, param.dim() > 0, "hyper_parallel::fully_shard: parameter '", fqn, "' is a scalar");
@@ -76,7 +83,8 @@ at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const Devic
   if (p.tp_mesh) {
     mesh = dp_mesh.root_mesh();
     pl.assign(static_cast<size_t>(mesh.ndim()), Replicate());
-    pl[static_cast<size_t>(*p.tp_mesh->dim_in_root())] = p.tp_placements[0];
+    const std::vector<int64_t> tp_dims = p.tp_mesh->dims_in_root();
+    for (size_t i = 0; i < tp_dims.size(); ++i) pl[static_cast<size_t>(tp_dims[i])] = p.tp_placements[i];
     pl[static_cast<size_t>(dp_mesh.dims_in_root().back())] = p.dp_dim >= 0 ? Shard(p.dp_dim) : Replicate();
   }
   return DTensor::from_local(local.clone(at::MemoryFormat::Contiguous), mesh, pl, false, c10::IntArrayRef(p.global_shape))

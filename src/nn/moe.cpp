@@ -107,9 +107,11 @@ at::Tensor GroupedExpertsImpl::run_local(const at::Tensor& x, const std::vector<
     outs.push_back(at::linear(at::silu(at::linear(xe, gate[ei])) * at::linear(xe, up[ei]), down[ei]));
     offset += n;
   }
-  // No token for any local expert: an empty result that stays in the graph, so that this rank
-  // still runs the backward collectives its peers run.
-  at::Tensor y = outs.empty() ? x_in.narrow(0, 0, 0) : outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  // No token for any local expert: an empty result that stays in the graph, with the weights in
+  // it (zero gradients), so that this rank runs every backward collective its peers run (the
+  // all-to-alls', and a data-parallel reduction of the experts' gradients).
+  at::Tensor y = outs.empty() ? x_in.narrow(0, 0, 0) + (gate.sum() + up.sum() + down.sum()) * 0
+                              : outs.size() == 1 ? outs[0] : at::cat(outs, 0);
   return placement.tp.defined() ? fn::reduce_from_group(y, placement.tp) : y;
 }
 
@@ -223,6 +225,7 @@ at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int
   at::Tensor counts, prob_sum;
   int64_t rows = 0;
   for (const at::Tensor& logits : router_logits) {
+    HP_CHECK_T(c10::ValueError, logits.defined(), "hyper_parallel::nn::load_balancing_loss: a layer has no router logits (run the forward first)");
     HP_CHECK_T(c10::ValueError, logits.dim() == 2 && logits.size(1) == num_experts, "hyper_parallel::nn::load_balancing_loss: router logits must be [T, ",
                num_experts, "], got ", logits.sizes());
     // In the logits' dtype, as transformers (only the router's own softmax is in float32).

@@ -33,6 +33,11 @@ struct FullyShardOptions {
   /// backward starts at once (FSDP2's rule).
   bool reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
+  /// The gradients are summed over the data-parallel ranks and divided by this instead of
+  /// averaged over them (FSDP2's set_gradient_divide_factor). Experts sharded over ep and
+  /// fully_shard over the remaining data ranks take the sum over every data rank that routed
+  /// tokens to them: gradient_divide_factor = dp · ep makes it the whole batch's mean.
+  c10::optional<double> gradient_divide_factor;
 };
 
 /// Shards the parameters of `module` that no earlier fully_shard call on a submodule took over
