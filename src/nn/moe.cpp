@@ -124,7 +124,7 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& in
   // Group the T·k (token, choice) slots by expert, stably (each expert's tokens in token order).
   const at::Tensor flat = indices.reshape({-1});
   const at::Tensor order = std::get<1>(at::sort(flat, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
-  const at::Tensor token_of = at::floor_divide(order, k);
+  const at::Tensor token_of = at::div(order, k, "floor");
   std::vector<int64_t> counts(static_cast<size_t>(n_experts));
   if (meta) {
     // Shapes only (a plan): routing has no values, so every expert is taken to get as many slots.

@@ -119,8 +119,14 @@ int run(int argc, char** argv) {
   const auto result = qwen3::generate(*loaded.model, prompts, g);
   int rc = 0;
   if (chief) {
-    std::printf("qwen3_generate: %s, tp=%lld, %s; each rank read %.2f MB of the checkpoint for %.2f MB of local shards\n",
-                a.model.c_str(), static_cast<long long>(world), a.dtype.c_str(), loaded.load.bytes_read / 1e6, loaded.load.local_bytes / 1e6);
+    const qwen3::Config& mc = loaded.model->config;
+    // A Qwen3-MoE model's experts go over the same ranks (from_pretrained's layout).
+    const std::string experts = !mc.is_moe() ? ""
+                                : world == 1 ? ", " + std::to_string(mc.num_experts) + " experts"
+                                : mc.num_experts % world == 0 ? ", " + std::to_string(mc.num_experts) + " experts over ep=" + std::to_string(world)
+                                                               : ", " + std::to_string(mc.num_experts) + " experts split by columns over tp=" + std::to_string(world);
+    std::printf("qwen3_generate: %s, tp=%lld%s, %s; each rank read %.2f MB of the checkpoint for %.2f MB of local shards\n",
+                a.model.c_str(), static_cast<long long>(world), experts.c_str(), a.dtype.c_str(), loaded.load.bytes_read / 1e6, loaded.load.local_bytes / 1e6);
     for (size_t b = 0; b < prompts.size(); ++b) {
       if (tok) std::printf("[%zu] %s%s\n", b, a.prompts.empty() ? "" : a.prompts[b].c_str(), tok->decode(result.tokens[b], true).c_str());
       std::printf("[%zu] tokens:", b);

@@ -93,7 +93,7 @@ namespace {
 struct MeshShape {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
-  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1;
+  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1;
   std::string dp_name = "dp";
 };
 
@@ -104,18 +104,20 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   HP_CHECK_T(c10::ValueError, options.optimizer_dtype == at::kFloat || options.optimizer_dtype == at::kBFloat16, "hyper_parallel::",
              what, ": the optimizer state is float32 or bfloat16, got ", options.optimizer_dtype);
   MeshShape m;
-  const std::vector<std::string> order{"dp_replicate", "dp", "tp"};  // the canonical order; dp_shard is dp
+  // The canonical order; dp_shard is dp; ep borrows its ranks from the data ranks (it holds
+  // different tokens), so it sits between dp and tp.
+  const std::vector<std::string> order{"dp_replicate", "dp", "ep", "tp"};
   size_t last = 0;
   for (const auto& [given, size] : options.mesh) {
     const std::string name = given == "dp_shard" ? "dp" : given;
     const auto at = std::find(order.begin(), order.end(), name);
     HP_CHECK_T(c10::ValueError, at != order.end(), "hyper_parallel::", what, ": mesh dimension '", given,
-               "': the demo's plan shards over 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard) and 'tp' (tensor parallelism) only");
+               "': the demo's plan shards over 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard), 'ep' (experts, MoE models) and 'tp' (tensor parallelism) only");
     const size_t index = static_cast<size_t>(at - order.begin()) + 1;
     HP_CHECK_T(c10::ValueError, index > last, "hyper_parallel::", what, ": mesh dimension '", given,
-               "' is repeated or out of the canonical order dp_replicate, dp, tp");
+               "' is repeated or out of the canonical order dp_replicate, dp, ep, tp");
     last = index;
-    (name == "tp" ? m.tp : name == "dp" ? m.dp : m.dp_replicate) = size;
+    (name == "tp" ? m.tp : name == "dp" ? m.dp : name == "ep" ? m.ep : m.dp_replicate) = size;
     if (name == "dp") m.dp_name = given;
     m.shape.push_back(size);
     m.names.push_back(given);
@@ -124,8 +126,21 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   HP_CHECK_T(c10::ValueError, !m.shape.empty(), "hyper_parallel::", what, ": the mesh is empty");
   HP_CHECK_T(c10::ValueError, m.dp_replicate == 1 || options.mesh.size() > 1, "hyper_parallel::", what,
              ": HSDP replicates a sharded group: a dp_replicate dimension needs a dp one");
-  HP_CHECK_T(c10::ValueError, !options.mixed_precision || m.dp * m.dp_replicate > 1, "hyper_parallel::", what,
+  HP_CHECK_T(c10::ValueError, !options.mixed_precision || m.dp * m.dp_replicate * m.ep > 1, "hyper_parallel::", what,
              ": mixed precision is fully_shard's (MixedPrecisionPolicy): it needs a dp dimension larger than 1");
+  if (m.ep > 1) {
+    HP_CHECK_T(c10::ValueError, options.config.is_moe(), "hyper_parallel::", what, ": an 'ep' dimension needs a mixture-of-experts config (num_experts > 0)");
+    HP_CHECK_T(c10::ValueError, m.dp_replicate == 1, "hyper_parallel::", what, ": 'ep' with 'dp_replicate' is not planned yet (use dp and ep)");
+    HP_CHECK_T(c10::ValueError, !options.sequence_parallel || m.tp == 1, "hyper_parallel::", what,
+               ": sequence parallelism with MoE layers is not supported (their blocks take the replicated stream)");
+    // The experts are fully_shard-ed over dp: the mesh always has one (of size 1 when not given).
+    if (m.dp == 1) {
+      const auto at = std::find(m.names.begin(), m.names.end(), "ep");
+      const size_t i = static_cast<size_t>(at - m.names.begin());
+      m.names.insert(m.names.begin() + static_cast<std::ptrdiff_t>(i), "dp");
+      m.shape.insert(m.shape.begin() + static_cast<std::ptrdiff_t>(i), 1);
+    }
+  }
   return m;
 }
 
@@ -144,7 +159,22 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   }
   hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
   if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
-  if (m.dp * m.dp_replicate > 1) {
+  if (m.ep > 1) {
+    // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
+    // every data rank divided by their number; the rest over dp x ep (HSDP: replicated over dp).
+    parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
+    hp::FullyShardOptions eo;
+    eo.gradient_divide_factor = static_cast<double>(m.dp * m.ep);
+    if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+    for (const auto& layer : *model->layers)
+      if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
+    const hp::DeviceMesh data = m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"];
+    hp::FullyShardOptions o;
+    if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, data, o);
+    if (options.mixed_precision) o.mp_policy.output_dtype = at::kFloat;
+    hp::fully_shard(*model, data, o);
+  } else if (m.dp * m.dp_replicate > 1) {
     const hp::DeviceMesh dp = m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
     hp::FullyShardOptions o;
     if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
@@ -229,8 +259,10 @@ PlanReport measure_training(const PlanOptions& options) {
 std::string PlanReport::to_table() const {
   std::ostringstream os;
   const Config& c = options.config;
-  os << "plan: Qwen3 " << c.num_layers << " layers, hidden " << c.hidden_size << ", " << c.num_heads << "/" << c.num_kv_heads
-     << " heads, " << dtype_label(c.dtype) << "; mesh";
+  os << "plan: Qwen3" << (c.is_moe() ? "-MoE " : " ") << c.num_layers << " layers, hidden " << c.hidden_size << ", " << c.num_heads << "/" << c.num_kv_heads
+     << " heads, ";
+  if (c.is_moe()) os << c.num_experts << " experts (top-" << c.num_experts_per_tok << ", " << c.moe_intermediate_size << " wide), ";
+  os << dtype_label(c.dtype) << "; mesh";
   for (const auto& [n, s] : options.mesh) os << " " << n << "=" << s;
   os << " (" << world_size << " ranks)" << (options.sequence_parallel ? ", sequence parallel" : "")
      << (options.mixed_precision ? ", mixed precision " + dtype_label(*options.mixed_precision) + "/float32" : std::string())

@@ -345,3 +345,37 @@ TEST(PlanReportFake, PerLayerActivationsAreTheLayerFormula) {
     EXPECT_NEAR(slope, formula, 0.1 * formula) << ac;
   }
 }
+
+// Qwen3-30B-A3B and Qwen3-235B-A22B (their published configs, 2 layers to keep it short) with
+// experts over ep: per MoE layer the forward sends each rank's T·k routed tokens (T = b·s) to
+// the experts' ranks and back, 2·T·k·h·dtype bytes through all-to-all ((ep−1)/ep of them to other
+// ranks under uniform routing), plus the per-expert counts (E int64); the backward the same
+// tokens again. Each rank holds E/ep experts, 3·I·h elements each, split over tp, then over dp
+// by fully_shard (float32 master with mixed precision).
+TEST(PlanReportFake, ExpertParallelAllToAllAndExpertBytesAreTheAnalyticCount) {
+  for (const char* name : {"qwen3_30b_a3b.json", "qwen3_235b_a22b.json"}) {
+    Config c = qwen3::load_config(repo_file(std::string("examples/qwen3/configs/") + name));
+    c.num_layers = 2;
+    const int64_t b = 1, s = 64, tokens = b * s, k = c.num_experts_per_tok, h = c.hidden_size;
+    for (const std::string mesh : {"ep=8", "dp=2,ep=8,tp=4"}) {
+      SCOPED_TRACE(std::string(name) + " " + mesh);
+      PlanOptions o = options(c, mesh, false, b, s);
+      const PlanReport r = qwen3::plan_training(o);
+      const auto fwd = entry(r, "ep", "all_to_all", "forward");
+      EXPECT_EQ(fwd.count, 3 * c.num_layers);
+      EXPECT_EQ(fwd.bytes, c.num_layers * (2 * tokens * k * h * elem(c) + c.num_experts * 8));
+      const auto bwd = entry(r, "ep", "all_to_all", "backward");
+      EXPECT_EQ(bwd.count, 2 * c.num_layers);
+      EXPECT_EQ(bwd.bytes, c.num_layers * 2 * tokens * k * h * elem(c));
+      const int64_t tp = mesh.find("tp=4") != std::string::npos ? 4 : 1, dp = mesh.find("dp=2") != std::string::npos ? 2 : 1;
+      const int64_t expert_elements = c.num_layers * (c.num_experts / 8) * 3 * c.moe_intermediate_size * h / tp / dp;
+      // The experts are most of the parameters: the rest (attention, embeddings, router) adds less.
+      EXPECT_GE(r.param_bytes, expert_elements * elem(c));
+      EXPECT_LT(r.param_bytes, expert_elements * elem(c) + analytic_local_elements([&] {
+                  Config dense = c;
+                  dense.intermediate_size = 0;
+                  return dense;
+                }(), tp, 1) * elem(c) + c.num_layers * c.num_experts * h * elem(c));
+    }
+  }
+}
