@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../../common/hf_reference.h"
 #include "../../common/test_util.h"
 #include <hyper_parallel/models/qwen3/config.h>
 #include <hyper_parallel/models/qwen3/generate.h>
@@ -33,21 +34,9 @@ namespace {
 
 const char* kVariants[] = {"moe_fp32_e4", "moe_bf16_e8_sharded"};
 
-std::string reference_dir() {
-  const char* d = std::getenv("HP_HF_REF");
-  if (d == nullptr || !fs::exists(std::string(d) + "/moe_fp32_e4/expected.safetensors")) return "";
-  return d;
-}
+#define REQUIRE_REFERENCE(dir) HP_REQUIRE_HF_REFERENCE(dir, "moe_fp32_e4")
 
-#define REQUIRE_REFERENCE(dir)                                                                              \
-  const std::string dir = reference_dir();                                                                 \
-  if (dir.empty()) GTEST_SKIP() << "no transformers references (HP_HF_REF unset or empty: transformers is " \
-                                   "not installed; scripts/setup.sh installs it)";
-
-at::Tensor expected(const std::string& variant_dir, const char* name) {
-  hp::SafetensorsFile f(variant_dir + "/expected.safetensors");
-  return f.tensor(name).clone();
-}
+at::Tensor expected(const std::string& variant_dir, const char* name) { return hp_test::hf_expected(variant_dir, name); }
 
 // The model of `dir`'s config on meta, split by `split`, then this rank's shards loaded.
 template <class Split>
@@ -90,14 +79,7 @@ at::Tensor router_rows(const std::string& dir, const std::vector<int64_t>& rows)
   return at::cat(parts, 1);
 }
 
-std::vector<std::vector<int64_t>> prompts_of(const std::string& dir) {
-  const at::Tensor ids = expected(dir, "prompt_ids"), mask = expected(dir, "prompt_mask");
-  std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(ids.size(0)));
-  for (int64_t b = 0; b < ids.size(0); ++b)
-    for (int64_t s = 0; s < ids.size(1); ++s)
-      if (mask[b][s].item<int64_t>()) prompts[static_cast<size_t>(b)].push_back(ids[b][s].item<int64_t>());
-  return prompts;
-}
+std::vector<std::vector<int64_t>> prompts_of(const std::string& dir) { return hp_test::hf_prompts(dir); }
 
 std::vector<at::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<at::Tensor> out;

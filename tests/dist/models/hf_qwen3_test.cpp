@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "../../common/test_files.h"
+#include "../../common/hf_reference.h"
 #include "../../common/test_util.h"
 #include <hyper_parallel/models/qwen3/config.h>
 #include <hyper_parallel/models/qwen3/generate.h>
@@ -30,22 +31,9 @@ namespace {
 
 const char* kVariants[] = {"fp32_single", "bf16_sharded_tied", "fp32_sharded_tied"};
 
-// The references' directory, or "" (the test then skips: transformers is not installed).
-std::string reference_dir() {
-  const char* d = std::getenv("HP_HF_REF");
-  if (d == nullptr || !fs::exists(std::string(d) + "/fp32_single/expected.safetensors")) return "";
-  return d;
-}
+#define REQUIRE_REFERENCE(dir) HP_REQUIRE_HF_REFERENCE(dir, "fp32_single")
 
-#define REQUIRE_REFERENCE(dir)                                                                              \
-  const std::string dir = reference_dir();                                                                 \
-  if (dir.empty()) GTEST_SKIP() << "no transformers references (HP_HF_REF unset or empty: transformers is " \
-                                   "not installed; scripts/setup.sh installs it)";
-
-at::Tensor expected(const std::string& variant_dir, const char* name) {
-  hp::SafetensorsFile f(variant_dir + "/expected.safetensors");
-  return f.tensor(name).clone();
-}
+at::Tensor expected(const std::string& variant_dir, const char* name) { return hp_test::hf_expected(variant_dir, name); }
 
 // Our model from the checkpoint's config.json, in float32, split over every rank.
 qwen3::CausalLM parallel_model(const std::string& variant_dir) {
@@ -55,14 +43,7 @@ qwen3::CausalLM parallel_model(const std::string& variant_dir) {
 
 hp::HFLoadOptions qwen_load() { return {qwen3::hf_key}; }
 
-std::vector<std::vector<int64_t>> prompts_of(const std::string& variant_dir) {
-  const at::Tensor ids = expected(variant_dir, "prompt_ids"), mask = expected(variant_dir, "prompt_mask");
-  std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(ids.size(0)));
-  for (int64_t b = 0; b < ids.size(0); ++b)
-    for (int64_t s = 0; s < ids.size(1); ++s)
-      if (mask[b][s].item<int64_t>()) prompts[static_cast<size_t>(b)].push_back(ids[b][s].item<int64_t>());
-  return prompts;
-}
+std::vector<std::vector<int64_t>> prompts_of(const std::string& dir) { return hp_test::hf_prompts(dir); }
 
 std::vector<at::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<at::Tensor> out;
