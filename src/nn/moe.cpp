@@ -24,18 +24,14 @@ void check_options(const MoEOptions& o, const char* what) {
              ": hidden_size (", o.hidden_size(), ") and intermediate_size (", o.intermediate_size(), ") must be positive");
 }
 
-// This rank's part of a parameter, in the graph (a DTensor's local shard).
-at::Tensor local_of(const at::Tensor& p) { return hyper_parallel::is_dtensor(p) ? hyper_parallel::DTensor(p).to_local() : p; }
-
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-int64_t sum(const std::vector<int64_t>& v, size_t from = 0, size_t to = static_cast<size_t>(-1)) {
-  int64_t n = 0;
-  for (size_t i = from; i < std::min(to, v.size()); ++i) n += v[i];
-  return n;
+// The sum of v[from, to).
+int64_t sum(const std::vector<int64_t>& v, int64_t from, int64_t to) {
+  return std::accumulate(v.begin() + from, v.begin() + to, int64_t{0});
 }
 
 at::Tensor long_tensor(const std::vector<int64_t>& v, const at::Device& device) {
@@ -94,8 +90,8 @@ void GroupedExpertsImpl::reset_parameters() {
 
 at::Tensor GroupedExpertsImpl::run_local(const at::Tensor& x, const std::vector<int64_t>& counts) {
   at::Tensor x_in = placement.tp.defined() ? fn::copy_to_group(x, placement.tp) : x;
-  const at::Tensor gate = local_of(parameter("gate_proj")), up = local_of(parameter("up_proj")),
-                   down = local_of(parameter("down_proj"));
+  const at::Tensor gate = hyper_parallel::local_tensor(parameter("gate_proj")), up = hyper_parallel::local_tensor(parameter("up_proj")),
+                   down = hyper_parallel::local_tensor(parameter("down_proj"));
   TORCH_INTERNAL_ASSERT(gate.size(0) == static_cast<int64_t>(counts.size()), "one count per local expert");
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
@@ -132,79 +128,74 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& in
   } else {
     counts = to_vector(at::bincount(flat, {}, n_experts));
   }
+  // Combine: the outputs `y` of the grouped slots [start, start + n), each weighted by its router
+  // weight, summed into its token (per token in expert order, as transformers' loop over experts
+  // adds them).
+  auto combine = [&](int64_t start, int64_t n, const at::Tensor& y) {
+    const at::Tensor w = weights.reshape({-1}).index_select(0, order.narrow(0, start, n)).unsqueeze(-1);
+    return at::zeros_like(x).index_add(0, token_of.narrow(0, start, n), y * w);
+  };
+  const int64_t slots = t * k;
   const ExpertPlacement& pl = placement;
-  at::Tensor out_sorted;  // each slot's expert output, in the grouped order
-  if (!pl.ep.defined()) {
-    out_sorted = run_local(x.index_select(0, token_of), counts);
+  if (!pl.ep.defined()) return combine(0, slots, run_local(x.index_select(0, token_of), counts));
+  const int64_t ep = pl.ep.size(), r = pl.ep.rank();
+  HP_CHECK_T(c10::ValueError, n_experts % ep == 0, "hyper_parallel::nn::GroupedExpertsImpl::forward: num_experts (", n_experts,
+             ") must be divisible by the expert-parallel size ", ep);
+  const int64_t local = n_experts / ep, lo = r * local, hi = (r + 1) * local;
+  if (pl.dispatch == ExpertPlacement::Dispatch::all_reduce) {
+    // Every ep rank holds these tokens: run the slots of this rank's experts, sum over ep.
+    const at::Tensor xs = fn::copy_to_group(x, pl.ep);
+    const int64_t start = sum(counts, 0, lo), n = sum(counts, lo, hi);
+    const at::Tensor y = run_local(xs.index_select(0, token_of.narrow(0, start, n)),
+                                   std::vector<int64_t>(counts.begin() + lo, counts.begin() + hi));
+    return fn::reduce_from_group(combine(start, n, y), pl.ep);
+  }
+  // all_to_all: how many slots this rank sends each peer's experts, and receives for its own.
+  const at::Tensor counts_t = meta ? at::empty({n_experts, 1}, x.options().dtype(at::kLong))
+                                   : long_tensor(counts, at::kCPU).view({n_experts, 1});
+  const at::Tensor got = all_to_all(counts_t, 0, 1, pl.ep);  // [local, ep]: from each source rank
+  std::vector<int64_t> recv_matrix;                           // [local][ep], row-major
+  if (meta) {
+    for (int64_t e = 0; e < local; ++e)
+      for (int64_t s = 0; s < ep; ++s) recv_matrix.push_back(counts[static_cast<size_t>(lo + e)]);
   } else {
-    const int64_t ep = pl.ep.size(), r = pl.ep.rank();
-    HP_CHECK_T(c10::ValueError, n_experts % ep == 0, "hyper_parallel::nn::GroupedExpertsImpl::forward: num_experts (", n_experts,
-               ") must be divisible by the expert-parallel size ", ep);
-    const int64_t local = n_experts / ep;
-    const size_t lo = static_cast<size_t>(r * local), hi = static_cast<size_t>((r + 1) * local);
-    if (pl.dispatch == ExpertPlacement::Dispatch::all_reduce) {
-      // Every ep rank holds these tokens: run the slots of this rank's experts, sum over ep.
-      const at::Tensor xs = fn::copy_to_group(x, pl.ep);
-      const int64_t start = sum(counts, 0, lo), n = sum(counts, lo, hi);
-      const at::Tensor mine = order.narrow(0, start, n);
-      const at::Tensor y = run_local(xs.index_select(0, token_of.narrow(0, start, n)),
-                                     std::vector<int64_t>(counts.begin() + static_cast<std::ptrdiff_t>(lo), counts.begin() + static_cast<std::ptrdiff_t>(hi)));
-      const at::Tensor w = weights.reshape({-1}).index_select(0, mine).unsqueeze(-1);
-      at::Tensor out = at::zeros_like(x).index_add(0, token_of.narrow(0, start, n), y * w);
-      return fn::reduce_from_group(out, pl.ep);
+    recv_matrix = to_vector(got);
+  }
+  std::vector<int64_t> send_splits, recv_splits(static_cast<size_t>(ep), 0), local_counts(static_cast<size_t>(local), 0);
+  for (int64_t j = 0; j < ep; ++j) send_splits.push_back(sum(counts, j * local, (j + 1) * local));
+  for (int64_t e = 0; e < local; ++e)
+    for (int64_t s = 0; s < ep; ++s) {
+      const int64_t c = recv_matrix[static_cast<size_t>(e * ep + s)];
+      recv_splits[static_cast<size_t>(s)] += c;
+      local_counts[static_cast<size_t>(e)] += c;
     }
-    // all_to_all: how many slots this rank sends each peer's experts, and receives for its own.
-    const at::Tensor counts_t = meta ? at::empty({n_experts, 1}, x.options().dtype(at::kLong))
-                                     : long_tensor(counts, at::kCPU).view({n_experts, 1});
-    const at::Tensor got = all_to_all(counts_t, 0, 1, pl.ep);  // [local, ep]: from each source rank
-    std::vector<int64_t> recv_matrix;                           // [local][ep], row-major
-    if (meta) {
-      for (int64_t e = 0; e < local; ++e)
-        for (int64_t s = 0; s < ep; ++s) recv_matrix.push_back(counts[lo + static_cast<size_t>(e)]);
-    } else {
-      recv_matrix = to_vector(got);
-    }
-    std::vector<int64_t> send_splits, recv_splits(static_cast<size_t>(ep), 0), local_counts(static_cast<size_t>(local), 0);
-    for (int64_t j = 0; j < ep; ++j) send_splits.push_back(sum(counts, static_cast<size_t>(j * local), static_cast<size_t>((j + 1) * local)));
+  const at::Tensor received =
+      fn::all_to_all_single_autograd(x.index_select(0, token_of), recv_splits, send_splits, pl.ep);  // by (source, expert)
+  at::Tensor y;
+  if (meta) {
+    y = run_local(received, local_counts);
+  } else {
+    // Regroup by (expert, source) for the experts: row perm[i] of `received` is row i of the
+    // grouped order; index_copy puts the outputs back in `received`'s order.
+    std::vector<int64_t> block_start(static_cast<size_t>(local * ep));
+    int64_t at_row = 0;
+    for (int64_t s = 0; s < ep; ++s)
+      for (int64_t e = 0; e < local; ++e) {
+        block_start[static_cast<size_t>(e * ep + s)] = at_row;
+        at_row += recv_matrix[static_cast<size_t>(e * ep + s)];
+      }
+    std::vector<int64_t> perm;
+    perm.reserve(static_cast<size_t>(at_row));
     for (int64_t e = 0; e < local; ++e)
       for (int64_t s = 0; s < ep; ++s) {
-        const int64_t c = recv_matrix[static_cast<size_t>(e * ep + s)];
-        recv_splits[static_cast<size_t>(s)] += c;
-        local_counts[static_cast<size_t>(e)] += c;
+        const int64_t b = block_start[static_cast<size_t>(e * ep + s)];
+        for (int64_t i = 0; i < recv_matrix[static_cast<size_t>(e * ep + s)]; ++i) perm.push_back(b + i);
       }
-    const at::Tensor received =
-        fn::all_to_all_single_autograd(x.index_select(0, token_of), recv_splits, send_splits, pl.ep);  // by (source, expert)
-    // Regroup by (expert, source) for the experts, and back afterwards.
-    std::vector<int64_t> perm;
-    if (!meta) {
-      std::vector<int64_t> block_start(static_cast<size_t>(local * ep));
-      int64_t at_row = 0;
-      for (int64_t s = 0; s < ep; ++s)
-        for (int64_t e = 0; e < local; ++e) {
-          block_start[static_cast<size_t>(e * ep + s)] = at_row;
-          at_row += recv_matrix[static_cast<size_t>(e * ep + s)];
-        }
-      perm.reserve(static_cast<size_t>(at_row));
-      for (int64_t e = 0; e < local; ++e)
-        for (int64_t s = 0; s < ep; ++s) {
-          const int64_t b = block_start[static_cast<size_t>(e * ep + s)];
-          for (int64_t i = 0; i < recv_matrix[static_cast<size_t>(e * ep + s)]; ++i) perm.push_back(b + i);
-        }
-    }
-    at::Tensor y;
-    if (meta) {
-      y = run_local(received, local_counts);
-    } else {
-      const at::Tensor p = long_tensor(perm, x.device());
-      y = run_local(received.index_select(0, p), local_counts);
-      y = y.index_select(0, at::argsort(p));
-    }
-    out_sorted = fn::all_to_all_single_autograd(y, send_splits, recv_splits, pl.ep);
+    const at::Tensor p = long_tensor(perm, x.device());
+    const at::Tensor grouped = run_local(received.index_select(0, p), local_counts);
+    y = at::empty_like(grouped).index_copy(0, p, grouped);
   }
-  // Combine: each slot's output weighted by its router weight, summed into its token (per token
-  // in expert order, as transformers' loop over experts adds them).
-  const at::Tensor w = weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
-  return at::zeros_like(x).index_add(0, token_of, out_sorted * w);
+  return combine(0, slots, fn::all_to_all_single_autograd(y, send_splits, recv_splits, pl.ep));
 }
 
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {

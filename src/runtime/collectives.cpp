@@ -10,9 +10,11 @@
 #include <c10/core/InferenceMode.h>
 
 #include <limits>
+#include <numeric>
 
 #include "group_impl.h"
 #include "reduction_emulation.h"
+#include "split_agreement.h"
 
 namespace hyper_parallel {
 namespace {
@@ -352,11 +354,7 @@ std::vector<int64_t> checked_splits(const std::vector<int64_t>& splits, int64_t 
     HP_CHECK_T(c10::ValueError, s >= 0, "hyper_parallel::all_to_all_single: ", which, " holds a negative size (", c10::IntArrayRef(splits), ")");
   return splits;
 }
-int64_t sum_of(const std::vector<int64_t>& v) {
-  int64_t n = 0;
-  for (int64_t x : v) n += x;
-  return n;
-}
+int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 }  // namespace
 
 Work all_to_all_single_async(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
@@ -390,11 +388,7 @@ Work all_to_all_single_async(const at::Tensor& input, const std::vector<int64_t>
     mine.insert(mine.end(), out_splits.begin(), out_splits.end());
     const at::Tensor all = all_gather(at::tensor(mine, at::kLong).unsqueeze(0), 0, group).contiguous();
     const int64_t* a = all.data_ptr<int64_t>();
-    for (int64_t p = 0; p < g; ++p)
-      for (int64_t q = 0; q < g; ++q)
-        HP_CHECK_T(c10::ValueError, a[p * 2 * g + q] == a[q * 2 * g + g + p], "hyper_parallel::all_to_all_single: rank ",
-                   group.ranks()[static_cast<size_t>(p)], " sends ", a[p * 2 * g + q], " rows to rank ", group.ranks()[static_cast<size_t>(q)],
-                   ", which expects ", a[q * 2 * g + g + p], " (output_split_sizes must equal the peers' input_split_sizes)");
+    check_split_agreement(g, group.ranks(), [&](int64_t p, int64_t j) { return a[p * 2 * g + j]; });
   }
   const at::Tensor send = on_transport(input, tr, "all_to_all_single").contiguous().view({input.size(0), row});
   const auto options = input.options().device(tr.device_type() == input.device().type() ? input.device() : c10::Device(tr.device_type()));

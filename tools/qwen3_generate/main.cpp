@@ -119,12 +119,17 @@ int run(int argc, char** argv) {
   const auto result = qwen3::generate(*loaded.model, prompts, g);
   int rc = 0;
   if (chief) {
-    const qwen3::Config& mc = loaded.model->config;
-    // A Qwen3-MoE model's experts go over the same ranks (from_pretrained's layout).
-    const std::string experts = !mc.is_moe() ? ""
-                                : world == 1 ? ", " + std::to_string(mc.num_experts) + " experts"
-                                : mc.num_experts % world == 0 ? ", " + std::to_string(mc.num_experts) + " experts over ep=" + std::to_string(world)
-                                                               : ", " + std::to_string(mc.num_experts) + " experts split by columns over tp=" + std::to_string(world);
+    // A Qwen3-MoE model's experts, as from_pretrained laid them out.
+    std::string experts;
+    for (const auto& layer : *loaded.model->layers) {
+      const auto& moe = layer->as<qwen3::DecoderLayerImpl>()->moe;
+      if (!moe) continue;
+      const hp::nn::ExpertPlacement& pl = moe->experts->placement;
+      experts = ", " + std::to_string(moe->options.num_experts()) + " experts" +
+                (pl.ep.defined() ? " over ep=" + std::to_string(pl.ep.size())
+                 : pl.tp.defined() ? " split by columns over tp=" + std::to_string(pl.tp.size()) : std::string());
+      break;
+    }
     std::printf("qwen3_generate: %s, tp=%lld%s, %s; each rank read %.2f MB of the checkpoint for %.2f MB of local shards\n",
                 a.model.c_str(), static_cast<long long>(world), experts.c_str(), a.dtype.c_str(), loaded.load.bytes_read / 1e6, loaded.load.local_bytes / 1e6);
     for (size_t b = 0; b < prompts.size(); ++b) {

@@ -68,16 +68,17 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   // reduces their summed input gradient once: an all-gather's reduce-scatter with sequence
   // parallelism, Megatron's all-reduce without.
   entries.emplace_back("layers.*.self_attn", hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
-  // Dense MLPs (every layer of a dense model): Colwise gate/up, Rowwise down.
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (c.is_moe_layer(l)) continue;
-    const std::string mlp = c.is_moe() ? "layers." + std::to_string(l) + ".mlp" : "layers.*.mlp";
+  // Dense MLPs: Colwise gate/up, Rowwise down; every layer of a dense model by one pattern, the
+  // dense layers of a MoE model one by one (their sparse blocks take the stream as it is).
+  auto dense_mlp = [&](const std::string& mlp) {
     entries.emplace_back(mlp + ".gate_proj", hp::ColwiseParallel());
     entries.emplace_back(mlp + ".up_proj", hp::ColwiseParallel());
     entries.emplace_back(mlp + ".down_proj", out_proj);
     entries.emplace_back(mlp, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
-    if (!c.is_moe()) break;
-  }
+  };
+  if (!c.is_moe()) dense_mlp("layers.*.mlp");
+  for (int64_t l = 0; c.is_moe() && l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l)) dense_mlp("layers." + std::to_string(l) + ".mlp");
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
   if (replicate_kv) replicate_kv_heads(model, tp_mesh);
   // Both are Shard(0) over the vocabulary, so one DTensor serves both again.

@@ -159,28 +159,24 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   }
   hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
   if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
+  hp::FullyShardOptions o;
+  if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
   if (m.ep > 1) {
     // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
-    // every data rank divided by their number; the rest over dp x ep (HSDP: replicated over dp).
+    // every data rank divided by their number; the rest below over dp x ep (HSDP: replicated over dp).
     parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
-    hp::FullyShardOptions eo;
+    hp::FullyShardOptions eo = o;
     eo.gradient_divide_factor = static_cast<double>(m.dp * m.ep);
-    if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
     for (const auto& layer : *model->layers)
       if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
-    const hp::DeviceMesh data = m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"];
-    hp::FullyShardOptions o;
-    if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+  }
+  if (m.dp * m.dp_replicate * m.ep > 1) {
+    // The data ranks: dp (HSDP: dp_replicate x dp), or dp x ep with experts.
+    const hp::DeviceMesh data = m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
+                                : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
     for (const auto& layer : *model->layers) hp::fully_shard(*layer, data, o);
     if (options.mixed_precision) o.mp_policy.output_dtype = at::kFloat;
     hp::fully_shard(*model, data, o);
-  } else if (m.dp * m.dp_replicate > 1) {
-    const hp::DeviceMesh dp = m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
-    hp::FullyShardOptions o;
-    if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, dp, o);
-    if (options.mixed_precision) o.mp_policy.output_dtype = at::kFloat;
-    hp::fully_shard(*model, dp, o);
   }
   model->train();
 

@@ -7,8 +7,7 @@
 #include <vector>
 
 #include "shm_reduce.h"
-
-#include <hyper_parallel/runtime/errors.h>
+#include "../../split_agreement.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -116,14 +115,10 @@ void ShmTransport::all_to_all_v(const void* in, void* out, const std::vector<siz
     std::vector<uint64_t> all(2 * ug * ug);
     for (int64_t p = 0; p < g; ++p)
       std::memcpy(all.data() + 2 * ug * static_cast<size_t>(p), buffer(p, step), 2 * ug * sizeof(uint64_t));
-    for (size_t p = 0; p < ug; ++p)
-      for (size_t q = 0; q < ug; ++q) {
-        const uint64_t sent = all[2 * ug * p + q], expected = all[2 * ug * q + ug + p];
-        HP_CHECK_T(c10::ValueError, sent == expected, "hyper_parallel::all_to_all_single: rank ", ranks_[p], " sends ", sent / row_bytes,
-                    " rows to rank ", ranks_[q], ", which expects ", expected / row_bytes,
-                    " (output_split_sizes must equal the peers' input_split_sizes)");
-        largest = std::max<size_t>(largest, sent);
-      }
+    check_split_agreement(g, ranks_, [&](int64_t p, int64_t j) {
+      return static_cast<int64_t>(all[2 * ug * static_cast<size_t>(p) + static_cast<size_t>(j)] / row_bytes);
+    });
+    largest = *std::max_element(all.begin(), all.end());
   }
   const size_t per = std::max<size_t>(1, buffer_bytes_ / ug);
   std::vector<size_t> send_at(ug, 0), recv_at(ug, 0);
