@@ -6,6 +6,7 @@
 //   auto w = hp::distribute_tensor(weight, tp, {hp::Shard(0)});
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/collectives.h>
+#include <hyper_parallel/runtime/point_to_point.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/device_checks.h>
@@ -36,6 +37,9 @@
 #include <hyper_parallel/tensor_parallel/style.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/expert_parallel/expert_parallel.h>
+#include <hyper_parallel/pipelining/schedule_order.h>
+#include <hyper_parallel/pipelining/stage.h>
+#include <hyper_parallel/pipelining/schedules.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/checkpoint/sharded_checkpoint.h>
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>

@@ -176,9 +176,11 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
   // parameters: they stay gathered until this group's gradients are reduced.
   if (is_recomputing()) return;
   // The root's parameters stay gathered: backward starts with them (as FSDP2 does).
-  if (!options_.reshard_after_forward || is_root_) return;
-  reshard();
+  if (options_.reshard_after_forward && !is_root_) reshard();
   if (output.isNone()) return;  // no backward will come
+  // Gathered again when this output's gradient arrives: after this forward, or - when several
+  // forwards run before their backwards (pipeline microbatches) - after an earlier backward
+  // resharded them. A no-op when they are still gathered.
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   for_each_tensor(output, [&](const at::Tensor& t) {
     if (t.defined() && t.requires_grad())

@@ -235,6 +235,15 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, b
   for (auto& g : groups) g->requires_gradient_sync = requires_sync;
 }
 
+bool has_fully_shard(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& [prefix, m] : nn::modules_with_names(const_cast<torch::nn::Module&>(module))) {
+    const auto it = g_groups.find(m);
+    if (it != g_groups.end() && !it->second.expired()) return true;
+  }
+  return false;
+}
+
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<torch::nn::Module*>& modules) {
   auto group = group_of(module, "set_modules_to_forward_prefetch");
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> targets;

@@ -2,6 +2,7 @@
 // keeps the module's inputs and parameters, and in backward runs the forward again with gradients
 // (the generators rewound) and back-propagates through it.
 #include <hyper_parallel/nn/activation_checkpoint.h>
+#include <hyper_parallel/nn/layers.h>
 
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/platform/platform.h>
@@ -324,7 +325,7 @@ std::vector<std::string> apply_activation_checkpointing(torch::nn::Module& model
   // Blocks: the elements of ModuleLists, unless the policy says otherwise.
   std::unordered_set<const torch::nn::Module*> list_elements;
   for (const auto& [prefix, m] : nn::modules_with_names(model))
-    if (dynamic_cast<const torch::nn::ModuleListImpl*>(m) != nullptr)
+    if (dynamic_cast<const torch::nn::ModuleListImpl*>(m) != nullptr || dynamic_cast<const nn::ModuleListImpl*>(m) != nullptr)
       for (const auto& child : m->children()) list_elements.insert(child.get());
   std::vector<std::pair<std::string, torch::nn::Module*>> blocks;
   for (const auto& [fqn, m] : nn::modules_with_names(model))

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/runtime/errors.h>
 
 #include <cmath>
 
@@ -112,6 +113,21 @@ at::Tensor SequentialImpl::forward(const at::Tensor& input) {
   at::Tensor x = input;
   for (auto& child : children_) x = child->call_tensor(x);
   return x;
+}
+
+ModuleListImpl::ModuleListImpl(int64_t first_index) : first_index_(first_index) {
+  HP_CHECK_T(c10::ValueError, first_index >= 0, "hyper_parallel::nn::ModuleList: first_index must be >= 0, got ", first_index);
+}
+
+void ModuleListImpl::push_back(std::shared_ptr<torch::nn::Module> module) {
+  register_module(std::to_string(first_index_ + static_cast<int64_t>(modules_.size())), module);
+  modules_.push_back(std::move(module));
+}
+
+std::shared_ptr<torch::nn::Module> ModuleListImpl::operator[](size_t position) const {
+  HP_CHECK_T(c10::IndexError, position < modules_.size(), "hyper_parallel::nn::ModuleList: position ", position,
+             " is out of range for a list of ", modules_.size(), " modules");
+  return modules_[position];
 }
 
 }  // namespace nn

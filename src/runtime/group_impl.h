@@ -25,15 +25,24 @@ struct Group::Impl {
   std::string prefix;
   std::atomic<uint64_t> seq{0};  // c10d collectives issued on this group by this rank (numbered at issue)
   std::unique_ptr<Transport> transport;
+  // What carries send/recv when `transport` does not (a shared-memory group: its Gloo process group).
+  std::unique_ptr<Transport> peer_transport;
 };
 
 /// The group's transport (the group must be defined).
 Transport& transport_of(const Group& group);
 
+/// The transport that carries the group's point-to-point transfers.
+Transport& peer_transport_of(const Group& group);
+
 /// Waits for `work`, collective `what` issued on `g` as its #`seq` (`++g.seq` when it was
 /// issued); when it fails, raises a c10::Error naming the members that did not reach it (asked
 /// through the job's store).
 void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
+
+/// Waits for `work`, a point-to-point `what` ("send" or "recv") with group rank `peer` and `tag`;
+/// when it fails (the peer died, or the timeout passed), raises a c10::Error naming the peer.
+void wait_peer_work(Group::Impl& g, const char* what, int64_t peer, int64_t tag, const c10::intrusive_ptr<c10d::Work>& work);
 
 /// The message for collective `what` (#`seq` on `g`) that failed with `cause`: the members that
 /// did not arrive, found through the job's store within a short grace period.

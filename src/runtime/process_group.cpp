@@ -37,6 +37,11 @@ Transport& transport_of(const Group& group) {
   return *GroupAccess::impl(group).transport;
 }
 
+Transport& peer_transport_of(const Group& group) {
+  Group::Impl& g = GroupAccess::impl(group);
+  return g.peer_transport ? *g.peer_transport : *g.transport;
+}
+
 int64_t Group::rank() const { return impl_->rank; }
 int64_t Group::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
 const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
@@ -189,6 +194,9 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
     }
   }
   if (!impl->transport) impl->transport = choice.backend == "nccl" ? make_nccl_transport(*impl, s.timeout) : make_gloo_transport(*impl);
+  // Shared memory moves collectives only: send and recv go through the group's Gloo process group
+  // (one host, so loopback), which is already connected.
+  if (!impl->transport->capabilities().point_to_point) impl->peer_transport = make_gloo_transport(*impl);
   return Group(std::move(impl));
 }
 
@@ -235,6 +243,20 @@ void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::i
     work->wait();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e)));
+  }
+}
+
+void wait_peer_work(Group::Impl& g, const char* what, int64_t peer, int64_t tag, const c10::intrusive_ptr<c10d::Work>& work) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    const bool send = std::string(what) == "send";
+    TORCH_CHECK(false, "hyper_parallel::", what, ": ", send ? "sending to" : "receiving from", " rank ",
+                g.ranks[static_cast<size_t>(peer)], " (tag ", tag, ") on the group of ranks [", join_ranks(g.ranks),
+                "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " (timeout ", state().timeout.count() / 1000.0,
+                " s, HP_TIMEOUT_S): rank ", g.ranks[static_cast<size_t>(peer)],
+                " exited, stopped, or never issued the matching ", send ? "recv" : "send",
+                " (one of this tag, size and dtype). Cause: ", message_of(e));
   }
 }
 

@@ -71,6 +71,8 @@ void reshard(torch::nn::Module& module);
 /// reduction. Set it on every fully_shard module (`recurse`: on every one inside `module`).
 /// e.g. `hp::set_requires_gradient_sync(*model, microbatch + 1 == n);`
 void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, bool recurse = true);
+/// Whether fully_shard was applied to `module` or to a module inside it.
+bool has_fully_shard(const torch::nn::Module& module);
 /// When `module`'s forward starts, also gather the parameters of `modules` (in order), as
 /// PyTorch's FSDPModule.set_modules_to_forward_prefetch; each must be a fully_shard module.
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<torch::nn::Module*>& modules);

@@ -172,8 +172,40 @@ class SequentialImpl : public ModuleBase<SequentialImpl> {
 };
 HP_MODULE(Sequential);
 
-/// Containers that never call their children: libtorch's own (FQNs "layers.0.attn").
-using ModuleList = torch::nn::ModuleList;
+/// A list of modules that never calls them (a decoder's layers), as libtorch's ModuleList, except
+/// that its elements are named from `first_index`: a pipeline stage that holds layers 4..7 of a
+/// model names them "layers.4" .. "layers.7", so its FQNs, its checkpoints and its HF keys are the
+/// whole model's (torchtitan deletes the other layers rather than renumbering).
+/// e.g. `hnn::ModuleList layers(4); layers->push_back(block);  // registered as "4"`
+class ModuleListImpl : public torch::nn::Module {
+ public:
+  using Iterator = std::vector<std::shared_ptr<torch::nn::Module>>::iterator;
+  using ConstIterator = std::vector<std::shared_ptr<torch::nn::Module>>::const_iterator;
+  explicit ModuleListImpl(int64_t first_index = 0);
+  /// Appends `module`, registered under the name first_index() + its position.
+  void push_back(std::shared_ptr<torch::nn::Module> module);
+  template <class Impl>
+  void push_back(const torch::nn::ModuleHolder<Impl>& holder) {
+    push_back(std::static_pointer_cast<torch::nn::Module>(holder.ptr()));
+  }
+  Iterator begin() { return modules_.begin(); }
+  Iterator end() { return modules_.end(); }
+  ConstIterator begin() const { return modules_.begin(); }
+  ConstIterator end() const { return modules_.end(); }
+  /// The element at `position` (not its name's index: position 0 of a stage from layer 4 is "4").
+  std::shared_ptr<torch::nn::Module> operator[](size_t position) const;
+  size_t size() const { return modules_.size(); }
+  bool is_empty() const { return modules_.empty(); }
+  /// The index the first element is named with.
+  int64_t first_index() const { return first_index_; }
+
+ private:
+  int64_t first_index_ = 0;
+  std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+};
+TORCH_MODULE(ModuleList);
+
+/// A container that never calls its children: libtorch's own.
 using ModuleDict = torch::nn::ModuleDict;
 
 }  // namespace nn

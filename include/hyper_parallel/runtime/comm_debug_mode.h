@@ -20,7 +20,8 @@ extern std::atomic<int> g_op_tracing;
 
 /// RAII scope that counts every collective this process issues while it is alive (on any
 /// thread, so autograd's backward is counted too). Kinds: "all_gather", "all_reduce",
-/// "reduce_scatter", "all_to_all", "broadcast", "scatter", "barrier". Emulated collectives count
+/// "reduce_scatter", "all_to_all", "broadcast", "scatter", "barrier", and the point-to-point
+/// "send" and "recv" (bytes sent, bytes received). Emulated collectives count
 /// under their logical name (a reduce_scatter built from all-to-all is one "reduce_scatter").
 /// Bytes are the bytes of the tensor this rank contributes (the input of the collective).
 /// e.g. `{ hp::CommDebugMode comm; y = mlp(x); EXPECT_EQ(comm.get_comm_count("all_reduce"), 1); }`

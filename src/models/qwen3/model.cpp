@@ -6,6 +6,7 @@
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace hyper_parallel {
@@ -174,10 +175,34 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) {
   return h + (moe ? moe(x) : mlp(x));
 }
 
-CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
-  embed_tokens = register_module("embed_tokens", hnn::Embedding(c.vocab_size, c.hidden_size));
-  layers = register_module("layers", hnn::ModuleList());
-  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c, i).ptr());
+StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
+  HP_CHECK_T(c10::ValueError, num_stages >= 1 && stage >= 0 && stage < num_stages, "hyper_parallel::qwen3::pipeline_stage_span: stage ",
+             stage, " is outside 0 .. ", num_stages - 1);
+  HP_CHECK_T(c10::ValueError, c.num_layers >= num_stages, "hyper_parallel::qwen3::pipeline_stage_span: ", c.num_layers,
+             " decoder layers cannot give each of ", num_stages, " stages at least one");
+  HP_CHECK_T(c10::ValueError, !c.tie_word_embeddings || num_stages == 1, "hyper_parallel::qwen3::pipeline_stage_span: the model ties ",
+             "lm_head to embed_tokens (tie_word_embeddings), which would live on the first and the last of ", num_stages,
+             " stages; pipeline parallelism needs untied weights");
+  const int64_t base = c.num_layers / num_stages, extra = c.num_layers % num_stages;
+  StageSpan s;
+  s.first_layer = stage * base + std::min(stage, extra);
+  s.end_layer = s.first_layer + base + (stage < extra ? 1 : 0);
+  s.embedding = stage == 0;
+  s.head = stage + 1 == num_stages;
+  return s;
+}
+
+CausalLMImpl::CausalLMImpl(const Config& c, const StageSpan& stage) : config(c), span(stage) {
+  if (span.end_layer < 0) span.end_layer = c.num_layers;
+  HP_CHECK_T(c10::ValueError, span.first_layer >= 0 && span.first_layer <= span.end_layer && span.end_layer <= c.num_layers,
+             "hyper_parallel::qwen3::CausalLM: layers [", span.first_layer, ", ", span.end_layer, ") are not within the model's ",
+             c.num_layers);
+  HP_CHECK_T(c10::ValueError, !c.tie_word_embeddings || span.embedding == span.head, "hyper_parallel::qwen3::CausalLM: a stage with ",
+             span.embedding ? "the embedding but not lm_head" : "lm_head but not the embedding", " cannot tie them (tie_word_embeddings)");
+  if (span.embedding) embed_tokens = register_module("embed_tokens", hnn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", hnn::ModuleList(span.first_layer));
+  for (int64_t i = span.first_layer; i < span.end_layer; ++i) layers->push_back(DecoderLayer(c, i).ptr());
+  if (!span.head) return;
   norm = register_module("norm", hnn::RMSNorm(hnn::RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps)));
   {
     // A tied lm_head is embed_tokens' weight: built on meta, it allocates and draws nothing (as
@@ -190,7 +215,7 @@ CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
 }
 
 void CausalLMImpl::tie_weights() {
-  if (config.tie_word_embeddings) lm_head->replace_parameter("weight", embed_tokens->weight());
+  if (config.tie_word_embeddings && embed_tokens && lm_head) lm_head->replace_parameter("weight", embed_tokens->weight());
 }
 
 KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
@@ -222,8 +247,9 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardConte
   std::vector<AttentionImpl*> attns;
   for (const auto& layer : *layers) attns.push_back(layer->as<DecoderLayerImpl>()->self_attn.get());
   // Computed once for every layer; the pointers are this call's only.
+  // A stage without the embedding takes hidden states, in the dtype the previous stage computed.
   const LayerInputs in = layer_inputs(config, &context, input_ids.size(0), input_ids.size(1),
-                                      embed_tokens->weight().scalar_type(), input_ids.device());
+                                      embed_tokens ? embed_tokens->weight().scalar_type() : input_ids.scalar_type(), input_ids.device());
   struct Scope {
     std::vector<AttentionImpl*>& attns;
     ~Scope() {
@@ -231,9 +257,10 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardConte
     }
   } scope{attns};
   for (auto* a : attns) a->inputs = &in;
-  at::Tensor h = embed_tokens(input_ids);
+  at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;
   for (const auto& layer : *layers) h = layer->as<DecoderLayerImpl>()->call_tensor(h);
   if (context.cache) context.cache->length += input_ids.size(1);
+  if (!lm_head) return h;
   if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);
   return lm_head(norm(h));
 }

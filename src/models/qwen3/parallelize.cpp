@@ -51,16 +51,20 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   // of dim 2 is exact; the output goes back to a local tensor for the attention math.
   hp::SequenceParallel head_norm(/*sequence_dim=*/2, /*use_local_output=*/true);
   std::vector<hp::PlanEntry> entries{
-      {"embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream)},
       {"layers.*.self_attn.q_proj", hp::ColwiseParallel()},
       {"layers.*.self_attn.q_norm", head_norm},
       {"layers.*.self_attn.k_norm", head_norm},
       {"layers.*.self_attn.o_proj", out_proj},
-      {"lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel)},
   };
+  // A pipeline stage holds the embedding, the head, both or neither.
+  if (model.embed_tokens) entries.emplace_back("embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream));
+  if (model.lm_head)
+    entries.emplace_back("lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel));
   if (!replicate_kv)
     for (const char* proj : {"layers.*.self_attn.k_proj", "layers.*.self_attn.v_proj"}) entries.emplace_back(proj, hp::ColwiseParallel());
-  for (const char* norm : {"layers.*.input_layernorm", "layers.*.post_attention_layernorm", "norm"}) {
+  std::vector<const char*> norms{"layers.*.input_layernorm", "layers.*.post_attention_layernorm"};
+  if (model.norm) norms.push_back("norm");
+  for (const char* norm : norms) {
     if (sequence_parallel) entries.emplace_back(norm, hp::SequenceParallel(1));
     else entries.emplace_back(norm, hp::NoParallel());
   }
@@ -77,7 +81,7 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
     entries.emplace_back(mlp, hp::PrepareModuleInput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}));
   };
   if (!c.is_moe()) dense_mlp("layers.*.mlp");
-  for (int64_t l = 0; c.is_moe() && l < c.num_layers; ++l)
+  for (int64_t l = model.span.first_layer; c.is_moe() && l < model.span.end_layer; ++l)
     if (!c.is_moe_layer(l)) dense_mlp("layers." + std::to_string(l) + ".mlp");
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
   if (replicate_kv) replicate_kv_heads(model, tp_mesh);
@@ -95,7 +99,7 @@ void parallelize_qwen3_experts(CausalLMImpl& model, const hp::DeviceMesh& mesh, 
   else if (tensor_parallel) style = std::make_unique<hp::expert::TensorParallel>();
   else style = std::make_unique<hp::ExpertParallel>(token_dispatcher);
   std::vector<std::pair<std::string, hnn::GroupedExpertsImpl*>> experts;
-  int64_t l = 0;
+  int64_t l = model.layers->first_index();
   for (const auto& layer : *model.layers) {
     if (auto moe = layer->as<DecoderLayerImpl>()->moe) experts.emplace_back("layers." + std::to_string(l) + ".mlp.experts", moe->experts.get());
     ++l;

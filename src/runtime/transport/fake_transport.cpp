@@ -19,6 +19,7 @@ class FakeTransport final : public Transport {
     TransportCapabilities c;
     c.reduce_scatter = c.average = c.reduce_16bit = c.nan_max_min = true;
     c.simulated = true;
+    c.point_to_point = true;
     return c;
   }
 
@@ -64,6 +65,10 @@ class FakeTransport final : public Transport {
     return {};
   }
   Completion barrier() override { return {}; }
+  // No peer sends anything: a recv leaves its buffer as it is (its shape is what matters to a plan).
+  std::vector<Completion> peer_transfers(const std::vector<PeerTransfer>& ops) override {
+    return std::vector<Completion>(ops.size());
+  }
 
  private:
   int64_t rank_, size_;

@@ -29,6 +29,7 @@ class GlooTransport final : public Transport {
   TransportCapabilities capabilities() const override {
     TransportCapabilities c;
     c.asynchronous = true;
+    c.point_to_point = true;
     return c;
   }
 
@@ -77,6 +78,23 @@ class GlooTransport final : public Transport {
   }
 
   Completion barrier() override { return completion("barrier", g_.pg->barrier(), {}); }
+
+  // Gloo's send and recv run on its own threads (a send completes once its recv is posted): each
+  // transfer is issued at once and waited for in its Completion, in any order.
+  std::vector<Completion> peer_transfers(const std::vector<PeerTransfer>& ops) override {
+    std::vector<Completion> done;
+    done.reserve(ops.size());
+    for (const PeerTransfer& op : ops) {
+      std::vector<at::Tensor> ts{as_wire(op.buf)};
+      const int peer = static_cast<int>(op.peer), match = static_cast<int>(op.match);
+      const int64_t tag = op.tag;
+      auto work = op.send ? g_.pg->send(ts, peer, match) : g_.pg->recv(ts, peer, match);
+      Group::Impl* g = &g_;
+      const char* what = op.send ? "send" : "recv";
+      done.push_back([g, what, peer, tag, work = std::move(work), keep = op.buf] { wait_peer_work(*g, what, peer, tag, work); });
+    }
+    return done;
+  }
 
  private:
   // The buffers stay alive (captured) until the collective is waited for.

@@ -94,6 +94,7 @@ class NcclTransport final : public Transport {
     c.average = true;
     c.reduce_16bit = true;
     c.asynchronous = true;
+    c.point_to_point = true;
     // NaN in max/min: not relied upon (NaN flags travel along, as for Gloo).
     return c;
   }
@@ -147,6 +148,25 @@ class NcclTransport final : public Transport {
   }
 
   Completion barrier() override { return issue("barrier", g_.pg->barrier()); }
+
+  // One coalesced group call (ncclGroupStart/End): a send on a stream waits for its recv, so two
+  // ranks that each send first would otherwise block each other's streams.
+  std::vector<Completion> peer_transfers(const std::vector<PeerTransfer>& ops) override {
+    g_.pg->startCoalescing(c10::DeviceType::CUDA);
+    for (const PeerTransfer& op : ops) {
+      std::vector<at::Tensor> ts{op.buf};
+      if (op.send) g_.pg->send(ts, static_cast<int>(op.peer), static_cast<int>(op.match));
+      else g_.pg->recv(ts, static_cast<int>(op.peer), static_cast<int>(op.match));
+    }
+    c10::intrusive_ptr<c10d::Work> work = g_.pg->endCoalescing(c10::DeviceType::CUDA);
+    std::vector<Completion> done;
+    Group::Impl* g = &g_;
+    for (const PeerTransfer& op : ops) {
+      const char* what = op.send ? "send" : "recv";
+      done.push_back([g, what, peer = op.peer, tag = op.tag, work, keep = op.buf] { wait_peer_work(*g, what, peer, tag, work); });
+    }
+    return done;
+  }
 
  private:
   Completion issue(const char* what, c10::intrusive_ptr<c10d::Work> work) {

@@ -31,6 +31,20 @@ struct TransportCapabilities {
   /// No peers (a fake world): every rank is taken to hold this rank's tensors, so a scatter's
   /// source data is handed over on every rank.
   bool simulated = false;
+  /// send() and recv(); otherwise the group's c10d process group carries them (Gloo).
+  bool point_to_point = false;
+};
+
+/// One transfer of a batch of point-to-point operations: `buf` (contiguous, on the transport's
+/// device) goes to group rank `peer` (send) or is filled from it (recv). `tag` is the caller's;
+/// `match` (< 2^31) is what the transport matches on where it has tags: the tag mixed with the
+/// byte count and dtype, so that a recv never takes a message of another size (Gloo would).
+struct PeerTransfer {
+  bool send = true;
+  at::Tensor buf;
+  int64_t peer = 0;
+  int64_t tag = 0;
+  int64_t match = 0;
 };
 
 class Transport {
@@ -67,6 +81,13 @@ class Transport {
   /// block in `out`.
   virtual Completion scatter(const at::Tensor& in, const at::Tensor& out, int64_t src) = 0;
   virtual Completion barrier() = 0;
+  /// Issues every transfer of `ops` (with NCCL, as one group call, so that two ranks that both
+  /// send first do not wait on each other) and returns one Completion per transfer, in order.
+  /// Transfers between one pair with one tag are matched in the order they were issued. Called
+  /// only when capabilities().point_to_point.
+  virtual std::vector<Completion> peer_transfers(const std::vector<PeerTransfer>& ops) {
+    TORCH_INTERNAL_ASSERT(false, "the ", name(), " transport has no point-to-point transfers (the group's Gloo process group carries them)");
+  }
 };
 
 }  // namespace hyper_parallel

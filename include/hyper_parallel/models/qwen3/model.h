@@ -115,11 +115,30 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
 };
 HP_MODULE(DecoderLayer);
 
+/// The part of the model one pipeline stage holds: decoder layers [first_layer, end_layer), the
+/// token embedding (the first stage) and the final norm and lm_head (the last). The default is the
+/// whole model.
+struct StageSpan {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  ///< -1: num_layers
+  bool embedding = true;
+  bool head = true;
+};
+
+/// Stage `stage` of `num_stages`: the layers split into contiguous runs as evenly as possible
+/// (the earlier stages take one more), the embedding on stage 0, norm and lm_head on the last.
+/// c10::ValueError when a stage would get no layer or the model ties lm_head to the embedding
+/// (the two would live on different stages).
+/// e.g. `qwen3::CausalLM stage(config, qwen3::pipeline_stage_span(config, pp_rank, pp));`
+StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages);
+
 /// Token ids [B, S] -> logits [B, S, vocab] (a causal mask over the sequence), or with a context
-/// the next tokens of a generation (positions, padding, the KV cache).
+/// the next tokens of a generation (positions, padding, the KV cache). Built with a StageSpan it
+/// is one pipeline stage: without the embedding it takes hidden states [B, S, hidden]; without
+/// the head it returns them; its layers keep their indices in the whole model (`layers.<i>`).
 class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
  public:
-  explicit CausalLMImpl(const Config& c);
+  explicit CausalLMImpl(const Config& c, const StageSpan& span = {});
   at::Tensor forward(const at::Tensor& input_ids);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
   /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor). Done at
@@ -135,10 +154,11 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   /// whole batch when given (see hyper_parallel::nn::load_balancing_loss).
   at::Tensor aux_loss(const hyper_parallel::Group& data_group = hyper_parallel::Group()) const;
   Config config;
-  hnn::Embedding embed_tokens{nullptr};
+  StageSpan span;  // end_layer resolved
+  hnn::Embedding embed_tokens{nullptr};  // empty on a stage without the embedding
   hnn::ModuleList layers;
-  hnn::RMSNorm norm{nullptr};
-  hnn::Linear lm_head{nullptr};
+  hnn::RMSNorm norm{nullptr};      // empty on a stage without the head
+  hnn::Linear lm_head{nullptr};    // empty on a stage without the head
 };
 HP_MODULE(CausalLM);
 
