@@ -33,7 +33,10 @@ struct Partition {
 
 }  // namespace
 
-at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, bool error_if_nonfinite) {
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, bool error_if_nonfinite,
+                           const DeviceMesh& pp_mesh) {
+  HP_CHECK_T(c10::ValueError, !pp_mesh.defined() || pp_mesh.ndim() == 1, "hyper_parallel::clip_grad_norm_: pp_mesh must be 1-D, got ",
+             pp_mesh.defined() ? pp_mesh.ndim() : 0, "-D");
   HP_CHECK_T(c10::ValueError, norm_type > 0.0, "hyper_parallel::clip_grad_norm_: norm_type must be positive (or inf), got ", norm_type);
   HP_CHECK_T(c10::ValueError, max_norm >= 0.0 && !std::isnan(max_norm), "hyper_parallel::clip_grad_norm_: max_norm must be non-negative, got ",
              max_norm);
@@ -82,6 +85,11 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   for (Partition& q : parts) {
     for (int64_t dim : q.shard_dims) all_reduce_(q.acc, inf ? ReduceOp::MAX : ReduceOp::SUM, q.mesh.get_group(dim));
     total = !total.defined() ? q.acc : inf ? at::maximum(total, q.acc.to(total.device())) : total + q.acc.to(total.device());
+  }
+  // The stages' sums (or maxima) together: each holds other parameters.
+  if (pp_mesh.defined()) {
+    if (!total.defined()) total = at::zeros({}, at::kDouble);
+    all_reduce_(total, inf ? ReduceOp::MAX : ReduceOp::SUM, pp_mesh.get_group(0));
   }
   if (!total.defined()) return at::zeros({}, at::kFloat);
   if (!inf) total = total.pow(1.0 / norm_type);

@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <hyper_parallel/mesh/device_mesh.h>
+
 #include <vector>
 
 namespace hyper_parallel {
@@ -25,8 +27,11 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
 /// with the same parameter list. Returns the total norm (before clipping), a float32 scalar.
 /// A non-finite norm raises c10::ValueError on every rank when `error_if_nonfinite`, else the
 /// gradients are scaled by it as PyTorch does (NaN stays NaN).
+/// With `pp_mesh` (1-D, the pipeline dimension; torchtitan's argument), `parameters` are this
+/// rank's stages' and the norm is taken over every stage's (one more scalar all-reduce): call it
+/// on every rank of the pipeline, also one whose stages hold no gradient.
 /// e.g. `double n = hp::clip_grad_norm_(hp::unique_parameters(*model), 1.0).item<double>();`
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0,
-                           bool error_if_nonfinite = false);
+                           bool error_if_nonfinite = false, const DeviceMesh& pp_mesh = DeviceMesh());
 
 }  // namespace hyper_parallel
