@@ -3,6 +3,7 @@
 #include <hyper_parallel/hyper_parallel.h>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -93,7 +94,7 @@ namespace {
 struct MeshShape {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
-  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1;
+  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1, pp = 1;
   std::string dp_name = "dp";
 };
 
@@ -106,18 +107,18 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   MeshShape m;
   // The canonical order; dp_shard is dp; ep borrows its ranks from the data ranks (it holds
   // different tokens), so it sits between dp and tp.
-  const std::vector<std::string> order{"dp_replicate", "dp", "ep", "tp"};
+  const std::vector<std::string> order{"pp", "dp_replicate", "dp", "ep", "tp"};
   size_t last = 0;
   for (const auto& [given, size] : options.mesh) {
     const std::string name = given == "dp_shard" ? "dp" : given;
     const auto at = std::find(order.begin(), order.end(), name);
     HP_CHECK_T(c10::ValueError, at != order.end(), "hyper_parallel::", what, ": mesh dimension '", given,
-               "': the demo's plan shards over 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard), 'ep' (experts, MoE models) and 'tp' (tensor parallelism) only");
+               "': the demo's plan shards over 'pp' (pipeline stages), 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard), 'ep' (experts, MoE models) and 'tp' (tensor parallelism) only");
     const size_t index = static_cast<size_t>(at - order.begin()) + 1;
     HP_CHECK_T(c10::ValueError, index > last, "hyper_parallel::", what, ": mesh dimension '", given,
-               "' is repeated or out of the canonical order dp_replicate, dp, ep, tp");
+               "' is repeated or out of the canonical order pp, dp_replicate, dp, ep, tp");
     last = index;
-    (name == "tp" ? m.tp : name == "dp" ? m.dp : name == "ep" ? m.ep : m.dp_replicate) = size;
+    (name == "tp" ? m.tp : name == "dp" ? m.dp : name == "ep" ? m.ep : name == "pp" ? m.pp : m.dp_replicate) = size;
     if (name == "dp") m.dp_name = given;
     m.shape.push_back(size);
     m.names.push_back(given);
@@ -128,6 +129,15 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
              ": HSDP replicates a sharded group: a dp_replicate dimension needs a dp one");
   HP_CHECK_T(c10::ValueError, !options.mixed_precision || m.dp * m.dp_replicate * m.ep > 1, "hyper_parallel::", what,
              ": mixed precision is fully_shard's (MixedPrecisionPolicy): it needs a dp dimension larger than 1");
+  if (m.pp > 1) {
+    const hp::ScheduleKind kind = hp::schedule_kind(options.schedule);
+    HP_CHECK_T(c10::ValueError, kind != hp::ScheduleKind::Interleaved1F1B, "hyper_parallel::", what,
+               ": interleaved_1f1b (virtual stages) is not planned yet; plan gpipe or 1f1b");
+    HP_CHECK_T(c10::ValueError, options.microbatches >= 1 && options.batch % options.microbatches == 0, "hyper_parallel::", what, ": batch ",
+               options.batch, " does not split into ", options.microbatches, " microbatches");
+    HP_CHECK_T(c10::ValueError, !options.config.is_moe(), "hyper_parallel::", what, ": pipeline stages of MoE models are not planned yet");
+    pipeline_stage_span(options.config, 0, m.pp);  // enough layers, untied
+  }
   if (m.ep > 1) {
     HP_CHECK_T(c10::ValueError, options.config.is_moe(), "hyper_parallel::", what, ": an 'ep' dimension needs a mixture-of-experts config (num_experts > 0)");
     HP_CHECK_T(c10::ValueError, m.dp_replicate == 1, "hyper_parallel::", what, ": 'ep' with 'dp_replicate' is not planned yet (use dp and ep)");
@@ -155,7 +165,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     // them in the compute dtype.
     const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.mixed_precision ? at::kFloat : options.config.dtype));
     if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
-    model = CausalLM(options.config);
+    model = CausalLM(options.config, m.pp > 1 ? pipeline_stage_span(options.config, mesh.get_local_rank(0), m.pp) : StageSpan{});
   }
   hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
   if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
@@ -175,7 +185,8 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     const hp::DeviceMesh data = m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
                                 : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
     for (const auto& layer : *model->layers) hp::fully_shard(*layer, data, o);
-    if (options.mixed_precision) o.mp_policy.output_dtype = at::kFloat;
+    // The logits in float32 for the loss; a stage without the head hands on the compute dtype.
+    if (options.mixed_precision && model->lm_head) o.mp_policy.output_dtype = at::kFloat;
     hp::fully_shard(*model, data, o);
   }
   model->train();
@@ -197,16 +208,46 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   }
   r.optimizer_bytes = 2 * elements * static_cast<int64_t>(c10::elementSize(options.optimizer_dtype));
 
-  const at::Tensor ids =
-      device == "meta" ? at::empty({options.batch, options.seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta))
-                       : at::randint(options.config.vocab_size, {options.batch, options.seq}, at::kLong);
+  // A pipeline stage runs one microbatch: its input is the token ids (the first stage) or the
+  // previous stage's hidden states (sequence-sharded over tp with sequence parallelism).
+  const int64_t m_count = m.pp > 1 ? options.microbatches : 1, rows = options.batch / m_count;
+  const auto ids_options = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor ids = device == "meta" ? at::empty({rows, options.seq}, ids_options)
+                                          : at::randint(options.config.vocab_size, {rows, options.seq}, ids_options);
+  at::Tensor input = ids;
+  if (!model->embed_tokens) {
+    const at::ScalarType act = options.mixed_precision ? *options.mixed_precision : options.config.dtype;
+    const bool sharded = options.sequence_parallel && m.tp > 1;
+    const at::Tensor local = at::randn({rows, sharded ? options.seq / m.tp : options.seq, options.config.hidden_size},
+                                       at::TensorOptions().dtype(act).device(device));
+    input = sharded ? hp::DTensor::from_local(local, mesh["tp"], {hp::Shard(1)}) : local;
+    input.requires_grad_(true);
+    r.p2p_bytes_per_microbatch = bytes_of(local);
+  }
   hp::CommDebugMode comm;
   int64_t transient = 0, peak = 0;
   {
     hp::MemoryTracker mem(device);
-    causal_lm_loss(model(ids), ids).backward();
+    const at::Tensor out = model(input);
+    r.microbatch_saved_bytes = mem.live_bytes();
+    if (model->lm_head) {
+      causal_lm_loss(out, ids).backward();
+    } else {
+      r.p2p_bytes_per_microbatch = bytes_of(hp::local_tensor(out));
+      torch::autograd::backward({out}, {at::ones_like(out)});
+    }
     transient = mem.transient_peak_bytes();
     peak = mem.peak_bytes();
+  }
+  if (m.pp > 1) {
+    const hp::ScheduleKind kind = hp::schedule_kind(options.schedule);
+    r.stage = mesh.get_local_rank(0);
+    r.num_stages = m.pp;
+    r.microbatches_in_flight = kind == hp::ScheduleKind::GPipe ? m_count : std::min(m_count, m.pp - r.stage);
+    r.bubble_fraction = hp::bubble_fraction(kind, m.pp, m_count);
+    // The other microbatches in flight keep what one leaves saved after its forward.
+    transient += (r.microbatches_in_flight - 1) * r.microbatch_saved_bytes;
+    peak += (r.microbatches_in_flight - 1) * r.microbatch_saved_bytes;
   }
   for (const at::Tensor& p : params) {
     const at::Tensor g = p.grad();
@@ -226,7 +267,24 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     for (const char* phase : {"forward", "backward"}) {
       const auto p = phases.find(phase);
       if (p == phases.end()) continue;
-      for (const auto& [kind, st] : p->second) r.comm.push_back({dim, kind, phase, st.count, st.bytes, st.full_bytes});
+      for (const auto& [kind, st] : p->second) {
+        // Per microbatch, except FSDP's gradient reduction, which the step's last backward does once.
+        const bool once = std::string(phase) == "backward" && (kind == "reduce_scatter" || (kind == "all_reduce" && dim == "dp_replicate"));
+        const int64_t times = once ? 1 : m_count;
+        r.comm.push_back({dim, kind, phase, st.count * times, st.bytes * times, st.full_bytes * times});
+      }
+    }
+  }
+  if (m.pp > 1) {
+    // Activations forward to the next stage, their gradients back: one transfer per microbatch each.
+    const int64_t b = r.p2p_bytes_per_microbatch, n = m_count;
+    if (r.stage + 1 < m.pp) {
+      r.comm.push_back({"pp", "send", "forward", n, n * b, n * b});
+      r.comm.push_back({"pp", "recv", "backward", n, n * b, n * b});
+    }
+    if (r.stage > 0) {
+      r.comm.push_back({"pp", "recv", "forward", n, n * b, n * b});
+      r.comm.push_back({"pp", "send", "backward", n, n * b, n * b});
     }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -269,11 +327,21 @@ std::string PlanReport::to_table() const {
     std::snprintf(line, sizeof line, "  %-24s %14s  (%lld)\n", what, human(b).c_str(), static_cast<long long>(b));
     os << line;
   };
+  if (num_stages > 1) {
+    std::snprintf(line, sizeof line, "pipeline: stage %lld of %lld, %s, %lld microbatches (%lld in flight here), bubble %.4f\n",
+                  static_cast<long long>(stage), static_cast<long long>(num_stages), options.schedule.c_str(),
+                  static_cast<long long>(options.microbatches), static_cast<long long>(microbatches_in_flight), bubble_fraction);
+    os << line;
+  }
   os << "memory per rank:\n";
   row("parameters", param_bytes);
   if (kv_replica_bytes > 0) row("  of which KV replicas", kv_replica_bytes);
   row("gradients", grad_bytes);
   row(optimizer_dtype_row().c_str(), optimizer_bytes);
+  if (num_stages > 1) {
+    row("saved per microbatch", microbatch_saved_bytes);
+    row("p2p per microbatch", p2p_bytes_per_microbatch);
+  }
   row("activation peak", activation_peak_bytes);
   row("step peak (all of it)", step_peak_bytes);
   os << "communication per step:\n";
@@ -319,6 +387,11 @@ std::string PlanReport::to_json() const {
     list.push_back({{"mesh_dim", e.mesh_dim}, {"collective", e.collective}, {"phase", e.phase}, {"count", e.count},
                     {"bytes", e.bytes}, {"full_bytes", e.full_bytes}});
   j["comm"] = list;
+  if (num_stages > 1) {
+    j["pipeline"] = {{"stage", stage}, {"num_stages", num_stages}, {"schedule", options.schedule}, {"microbatches", options.microbatches},
+                     {"microbatches_in_flight", microbatches_in_flight}, {"microbatch_saved_bytes", microbatch_saved_bytes},
+                     {"p2p_bytes_per_microbatch", p2p_bytes_per_microbatch}, {"bubble_fraction", bubble_fraction}};
+  }
   j["seconds"] = seconds;
   j["measured"] = measured;
   return j.dump(2);

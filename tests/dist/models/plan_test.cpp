@@ -238,7 +238,7 @@ TEST(PlanReportFake, InvalidPlansFailAsTheRealRunDoes) {
     const std::string real = real_run(write_config(c, name), "tp=3", 3, false, 2, 32);
     EXPECT_NE(real.find(fake), std::string::npos) << "fake: " << fake << "\nreal: " << real;
   }
-  EXPECT_NE(hp_test::error_message([&] { qwen3::plan_training(options(small_config(), "pp=2,tp=2")); }).find("'pp'"), std::string::npos);
+  EXPECT_NE(hp_test::error_message([&] { qwen3::plan_training(options(small_config(), "cp=2,tp=2")); }).find("'cp'"), std::string::npos);
 }
 
 // The same step run for real (hp_plan --measure: 2 and 4 CPU ranks under hprun) counts exactly
@@ -378,4 +378,45 @@ TEST(PlanReportFake, ExpertParallelAllToAllAndExpertBytesAreTheAnalyticCount) {
                 }(), tp, 1) * elem(c) + c.num_layers * c.num_experts * h * elem(c));
     }
   }
+}
+
+// pp = 8 stages of the 72B dense config over dp = 16 x tp = 8 (1024 ranks), 32 microbatches: each
+// stage holds its 10 layers (and the embedding or norm and lm_head) split over tp and dp, sends
+// b s h bf16 bytes per microbatch each way (divided by tp with sequence parallelism), holds
+// min(m, p - stage) microbatches under 1F1B and m under GPipe, and reports the bubble (p-1)/(m+p-1).
+TEST(PlanReportFake, PipelineStagesMemoryAndTransfersAreTheAnalyticCount) {
+  const Config c = qwen3::load_config(repo_file("examples/qwen3/configs/qwen3_72b_dense.json"));
+  const int64_t pp = 8, dp = 16, tp = 8, m = 32, batch = 32, seq = 4096, h = c.hidden_size;
+  const int64_t d = c.head_dim, q = c.num_heads * d, kv = c.num_kv_heads * d, i = c.intermediate_size;
+  const int64_t layer = (h * q + 2 * h * kv + q * h + 3 * h * i) / tp + 2 * h + 2 * d;
+  for (const bool sp : {true, false})
+    for (const char* schedule : {"1f1b", "gpipe"})
+      for (const int64_t stage : {int64_t{0}, int64_t{3}, pp - 1}) {
+        SCOPED_TRACE(c10::str(schedule, " stage ", stage, sp ? " sp" : ""));
+        PlanOptions o = options(c, "pp=8,dp=16,tp=8", sp, batch, seq);
+        o.schedule = schedule;
+        o.microbatches = m;
+        o.rank = stage * dp * tp;  // pp is the outermost dimension
+        const PlanReport r = qwen3::plan_training(o);
+        EXPECT_EQ(r.stage, stage);
+        EXPECT_EQ(r.num_stages, pp);
+        const int64_t layers = c.num_layers / pp;
+        const int64_t elements = (layers * layer + (stage == 0 ? c.vocab_size * h / tp : 0) +
+                                  (stage == pp - 1 ? c.vocab_size * h / tp + h : 0)) / dp;
+        EXPECT_EQ(r.param_bytes, elements * elem(c));
+        const int64_t p2p = (batch / m) * seq * h * elem(c) / (sp ? tp : 1);
+        EXPECT_EQ(r.p2p_bytes_per_microbatch, p2p);
+        EXPECT_EQ(entry(r, "pp", "send", "forward").bytes, stage + 1 < pp ? m * p2p : 0);
+        EXPECT_EQ(entry(r, "pp", "recv", "forward").count, stage > 0 ? m : 0);
+        EXPECT_EQ(entry(r, "pp", "send", "backward").bytes, stage > 0 ? m * p2p : 0);
+        EXPECT_EQ(entry(r, "pp", "recv", "backward").count, stage + 1 < pp ? m : 0);
+        EXPECT_EQ(r.microbatches_in_flight, std::string(schedule) == "gpipe" ? m : std::min(m, pp - stage));
+        EXPECT_DOUBLE_EQ(r.bubble_fraction, 7.0 / 39.0);
+        EXPECT_GE(r.activation_peak_bytes, r.microbatches_in_flight * r.microbatch_saved_bytes);
+        // FSDP reduces once per step, whatever m: the stage's parameter bytes, over dp.
+        EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp);
+      }
+  PlanOptions bad = options(c, "pp=8,dp=16,tp=8", true, 30, seq);
+  bad.microbatches = 32;
+  EXPECT_THROW(qwen3::plan_training(bad), c10::ValueError);
 }

@@ -16,8 +16,9 @@ namespace qwen3 {
 
 struct PlanOptions {
   Config config;
-  /// Mesh dimensions, outermost first, in the canonical order (mesh/parallel_dims.h), named
-  /// "dp_replicate" (HSDP replicas), "dp" or "dp_shard" (fully_shard) and "tp" (the TP plan), e.g.
+  /// Mesh dimensions, outermost first, in the canonical order (mesh/parallel_dims.h), named "pp"
+  /// (pipeline stages), "dp_replicate" (HSDP replicas), "dp" or "dp_shard" (fully_shard), "ep"
+  /// (experts) and "tp" (the TP plan), e.g.
   /// {{"dp", 16}, {"tp", 8}}; their product is the world size.
   std::vector<std::pair<std::string, int64_t>> mesh;
   /// fully_shard's MixedPrecisionPolicy: gathers and compute in this dtype (e.g. bfloat16),
@@ -31,6 +32,11 @@ struct PlanOptions {
   int64_t seq = 4096;   ///< tokens per sequence
   /// Adam's two moments per parameter element, in this dtype (float32 or bfloat16).
   at::ScalarType optimizer_dtype = at::kFloat;
+  /// With a "pp" mesh dimension (outermost): the schedule ("gpipe" or "1f1b") and how many
+  /// microbatches `batch` splits into. This rank's stage is its pp coordinate; the report is per
+  /// stage (its layers' parameters, its activations of the microbatches in flight, its transfers).
+  std::string schedule = "1f1b";
+  int64_t microbatches = 1;
   int64_t rank = 0;             ///< which rank of the world this process plays
   std::string device_type = "cuda";  ///< what the job runs on (names only: nothing is allocated)
 };
@@ -62,6 +68,15 @@ struct PlanReport {
   /// Everything this rank holds at the step's worst moment: parameters, optimizer state, and
   /// the step's peak of live allocations (activations plus the gradients made by then).
   int64_t step_peak_bytes = 0;
+  /// Pipeline (a "pp" mesh dimension): this rank's stage of num_stages, the microbatches whose
+  /// activations it holds at once (GPipe: m, 1F1B: min(m, p - stage)), the activation bytes one
+  /// microbatch leaves saved after its forward, the bytes of one activation transfer to the next
+  /// stage (the gradient coming back is as large), and the schedule's bubble (p - 1) / (m + p - 1).
+  int64_t stage = 0, num_stages = 1, microbatches_in_flight = 1;
+  int64_t microbatch_saved_bytes = 0, p2p_bytes_per_microbatch = 0;
+  double bubble_fraction = 0;
+  /// Collectives per step. With microbatches, one microbatch's forward and backward collectives
+  /// are counted m times, FSDP's gradient reduction (reduce_scatter, HSDP's all_reduce) once.
   std::vector<CommEntry> comm;
   double seconds = 0;     ///< wall time of the planning (or the measured run) itself
   bool measured = false;  ///< a real run on CPU tensors (measure_training), not a plan
