@@ -51,6 +51,9 @@ struct Args {
   std::string mixed_precision = "none";  // or bf16: bf16 gathers and compute, fp32 master and reduction
   hp::ActivationCheckpointPolicy ac = hp::ActivationCheckpointPolicy::none();
   double clip_grad_norm = 0.0;  // 0: no clipping
+  // Pipeline (--pp N): the schedule and how many microbatches a data-parallel rank's rows split into.
+  std::string schedule = "1f1b";
+  int64_t microbatches = 0;  // 0: 2 * pp
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -61,7 +64,8 @@ struct Args {
             << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
             << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
             << "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
-            << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n";
+            << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
+            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n";
   std::exit(2);
 }
 
@@ -106,6 +110,12 @@ Args parse(int argc, char** argv) {
     else if (f == "--prompt") a.prompt = v;
     else if (f == "--new-tokens") a.new_tokens = num();
     else if (f == "--dp") a.dims.dp_shard = num();
+    else if (f == "--pp") a.dims.pp = num();
+    else if (f == "--microbatches") a.microbatches = num();
+    else if (f == "--schedule") {
+      if (v != "gpipe" && v != "1f1b") usage("--schedule is gpipe or 1f1b, got '" + v + "'");
+      a.schedule = v;
+    }
     else if (f == "--dp-replicate") a.dims.dp_replicate = num();
     else if (f == "--mixed-precision") {
       if (v != "none" && v != "bf16") usage("--mixed-precision is none or bf16, got '" + v + "'");
@@ -157,9 +167,19 @@ int64_t dp_degree(const Args& a) { return a.dims.dp_replicate * a.dims.dp_shard;
 // The model of the parallel run: built on meta, activation checkpointing, tensor parallelism,
 // fully_shard (HSDP with dp_replicate) with mixed precision, then only this rank's shards
 // allocated and drawn.
+// With pipeline stages, this rank's stage holds the whole model's values for its FQNs (copied
+// from the whole model, built eagerly: the demo's model is small), so that it trains from the
+// weights of the one-process run; init_parameters on a stage draws other values.
 qwen3::CausalLM parallel_model(const Args& a, const hp::DeviceMesh& mesh) {
   qwen3::CausalLM model{nullptr};
-  {
+  const bool pipeline = a.dims.pp > 1;
+  if (pipeline) {
+    const qwen3::CausalLM whole(a.config);
+    model = qwen3::CausalLM(a.config, qwen3::pipeline_stage_span(a.config, mesh.get_local_rank(0), a.dims.pp));
+    at::NoGradGuard no_grad;
+    auto values = whole->named_parameters();
+    for (auto& p : model->named_parameters()) p.value().copy_(values[p.key()]);
+  } else {
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
     model = qwen3::CausalLM(a.config);
   }
@@ -170,10 +190,10 @@ qwen3::CausalLM parallel_model(const Args& a, const hp::DeviceMesh& mesh) {
     if (a.mixed_precision == "bf16") o.mp_policy = {at::kBFloat16, at::kFloat, c10::nullopt, true};
     const hp::DeviceMesh dp = a.dims.dp_mesh(mesh);
     for (const auto& layer : *model->layers) hp::fully_shard(*layer, dp, o);
-    if (o.mp_policy.param_dtype) o.mp_policy.output_dtype = at::kFloat;  // the loss in float32
+    if (o.mp_policy.param_dtype && model->lm_head) o.mp_policy.output_dtype = at::kFloat;  // the loss in float32
     hp::fully_shard(*model, dp, o);
   }
-  hp::init_parameters(*model, at::Device(a.device));
+  if (!pipeline) hp::init_parameters(*model, at::Device(a.device));
   return model;
 }
 
@@ -203,6 +223,17 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
   // A tied weight once (hp::unique_parameters), so AdamW steps it once.
   torch::optim::AdamW opt(hp::unique_parameters(*model), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   const bool bf16 = a.mixed_precision == "bf16";
+  // Pipeline stages: this rank's stage and its schedule; the loss is on the last stage's ranks.
+  std::unique_ptr<hp::PipelineStage> stage;
+  std::unique_ptr<hp::PipelineSchedule> schedule;
+  if (mesh && a.dims.pp > 1) {
+    hp::PipelineStageOptions so;
+    if (a.dims.tp > 1) so.device_mesh = (*mesh)["tp"];
+    stage = std::make_unique<hp::PipelineStage>(model.ptr(), mesh->get_local_rank(0), a.dims.pp, mesh->get_group(0), so);
+    schedule = std::make_unique<hp::PipelineSchedule>(
+        std::vector<hp::PipelineStage*>{stage.get()}, a.microbatches,
+        [](const at::Tensor& out, const at::Tensor& target) { return qwen3::causal_lm_loss(out, target); }, hp::schedule_kind(a.schedule));
+  }
   std::vector<double> losses;
   for (int64_t step = 0; step < a.steps; ++step) {
     auto [x_host, y_host] = batch_at(data, step, a);
@@ -211,7 +242,16 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
     double value = 0;
-    if (mesh) {
+    if (mesh && schedule) {
+      const at::Tensor rows_x = x.chunk(dp, 0)[dp_rank], rows_y = y.chunk(dp, 0)[dp_rank];
+      const at::Tensor loss = schedule->step(stage->is_first() ? rows_x : at::Tensor(), stage->is_last() ? rows_y : at::Tensor());
+      // The last stage's ranks hold the loss: averaged over dp, then handed to every stage.
+      at::Tensor l = stage->is_last() ? loss.to(at::kFloat).reshape({1}) : at::zeros({1}, at::kFloat);
+      for (int64_t d : {1, 2}) hp::all_reduce_(l, hp::ReduceOp::AVG, mesh->get_group(d));
+      hp::all_reduce_(l, hp::ReduceOp::SUM, mesh->get_group(0));
+      value = l.item<double>();
+      if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm, 2.0, false, (*mesh)["pp"]);
+    } else if (mesh) {
       at::Tensor loss = qwen3::causal_lm_loss(model(x.chunk(dp, 0)[dp_rank]), y.chunk(dp, 0)[dp_rank]);
       loss.backward();
       at::Tensor l = loss.detach().to(at::kFloat).reshape({1});
@@ -299,6 +339,10 @@ int run(int argc, char** argv) {
   if (a.config.attention_dropout > 0 && dp_degree(a) > 1)
     usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks");
   if (a.batch % dp_degree(a) != 0) usage("--batch must be divisible by the data-parallel degree");
+  if (a.microbatches == 0) a.microbatches = 2 * a.dims.pp;
+  if (a.dims.pp > 1 && (a.batch / dp_degree(a)) % a.microbatches != 0)
+    usage("--batch per data-parallel rank must be divisible by --microbatches");
+  if (a.dims.pp > 1 && a.config.num_layers < a.dims.pp) usage("--pp needs at least as many --layers as stages");
   auto mesh = a.dims.build_mesh(a.device);
   at::Tensor data = load_bytes(a.text);
   if (chief)
@@ -354,6 +398,13 @@ int run(int argc, char** argv) {
     } else {
       rc = max_diff < 1e-3 ? 0 : 1;
     }
+  }
+  if (a.dims.pp > 1) {
+    // Each rank holds one stage: a consolidated HF save of every stage is not written yet.
+    if (chief) std::printf("pipeline stages: the HF save and the generation that follows it are skipped\n");
+    hp::barrier(hp::world_group());
+    hp::destroy_process_group();
+    return rc;
   }
   // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
   // parallelism now: decoding goes one position at a time), and in one process.

@@ -12,21 +12,20 @@ namespace hyper_parallel {
 
 PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int64_t n_microbatches, PipelineLossFn loss_fn, ScheduleKind kind)
     : stages_(std::move(stages)), n_microbatches_(n_microbatches), loss_fn_(std::move(loss_fn)), kind_(kind) {
-  const char* who = "hyper_parallel::PipelineSchedule: ";
-  HP_CHECK_T(c10::ValueError, !stages_.empty(), who, "no stage given");
-  for (const PipelineStage* s : stages_) HP_CHECK_T(c10::ValueError, s != nullptr, who, "a stage is null");
-  HP_CHECK_T(c10::ValueError, n_microbatches_ >= 1, who, "n_microbatches must be at least 1, got ", n_microbatches_);
-  HP_CHECK_T(c10::ValueError, static_cast<bool>(loss_fn_), who, "loss_fn is empty");
+  HP_CHECK_T(c10::ValueError, !stages_.empty(), "hyper_parallel::PipelineSchedule: no stage given");
+  for (const PipelineStage* s : stages_) HP_CHECK_T(c10::ValueError, s != nullptr, "hyper_parallel::PipelineSchedule: a stage is null");
+  HP_CHECK_T(c10::ValueError, n_microbatches_ >= 1, "hyper_parallel::PipelineSchedule: n_microbatches must be at least 1, got ", n_microbatches_);
+  HP_CHECK_T(c10::ValueError, static_cast<bool>(loss_fn_), "hyper_parallel::PipelineSchedule: loss_fn is empty");
   const PipelineStage& first = *stages_.front();
   const int64_t p = first.group().size(), v = static_cast<int64_t>(stages_.size());
-  HP_CHECK_T(c10::ValueError, v == 1 || kind_ == ScheduleKind::Interleaved1F1B, who, schedule_name(kind_), " runs one stage per rank, got ", v);
-  HP_CHECK_T(c10::ValueError, first.num_stages() == p * v, who, "the model has ", first.num_stages(), " stages, but ", v,
+  HP_CHECK_T(c10::ValueError, v == 1 || kind_ == ScheduleKind::Interleaved1F1B, "hyper_parallel::PipelineSchedule: ", schedule_name(kind_), " runs one stage per rank, got ", v);
+  HP_CHECK_T(c10::ValueError, first.num_stages() == p * v, "hyper_parallel::PipelineSchedule: the model has ", first.num_stages(), " stages, but ", v,
              " on each of the pipeline group's ", p, " ranks make ", p * v);
   for (int64_t i = 0; i < v; ++i) {
     const PipelineStage& s = *stages_[static_cast<size_t>(i)];
-    HP_CHECK_T(c10::ValueError, s.group() == first.group() && s.num_stages() == first.num_stages(), who,
+    HP_CHECK_T(c10::ValueError, s.group() == first.group() && s.num_stages() == first.num_stages(), "hyper_parallel::PipelineSchedule: "
                "every stage must be on one pipeline group and one stage count");
-    HP_CHECK_T(c10::ValueError, s.stage_index() == first.group().rank() + i * p, who, "this rank (pipeline rank ", first.group().rank(),
+    HP_CHECK_T(c10::ValueError, s.stage_index() == first.group().rank() + i * p, "hyper_parallel::PipelineSchedule: this rank (pipeline rank ", first.group().rank(),
                ") holds stages ", first.group().rank(), ", ", first.group().rank() + p, ", ... in order; got stage ", s.stage_index(),
                " at position ", i);
   }

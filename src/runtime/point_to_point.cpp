@@ -45,10 +45,11 @@ std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& ops) {
       const P2POp& op = ops[i];
       const at::Tensor& t = op.tensor;
       const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-      CommDebugMode::record(name_of(op.kind), bytes, group, bytes);
+      const char* what = name_of(op.kind);
+      CommDebugMode::record(what, bytes, group, bytes);
       HP_CHECK_T(c10::ValueError, t.device().type() == tr.device_type() || (tr.device_type() == c10::DeviceType::CPU && !t.is_meta()) ||
                      (t.is_meta() && simulated),
-                 "hyper_parallel::", name_of(op.kind), ": a tensor on ", t.device(), " cannot go through this group's ", tr.name(),
+                 "hyper_parallel::", what, ": a tensor on ", t.device(), " cannot go through this group's ", tr.name(),
                  " transport, which moves ", c10::DeviceTypeName(tr.device_type(), true), " tensors");
       if (t.numel() == 0 || t.is_meta()) continue;
       // What the transport moves: contiguous, on its device. A recv into anything else lands in a
