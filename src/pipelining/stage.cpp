@@ -149,11 +149,11 @@ at::Tensor PipelineStage::receive_input(int64_t mb) {
 
 void PipelineStage::send_output(int64_t mb, const at::Tensor& output) {
   const int64_t to = rank_of(stage_index_ + 1);
+  const Boundary now = Boundary::of(output);
   if (mb == 0 || !output_layout_) {
-    output_layout_ = std::make_unique<Boundary>(Boundary::of(output));
+    output_layout_ = std::make_unique<Boundary>(now);
     sends_.push_back(isend(output_layout_->encode(stage_index_), to, group_, tag(stage_index_ + 1, kForward, -1)));
   }
-  const Boundary now = Boundary::of(output);
   HP_CHECK_T(c10::ValueError, now.shape == output_layout_->shape && now.dtype == output_layout_->dtype &&
                                   now.placements == output_layout_->placements,
              "hyper_parallel::PipelineStage: stage ", stage_index_, " output ", now.describe(), " for microbatch ", mb,

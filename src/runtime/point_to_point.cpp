@@ -8,6 +8,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "group_impl.h"
+#include "staging.h"
 
 namespace hyper_parallel {
 namespace {
@@ -47,24 +48,24 @@ std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& ops) {
       const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
       const char* what = name_of(op.kind);
       CommDebugMode::record(what, bytes, group, bytes);
-      HP_CHECK_T(c10::ValueError, t.device().type() == tr.device_type() || (tr.device_type() == c10::DeviceType::CPU && !t.is_meta()) ||
-                     (t.is_meta() && simulated),
-                 "hyper_parallel::", what, ": a tensor on ", t.device(), " cannot go through this group's ", tr.name(),
-                 " transport, which moves ", c10::DeviceTypeName(tr.device_type(), true), " tensors");
-      if (t.numel() == 0 || t.is_meta()) continue;
+      // A fake world's meta tensor is a shape only; a real world refuses it as the collectives do.
+      if (t.is_meta() && simulated) continue;
+      check_device(t, tr, what);
+      if (t.numel() == 0) continue;
       // What the transport moves: contiguous, on its device. A recv into anything else lands in a
       // staging buffer that wait() copies back.
-      at::Tensor wire = t;
-      if (t.device().type() != tr.device_type()) wire = op.kind == P2POp::Kind::isend ? t.to(tr.device_type()) : at::empty(t.sizes(), t.options().device(tr.device_type()));
-      if (!wire.is_contiguous()) wire = op.kind == P2POp::Kind::isend ? wire.contiguous() : at::empty(wire.sizes(), wire.options());
-      if (op.kind == P2POp::Kind::isend && wire.is_same(t)) wire = wire.detach();
+      const bool send = op.kind == P2POp::Kind::isend;
+      at::Tensor wire = send ? on_transport(t, tr, what).contiguous().detach()
+                             : t.device().type() == tr.device_type() && t.is_contiguous()
+                                   ? t
+                                   : at::empty(t.sizes(), t.options().device(tr.device_type()));
       wires[i] = wire;
       issued[i] = transfers.size();
       // Matched on tag, bytes and dtype: a recv of another size or dtype does not match (and
       // fails at the timeout, naming the peer) instead of taking a message it would misread.
       const uint64_t mixed = static_cast<uint64_t>(op.tag) * 0x9E3779B1ull + static_cast<uint64_t>(bytes) * 0x85EBCA77ull +
                              static_cast<uint64_t>(t.scalar_type());
-      transfers.push_back({op.kind == P2POp::Kind::isend, wire, op.peer, op.tag, static_cast<int64_t>(mixed & 0x7FFFFFFFull)});
+      transfers.push_back({send, wire, op.peer, op.tag, static_cast<int64_t>(mixed & 0x7FFFFFFFull)});
     }
   }
   std::vector<Completion> done = transfers.empty() ? std::vector<Completion>() : tr.peer_transfers(transfers);

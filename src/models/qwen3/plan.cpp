@@ -268,8 +268,10 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
       const auto p = phases.find(phase);
       if (p == phases.end()) continue;
       for (const auto& [kind, st] : p->second) {
-        // Per microbatch, except FSDP's gradient reduction, which the step's last backward does once.
-        const bool once = std::string(phase) == "backward" && (kind == "reduce_scatter" || (kind == "all_reduce" && dim == "dp_replicate"));
+        // Per microbatch, except FSDP's gradient reduction over the data dimensions, which the
+        // step's last backward does once (tensor parallelism's reduce-scatters run every microbatch).
+        const bool data_dim = dim == m.dp_name || dim == "dp_replicate";
+        const bool once = std::string(phase) == "backward" && data_dim && (kind == "reduce_scatter" || kind == "all_reduce");
         const int64_t times = once ? 1 : m_count;
         r.comm.push_back({dim, kind, phase, st.count * times, st.bytes * times, st.full_bytes * times});
       }

@@ -415,6 +415,17 @@ TEST(PlanReportFake, PipelineStagesMemoryAndTransfersAreTheAnalyticCount) {
         EXPECT_GE(r.activation_peak_bytes, r.microbatches_in_flight * r.microbatch_saved_bytes);
         // FSDP reduces once per step, whatever m: the stage's parameter bytes, over dp.
         EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp);
+        // Tensor parallelism's collectives run every microbatch: m times those of a step of one
+        // microbatch of the same rows.
+        if (stage == 3) {
+          PlanOptions one = o;
+          one.batch = batch / m;
+          one.microbatches = 1;
+          const PlanReport r1 = qwen3::plan_training(one);
+          for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"})
+            for (const char* phase : {"forward", "backward"})
+              EXPECT_EQ(entry(r, "tp", kind, phase).bytes, m * entry(r1, "tp", kind, phase).bytes) << kind << " " << phase;
+        }
       }
   PlanOptions bad = options(c, "pp=8,dp=16,tp=8", true, 30, seq);
   bad.microbatches = 32;

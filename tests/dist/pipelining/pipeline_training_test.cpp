@@ -12,6 +12,8 @@
 
 #include <torch/optim.h>
 
+#include <functional>
+
 #include "../nn/training_util.h"
 
 using namespace training_test;
@@ -127,68 +129,59 @@ void train_matches_one_process(const Layout& l) {
   }
 }
 
+// `l` under each schedule (interleaved with 2 virtual stages per rank), adjusted per schedule.
+void each_schedule_matches_one_process(const Layout& l, const std::function<void(Layout&)>& adjust = {}) {
+  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B}) {
+    Layout run = l;
+    run.kind = k;
+    run.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
+    if (adjust) adjust(run);
+    train_matches_one_process(run);
+  }
+}
+
 }  // namespace
 
 TEST(PipelineTrainingDist, TwoStagesEveryScheduleAndMicrobatchCountMatchesOneProcess) {
   if (hp::get_world_size() != 2) GTEST_SKIP() << "2 ranks";
-  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B})
-    for (int64_t m : {1, 2, 4}) {
-      Layout l;
-      l.kind = k;
-      l.microbatches = m;
-      l.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
-      train_matches_one_process(l);
-    }
+  for (int64_t m : {1, 2, 4}) {
+    Layout l;
+    l.microbatches = m;
+    each_schedule_matches_one_process(l);
+  }
 }
 
 TEST(PipelineTrainingDist, FourStagesEveryScheduleMatchesOneProcess) {
   if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
-  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B}) {
-    Layout l;
-    l.pp = 4;
-    l.kind = k;
-    l.microbatches = 4;
-    l.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
-    train_matches_one_process(l);
-  }
+  Layout l;
+  l.pp = 4;
+  l.microbatches = 4;
+  each_schedule_matches_one_process(l);
 }
 
 TEST(PipelineTrainingDist, PipelineTimesTensorParallelMatchesOneProcess) {
   if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
-  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B}) {
-    Layout l;
-    l.tp = 2;
-    l.kind = k;
-    l.microbatches = k == hp::ScheduleKind::GPipe ? 4 : 2;
-    l.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
-    l.sequence_parallel = k != hp::ScheduleKind::OneFOneB;  // the DTensor stream and the plain one
-    train_matches_one_process(l);
-  }
+  Layout l;
+  l.tp = 2;
+  each_schedule_matches_one_process(l, [](Layout& run) {
+    run.microbatches = run.kind == hp::ScheduleKind::GPipe ? 4 : 2;
+    run.sequence_parallel = run.kind != hp::ScheduleKind::OneFOneB;  // the DTensor stream and the plain one
+  });
 }
 
 TEST(PipelineTrainingDist, PipelineTimesDataTimesTensorParallelMatchesOneProcess) {
   if (hp::get_world_size() != 8) GTEST_SKIP() << "8 ranks";
-  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B}) {
-    Layout l;
-    l.dp = 2;
-    l.tp = 2;
-    l.kind = k;
-    l.microbatches = 2;
-    l.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
-    train_matches_one_process(l);
-  }
+  Layout l;
+  l.dp = 2;
+  l.tp = 2;
+  each_schedule_matches_one_process(l);
 }
 
 TEST(PipelineTrainingDist, PipelineTimesFullyShardedDataParallelReducesOncePerStep) {
   if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
-  for (hp::ScheduleKind k : {hp::ScheduleKind::GPipe, hp::ScheduleKind::OneFOneB, hp::ScheduleKind::Interleaved1F1B}) {
-    Layout l;
-    l.dp = 2;
-    l.kind = k;
-    l.microbatches = 2;
-    l.virtual_stages = k == hp::ScheduleKind::Interleaved1F1B ? 2 : 1;
-    train_matches_one_process(l);
-  }
+  Layout l;
+  l.dp = 2;
+  each_schedule_matches_one_process(l);
 }
 
 // pp x dp = 2 x 2 with FSDP's bf16 compute (fp32 reduction) and full activation checkpointing,
