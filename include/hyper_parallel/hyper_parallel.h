@@ -32,11 +32,13 @@
 #include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/functional_collectives.h>
 #include <hyper_parallel/nn/moe.h>
+#include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/platform/platform.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/expert_parallel/expert_parallel.h>
+#include <hyper_parallel/context_parallel/context_parallel.h>
 #include <hyper_parallel/pipelining/schedule_order.h>
 #include <hyper_parallel/pipelining/stage.h>
 #include <hyper_parallel/pipelining/schedules.h>

@@ -29,13 +29,6 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-halves[1], halves[0]}, -1);
 }
 
-// [B, kv, S, D] -> [B, kv * groups, S, D]
-at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
-  if (groups == 1) return x;
-  const auto s = x.sizes();
-  return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
-}
-
 // Whether `proj` holds replicated KV heads (parallelize_qwen3_tp with tp > num_key_value_heads):
 // its weight lives on the (kv, kv_replica) view of the tp ranks.
 bool replicated_heads(const hnn::LinearImpl& proj) {
@@ -78,6 +71,10 @@ AttentionImpl::AttentionImpl(const Config& c, int64_t layer) : config(c), layer_
   o_proj = register_module("o_proj", hnn::Linear(hnn::LinearOptions(q_width, c.hidden_size).bias(false)));
   q_norm = register_module("q_norm", hnn::RMSNorm(hnn::RMSNormOptions(c.head_dim).eps(c.rms_norm_eps)));
   k_norm = register_module("k_norm", hnn::RMSNorm(hnn::RMSNormOptions(c.head_dim).eps(c.rms_norm_eps)));
+  sdpa = register_module("sdpa", hnn::ScaledDotProductAttention(
+                                     hnn::ScaledDotProductAttentionOptions().is_causal(true).dropout_p(c.attention_dropout)));
+  // Owned by this module, so the raw pointer lives as long as the function.
+  sdpa->dropout_fn = [this](const at::Tensor& probs) { return attention_dropout(probs); };
 }
 
 // The attention probabilities [B, heads, S, T] hold this rank's heads under tensor parallelism
@@ -132,14 +129,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
     v = values.narrow(2, 0, past + s);
   }
   const int64_t heads = q.size(1);
-  k = repeat_kv(k, heads / k.size(1));
-  v = repeat_kv(v, heads / v.size(1));
-  at::Tensor scores = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  // Softmax in float32 for 16-bit models, as transformers does.
-  at::Tensor probs = at::softmax(scores.masked_fill(in->blocked, -1e9), -1, at::kFloat).to(q.scalar_type());
-  probs = attention_dropout(probs);
-  at::Tensor out = probs.matmul(v).transpose(1, 2).reshape({b, s, heads * d});
-  return o_proj(out);
+  // Training on whole sequences is plain causal attention, the part context parallelism takes
+  // over; generation masks from the cache and the padding.
+  const at::Tensor out = (ctx && (ctx->cache || ctx->key_mask.defined())) ? sdpa(q, k, v, in->blocked) : sdpa(q, k, v);
+  return o_proj(out.transpose(1, 2).reshape({b, s, heads * d}));
 }
 
 MlpImpl::MlpImpl(const Config& c) {

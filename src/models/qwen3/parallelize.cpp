@@ -109,5 +109,9 @@ void parallelize_qwen3_experts(CausalLMImpl& model, const hp::DeviceMesh& mesh, 
   for (auto& [fqn, e] : experts) style->apply(*e, mesh);
 }
 
+void parallelize_qwen3_cp(CausalLMImpl& model, const hp::DeviceMesh& cp_mesh, const std::string& mode, bool load_balance) {
+  hp::parallelize_module(model, cp_mesh, {{"layers.*.self_attn.sdpa", hp::ContextParallel(mode, load_balance)}});
+}
+
 }  // namespace qwen3
 }  // namespace hyper_parallel

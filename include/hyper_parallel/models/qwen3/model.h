@@ -4,6 +4,7 @@
 // and a SwiGLU MLP; a final norm; lm_head. The same code runs on one process and, after
 // parallelize_qwen3_tp, with heads and MLP columns split over a tensor-parallel mesh (the head
 // counts are read off the projections' local widths).
+#include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/nn/moe.h>
 
@@ -92,6 +93,8 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
   const struct LayerInputs* inputs = nullptr;
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
+  // Causal attention over the heads (no parameters): what ContextParallel takes over.
+  hnn::ScaledDotProductAttention sdpa{nullptr};
 };
 HP_MODULE(Attention);
 

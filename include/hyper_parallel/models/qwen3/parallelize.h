@@ -42,5 +42,17 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh&
 void parallelize_qwen3_experts(CausalLMImpl& model, const hyper_parallel::DeviceMesh& mesh, bool tensor_parallel = false,
                                const std::string& token_dispatcher = "all_to_all");
 
+/// Splits the sequence of `model` over the 1-D `cp_mesh`: ContextParallel(mode, load_balance) on
+/// every layer's attention (`layers.*.self_attn.sdpa`), through parallelize_module. Everything else
+/// works on this rank's positions as it is. Feed it this rank's shard of the ids, with their
+/// positions (context_parallel_positions) as ForwardContext::position_ids, and the labels sharded
+/// alike; the loss of the shard is the mean over its tokens, so the mean over the cp ranks is the
+/// whole sequence's (gradients: fully_shard over the cp dimension, or
+/// hyper_parallel::all_reduce_gradients). Composes with parallelize_qwen3_tp (heads split over tp
+/// first: ulysses then needs cp to divide the heads per tp rank).
+/// e.g. `parallelize_qwen3_cp(*model, mesh["cp"], "ring", true);`
+void parallelize_qwen3_cp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& cp_mesh, const std::string& mode = "ulysses",
+                          bool load_balance = true);
+
 }  // namespace qwen3
 }  // namespace hyper_parallel
