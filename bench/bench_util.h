@@ -66,6 +66,12 @@ void run_tp_benchmarks(const std::string& filter);
 void run_collective_benchmarks(const std::string& filter);
 /// fully_shard against DDP-style replication (fsdp_benchmarks.cpp), on every rank of a 2- or 4-rank job.
 void run_fsdp_benchmarks(const std::string& filter);
+/// Causal attention steps at cp = world size in each mode (cp_benchmarks.cpp), on every rank; rank 0
+/// prints one "cp_step" line per mode.
+void run_cp_benchmarks(const std::string& filter);
+/// The same attention step on the whole sequence in this process: milliseconds, and its
+/// allocation peak in `peak_bytes`.
+double single_attention_step(int threads, int64_t& peak_bytes);
 /// The Qwen3 decoder layer the layer benchmarks run: hidden 256, intermediate 768, 8 heads, 4 kv
 /// heads, head_dim 32, one layer (tp_benchmarks.cpp).
 qwen3::Config decoder_layer_config();

@@ -192,6 +192,26 @@ void fsdp_benchmarks(const char* self) {
       if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
 }
 
+// Context parallelism: a 2-rank job (cp = 2) runs a causal attention step over 8k tokens in each
+// mode; this process runs it on the whole sequence with 2 threads.
+void cp_benchmarks(const char* self) {
+  if (!wanted("cp2_attention")) return;
+  std::vector<std::string> lines = rank0_lines(self, "", "--cp", 2);
+  int64_t single_peak = 0;
+  const double single_ms = hp_bench::single_attention_step(2, single_peak);
+  auto field = [](const std::string& l, const std::string& key) { return std::stod(l.substr(l.find("\"" + key + "\": ") + key.size() + 4)); };
+  for (const auto& l : lines) {
+    if (l.find("\"cp_step\"") == std::string::npos) continue;
+    const size_t m = l.find("\"mode\": \"") + 9;
+    const std::string mode = l.substr(m, l.find('"', m) - m);
+    const double ms = field(l, "ms"), peak = field(l, "peak_bytes");
+    const std::string params = "\"mode\": \"" + mode + "\", \"seq\": 8192, \"heads\": 4, \"kv_heads\": 2, \"head_dim\": 32, ";
+    emit("cp2_attention_vs_single_2threads", params + "\"what\": \"causal attention fwd+bwd, load-balanced\", ", ms, "ms", single_ms,
+         ms / single_ms);
+    emit("cp2_attention_memory_per_rank", params, peak, "bytes", static_cast<double>(single_peak), peak / static_cast<double>(single_peak));
+  }
+}
+
 // Collective latencies: a 2-rank job per transport (shared memory, then Gloo), rank 0's lines
 // relayed; the ratio lines compare the two at each size.
 void collective_benchmarks(const char* self) {
@@ -226,11 +246,12 @@ int main(int argc, char** argv) {
     hp::destroy_process_group();
     return 0;
   }
-  if (mode == "--worker" || mode == "--collectives" || mode == "--fsdp") {
+  if (mode == "--worker" || mode == "--collectives" || mode == "--fsdp" || mode == "--cp") {
     at::set_num_threads(1);
     hp::init_process_group();
     if (mode == "--worker") hp_bench::run_tp_benchmarks(argv[2]);
     else if (mode == "--fsdp") hp_bench::run_fsdp_benchmarks(argv[2]);
+    else if (mode == "--cp") hp_bench::run_cp_benchmarks(argv[2]);
     else hp_bench::run_collective_benchmarks(argv[2]);
     hp::destroy_process_group();
     return 0;
@@ -264,6 +285,7 @@ int main(int argc, char** argv) {
   hp::destroy_process_group();
   tp_benchmarks(argv[0]);
   fsdp_benchmarks(argv[0]);
+  cp_benchmarks(argv[0]);
   collective_benchmarks(argv[0]);
   return 0;
 }

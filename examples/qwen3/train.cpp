@@ -54,6 +54,8 @@ struct Args {
   // Pipeline (--pp N): the schedule and how many microbatches a data-parallel rank's rows split into.
   std::string schedule = "1f1b";
   int64_t microbatches = 0;  // 0: 2 * pp
+  // Context parallelism (--cp N): each sequence split over N ranks, head-tail load-balanced.
+  std::string cp_mode = "ring";
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -65,7 +67,8 @@ struct Args {
             << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
             << "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
             << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
-            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n";
+            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
+            << "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n";
   std::exit(2);
 }
 
@@ -111,6 +114,11 @@ Args parse(int argc, char** argv) {
     else if (f == "--new-tokens") a.new_tokens = num();
     else if (f == "--dp") a.dims.dp_shard = num();
     else if (f == "--pp") a.dims.pp = num();
+    else if (f == "--cp") a.dims.cp = num();
+    else if (f == "--cp-mode") {
+      if (v != "ring" && v != "ulysses" && v != "allgather_kv") usage("--cp-mode is ring, ulysses or allgather_kv, got '" + v + "'");
+      a.cp_mode = v;
+    }
     else if (f == "--microbatches") a.microbatches = num();
     else if (f == "--schedule") {
       if (v != "gpipe" && v != "1f1b") usage("--schedule is gpipe or 1f1b, got '" + v + "'");
@@ -185,6 +193,7 @@ qwen3::CausalLM parallel_model(const Args& a, const hp::DeviceMesh& mesh) {
   }
   hp::apply_activation_checkpointing(*model, a.ac);
   if (a.dims.tp > 1) qwen3::parallelize_qwen3_tp(*model, mesh["tp"], a.sequence_parallel, a.loss_parallel);
+  if (a.dims.cp > 1) qwen3::parallelize_qwen3_cp(*model, mesh["cp"], a.cp_mode, /*load_balance=*/true);
   if (a.dims.dp_enabled()) {
     hp::FullyShardOptions o;
     if (a.mixed_precision == "bf16") o.mp_policy = {at::kBFloat16, at::kFloat, c10::nullopt, true};
@@ -251,6 +260,19 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
       hp::all_reduce_(l, hp::ReduceOp::SUM, mesh->get_group(0));
       value = l.item<double>();
       if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm, 2.0, false, (*mesh)["pp"]);
+    } else if (mesh && a.dims.cp > 1) {
+      // This rank's shard of each sequence (chunks r and 2·cp-1-r), its positions and labels
+      // alike; the gradients averaged over cp (and by fully_shard over dp).
+      const hp::DeviceMesh cp = (*mesh)["cp"];
+      const auto shard = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.chunk(dp, 0)[dp_rank], cp, 1, true); };
+      const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(x.size(1), cp, true).unsqueeze(0).to(device)}};
+      at::Tensor loss = qwen3::causal_lm_loss(model(shard(x), positions), shard(y));
+      loss.backward();
+      hp::all_reduce_gradients(*model, cp);
+      at::Tensor l = loss.detach().to(at::kFloat).reshape({1});
+      for (int64_t d : {1, 2, 3}) hp::all_reduce_(l, hp::ReduceOp::AVG, mesh->get_group(d));
+      value = l.item<double>();
+      if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
     } else if (mesh) {
       at::Tensor loss = qwen3::causal_lm_loss(model(x.chunk(dp, 0)[dp_rank]), y.chunk(dp, 0)[dp_rank]);
       loss.backward();
@@ -343,6 +365,9 @@ int run(int argc, char** argv) {
   if (a.dims.pp > 1 && (a.batch / dp_degree(a)) % a.microbatches != 0)
     usage("--batch per data-parallel rank must be divisible by --microbatches");
   if (a.dims.pp > 1 && a.config.num_layers < a.dims.pp) usage("--pp needs at least as many --layers as stages");
+  if (a.dims.cp > 1 && a.seq % (2 * a.dims.cp) != 0) usage("--seq must be a multiple of 2 x cp (head-tail load balancing)");
+  if (a.dims.cp > 1 && a.config.attention_dropout > 0) usage("--dropout with --cp: context parallelism does not draw attention dropout");
+  if (a.dims.cp > 1 && a.dims.pp > 1) usage("--cp with --pp is not supported yet");
   auto mesh = a.dims.build_mesh(a.device);
   at::Tensor data = load_bytes(a.text);
   if (chief)
@@ -399,9 +424,13 @@ int run(int argc, char** argv) {
       rc = max_diff < 1e-3 ? 0 : 1;
     }
   }
-  if (a.dims.pp > 1) {
+  if (a.dims.pp > 1 || a.dims.cp > 1) {
     // Each rank holds one stage: a consolidated HF save of every stage is not written yet.
-    if (chief) std::printf("pipeline stages: the HF save and the generation that follows it are skipped\n");
+    // Context parallelism trains on shards of whole sequences; decoding (one position at a time
+    // against a cache) does not split a sequence.
+    if (chief)
+      std::printf("%s: the HF save and the generation that follows it are skipped\n",
+                  a.dims.pp > 1 ? "pipeline stages" : "context parallelism");
     hp::barrier(hp::world_group());
     hp::destroy_process_group();
     return rc;

@@ -114,10 +114,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         const at::Tensor kb = F::repeat_kv(cur_k.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
         const at::Tensor vb = F::repeat_kv(cur_v.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
         const at::Tensor scores = block_scores(qb, kb, p.masked ? diag_mask : at::Tensor(), scale);
-        const at::Tensor block_lse = at::logsumexp(scores, -1);
+        // Every attended row sees at least one key (the plan), so its maximum is finite. (Not
+        // at::logsumexp: no meta kernel.)
+        const at::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
+        const at::Tensor block_lse = (row_max + (scores - row_max).exp().sum(-1, /*keepdim=*/true).log()).squeeze(-1);
         const at::Tensor block_out = (scores - block_lse.unsqueeze(-1)).exp_().matmul(vb);
         at::Tensor rows_out = out.narrow(2, p.row0, p.rows), rows_lse = lse.narrow(2, p.row0, p.rows);
-        const at::Tensor merged = at::logaddexp(rows_lse, block_lse);
+        // log(e^a + e^b) from the larger: a row seen for the first time has a = -inf (e^-inf = 0).
+        // (Not at::logaddexp: it has no meta kernel, and plans run on meta.)
+        const at::Tensor top = at::maximum(rows_lse, block_lse);
+        const at::Tensor merged = top + ((rows_lse - top).exp() + (block_lse - top).exp()).log();
         rows_out.copy_(rows_out * (rows_lse - merged).exp_().unsqueeze(-1) + block_out * (block_lse - merged).exp_().unsqueeze(-1));
         rows_lse.copy_(merged);
       }

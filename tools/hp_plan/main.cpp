@@ -4,6 +4,7 @@
 //
 //   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]
 //           [--schedule gpipe|1f1b] [--microbatches M]   with a pp dimension, e.g. --mesh pp=8,dp=16,tp=8
+//           [--cp-mode auto|ulysses|allgather_kv|ring]     with a cp dimension, e.g. --mesh dp=8,cp=4,tp=8 --seq 32768
 //           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
 //           [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]
 //   hp_plan --config config.json --world 128 --dp 16 [--dp-replicate 2] ...   tp takes the rest
@@ -32,6 +33,7 @@ namespace {
                "hp_plan: %s\n"
                "usage: hp_plan --config config.json --mesh [pp=8,]dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]\n"
                "               [--schedule gpipe|1f1b] [--microbatches M] (with pp: the batch per dp rank splits into M)\n"
+               "               [--cp-mode auto|ulysses|allgather_kv|ring] (with cp: the attention algorithm)\n"
                "               [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]\n"
                "               [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]\n"
                "       hp_plan --config config.json --world N --dp N [--dp-replicate N] ... (tp takes the rest of the world)\n"
@@ -74,6 +76,7 @@ int run(int argc, char** argv) {
     else if (f == "--json") json = true;
     else if (f == "--schedule") o.schedule = value();
     else if (f == "--microbatches") o.microbatches = positive(f, value());
+    else if (f == "--cp-mode") o.cp_mode = value();
     else if (f == "--measure") measure = true;
     else if (f == "--device") o.device_type = value();
     else if (f == "--world") world = positive(f, value());

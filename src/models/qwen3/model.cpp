@@ -91,7 +91,9 @@ at::Tensor AttentionImpl::attention_dropout(const at::Tensor& probs) {
   return hp::DTensor(hp::dropout(hp::DTensor::from_local(probs, weight.device_mesh(), {hp::Shard(1)}), p, true)).to_local();
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
+at::Tensor AttentionImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
+
+at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads.
   at::Tensor q = q_proj(hidden), k, v;
@@ -113,8 +115,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) {
     own = layer_inputs(config, nullptr, b, s, q.scalar_type(), q.device());
     in = &own;
   }
-  q = q * in->cos + rotate_half(q) * in->sin;
-  k = k * in->cos + rotate_half(k) * in->sin;
+  at::Tensor cos = in->cos, sin = in->sin;
+  for (const auto& [name, value] : rotary) {
+    HP_CHECK_T(c10::ValueError, (name == "cos" || name == "sin") && value.isTensor(), "hyper_parallel::qwen3::AttentionImpl::forward: ",
+               "takes the rotary tables cos and sin as keywords, got '", name, "'");
+    (name == "cos" ? cos : sin) = value.toTensor();
+  }
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
   const ForwardContext* ctx = in->context;
   if (ctx && ctx->cache) {
     KVCache& cache = *ctx->cache;
@@ -162,8 +170,10 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
     mlp = register_module("mlp", Mlp(c));
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) {
-  at::Tensor h = hidden + self_attn(input_layernorm(hidden));
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
+  at::Tensor h = hidden + self_attn(input_layernorm(hidden), rotary);
   const at::Tensor x = post_attention_layernorm(h);
   return h + (moe ? moe(x) : mlp(x));
 }
@@ -236,6 +246,16 @@ at::Tensor CausalLMImpl::aux_loss(const hyper_parallel::Group& data_group) const
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }
 
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const hnn::Kwargs& kwargs) {
+  ForwardContext context;
+  for (const auto& [name, value] : kwargs) {
+    HP_CHECK_T(c10::ValueError, name == "position_ids" && value.isTensor(), "hyper_parallel::qwen3::CausalLM::forward: takes the ",
+               "keyword position_ids (a tensor) only, got '", name, "'");
+    context.position_ids = value.toTensor();
+  }
+  return forward(input_ids, context);
+}
+
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
   std::vector<AttentionImpl*> attns;
   for (const auto& layer : *layers) attns.push_back(layer->as<DecoderLayerImpl>()->self_attn.get());
@@ -251,7 +271,10 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardConte
   } scope{attns};
   for (auto* a : attns) a->inputs = &in;
   at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;
-  for (const auto& layer : *layers) h = layer->as<DecoderLayerImpl>()->call_tensor(h);
+  // The rotary tables travel as arguments: a checkpointed layer's recompute replays them (this
+  // call's pointers are gone by then).
+  const hnn::Kwargs rotary{{"cos", in.cos}, {"sin", in.sin}};
+  for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, rotary);
   if (context.cache) context.cache->length += input_ids.size(1);
   if (!lm_head) return h;
   if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);

@@ -94,8 +94,9 @@ namespace {
 struct MeshShape {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
-  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1, pp = 1;
+  int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1, pp = 1, cp = 1;
   std::string dp_name = "dp";
+  std::string cp_mode;
 };
 
 // `what`: the function's name below hyper_parallel:: ("qwen3::plan_training").
@@ -107,18 +108,18 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   MeshShape m;
   // The canonical order; dp_shard is dp; ep borrows its ranks from the data ranks (it holds
   // different tokens), so it sits between dp and tp.
-  const std::vector<std::string> order{"pp", "dp_replicate", "dp", "ep", "tp"};
+  const std::vector<std::string> order{"pp", "dp_replicate", "dp", "cp", "ep", "tp"};
   size_t last = 0;
   for (const auto& [given, size] : options.mesh) {
     const std::string name = given == "dp_shard" ? "dp" : given;
     const auto at = std::find(order.begin(), order.end(), name);
     HP_CHECK_T(c10::ValueError, at != order.end(), "hyper_parallel::", what, ": mesh dimension '", given,
-               "': the demo's plan shards over 'pp' (pipeline stages), 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard), 'ep' (experts, MoE models) and 'tp' (tensor parallelism) only");
+               "': the demo's plan shards over 'pp' (pipeline stages), 'dp_replicate' (HSDP), 'dp' or 'dp_shard' (fully_shard), 'cp' (context parallelism), 'ep' (experts, MoE models) and 'tp' (tensor parallelism) only");
     const size_t index = static_cast<size_t>(at - order.begin()) + 1;
     HP_CHECK_T(c10::ValueError, index > last, "hyper_parallel::", what, ": mesh dimension '", given,
-               "' is repeated or out of the canonical order pp, dp_replicate, dp, ep, tp");
+               "' is repeated or out of the canonical order pp, dp_replicate, dp, cp, ep, tp");
     last = index;
-    (name == "tp" ? m.tp : name == "dp" ? m.dp : name == "ep" ? m.ep : name == "pp" ? m.pp : m.dp_replicate) = size;
+    (name == "tp" ? m.tp : name == "dp" ? m.dp : name == "ep" ? m.ep : name == "pp" ? m.pp : name == "cp" ? m.cp : m.dp_replicate) = size;
     if (name == "dp") m.dp_name = given;
     m.shape.push_back(size);
     m.names.push_back(given);
@@ -137,6 +138,33 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
                options.batch, " does not split into ", options.microbatches, " microbatches");
     HP_CHECK_T(c10::ValueError, !options.config.is_moe(), "hyper_parallel::", what, ": pipeline stages of MoE models are not planned yet");
     pipeline_stage_span(options.config, 0, m.pp);  // enough layers, untied
+  }
+  if (m.cp > 1) {
+    HP_CHECK_T(c10::ValueError, m.pp == 1 && m.ep == 1 && m.dp_replicate == 1, "hyper_parallel::", what,
+               ": context parallelism with pipeline stages, experts or HSDP is not planned yet (plan dp, cp and tp)");
+    HP_CHECK_T(c10::ValueError, options.seq % (2 * m.cp) == 0, "hyper_parallel::", what, ": a sequence of ", options.seq,
+               " positions cannot be split over cp = ", m.cp, " with load_balance (2·cp = ", 2 * m.cp, " equal parts)");
+    HP_CHECK_T(c10::ValueError, options.config.num_heads % m.tp == 0, "hyper_parallel::", what, ": tp = ", m.tp, " does not divide the ",
+               options.config.num_heads, " query heads");
+    const int64_t heads = options.config.num_heads / m.tp;
+    m.cp_mode = options.cp_mode == "auto" ? (heads % m.cp == 0 ? "ulysses" : "allgather_kv") : options.cp_mode;
+    HP_CHECK_T(c10::ValueError, m.cp_mode == "ulysses" || m.cp_mode == "allgather_kv" || m.cp_mode == "ring", "hyper_parallel::", what,
+               ": cp_mode must be auto, ulysses, allgather_kv or ring, got \"", options.cp_mode, "\"");
+    HP_CHECK_T(c10::ValueError, m.cp_mode != "ulysses" || heads % m.cp == 0, "hyper_parallel::", what, ": ulysses splits the ", heads,
+               " query heads of a tp rank over cp = ", m.cp, ", which does not divide them; plan allgather_kv or ring");
+    // fully_shard over dp x cp: one mesh dimension of both (the cp groups come from unflattening it).
+    const auto cp_at = std::find(m.names.begin(), m.names.end(), "cp");
+    const size_t i = static_cast<size_t>(cp_at - m.names.begin());
+    const auto dp_at = std::find(m.names.begin(), m.names.end(), m.dp_name);
+    if (dp_at != m.names.end()) {
+      m.shape.erase(m.shape.begin() + static_cast<std::ptrdiff_t>(i));
+      m.names.erase(m.names.begin() + static_cast<std::ptrdiff_t>(i));
+      const size_t d = static_cast<size_t>(dp_at - m.names.begin());
+      m.shape[d] *= m.cp;
+      m.names[d] = "dp_cp";
+    } else {
+      m.names[i] = "dp_cp";
+    }
   }
   if (m.ep > 1) {
     HP_CHECK_T(c10::ValueError, options.config.is_moe(), "hyper_parallel::", what, ": an 'ep' dimension needs a mixture-of-experts config (num_experts > 0)");
@@ -180,7 +208,16 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     for (const auto& layer : *model->layers)
       if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
   }
-  if (m.dp * m.dp_replicate * m.ep > 1) {
+  hp::DeviceMesh cp_mesh;
+  if (m.cp > 1) {
+    cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
+    parallelize_qwen3_cp(*model, cp_mesh, m.cp_mode, /*load_balance=*/true);
+  }
+  if (m.cp > 1 && m.dp * m.cp > 1) {
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp_cp"], o);
+    if (options.mixed_precision && model->lm_head) o.mp_policy.output_dtype = at::kFloat;
+    hp::fully_shard(*model, mesh["dp_cp"], o);
+  } else if (m.dp * m.dp_replicate * m.ep > 1) {
     // The data ranks: dp (HSDP: dp_replicate x dp), or dp x ep with experts.
     const hp::DeviceMesh data = m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
                                 : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
@@ -195,6 +232,8 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   r.options = options;
   r.world_size = m.world;
   r.measured = device != "meta";
+  r.cp = m.cp;
+  r.cp_mode = m.cp_mode;
   const std::vector<at::Tensor> params = hp::unique_parameters(*model);  // tied weights count once
   int64_t elements = 0;
   for (const at::Tensor& p : params) {
@@ -212,8 +251,12 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   // previous stage's hidden states (sequence-sharded over tp with sequence parallelism).
   const int64_t m_count = m.pp > 1 ? options.microbatches : 1, rows = options.batch / m_count;
   const auto ids_options = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor ids = device == "meta" ? at::empty({rows, options.seq}, ids_options)
-                                          : at::randint(options.config.vocab_size, {rows, options.seq}, ids_options);
+  // With context parallelism each rank holds seq / cp positions (their positions drive rotary).
+  const int64_t local_seq = options.seq / m.cp;
+  const at::Tensor ids = device == "meta" ? at::empty({rows, local_seq}, ids_options)
+                                          : at::randint(options.config.vocab_size, {rows, local_seq}, ids_options);
+  hnn::Kwargs positions;
+  if (m.cp > 1) positions.emplace_back("position_ids", hp::context_parallel_positions(options.seq, cp_mesh, true).unsqueeze(0).to(device));
   at::Tensor input = ids;
   if (!model->embed_tokens) {
     const at::ScalarType act = options.mixed_precision ? *options.mixed_precision : options.config.dtype;
@@ -228,7 +271,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   int64_t transient = 0, peak = 0;
   {
     hp::MemoryTracker mem(device);
-    const at::Tensor out = model(input);
+    const at::Tensor out = m.cp > 1 ? model(input, positions) : model(input);
     r.microbatch_saved_bytes = mem.live_bytes();
     if (model->lm_head) {
       causal_lm_loss(out, ids).backward();
@@ -259,6 +302,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   // Each group's collectives under the mesh dimension it is.
   std::map<std::vector<int64_t>, std::string> dim_of;
   for (int64_t d = 0; d < mesh.ndim(); ++d) dim_of[mesh.get_group(d).ranks()] = m.names[static_cast<size_t>(d)];
+  if (m.cp > 1) dim_of[cp_mesh.get_group(0).ranks()] = "cp";
   for (const auto& [ranks, phases] : comm.get_comm_group_stats()) {
     const auto it = dim_of.find(ranks);
     const std::string dim = it != dim_of.end()                               ? it->second
@@ -270,7 +314,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
       for (const auto& [kind, st] : p->second) {
         // Per microbatch, except FSDP's gradient reduction over the data dimensions, which the
         // step's last backward does once (tensor parallelism's reduce-scatters run every microbatch).
-        const bool data_dim = dim == m.dp_name || dim == "dp_replicate";
+        const bool data_dim = dim == m.dp_name || dim == "dp_replicate" || dim == "dp_cp";
         const bool once = std::string(phase) == "backward" && data_dim && (kind == "reduce_scatter" || kind == "all_reduce");
         const int64_t times = once ? 1 : m_count;
         r.comm.push_back({dim, kind, phase, st.count * times, st.bytes * times, st.full_bytes * times});
@@ -335,6 +379,11 @@ std::string PlanReport::to_table() const {
                   static_cast<long long>(options.microbatches), static_cast<long long>(microbatches_in_flight), bubble_fraction);
     os << line;
   }
+  if (cp > 1) {
+    std::snprintf(line, sizeof line, "context parallel: cp %lld, %s attention, %lld of %lld positions per rank (head-tail)\n",
+                  static_cast<long long>(cp), cp_mode.c_str(), static_cast<long long>(options.seq / cp), static_cast<long long>(options.seq));
+    os << line;
+  }
   os << "memory per rank:\n";
   row("parameters", param_bytes);
   if (kv_replica_bytes > 0) row("  of which KV replicas", kv_replica_bytes);
@@ -394,6 +443,7 @@ std::string PlanReport::to_json() const {
                      {"microbatches_in_flight", microbatches_in_flight}, {"microbatch_saved_bytes", microbatch_saved_bytes},
                      {"p2p_bytes_per_microbatch", p2p_bytes_per_microbatch}, {"bubble_fraction", bubble_fraction}};
   }
+  if (cp > 1) j["context_parallel"] = {{"cp", cp}, {"mode", cp_mode}, {"positions_per_rank", options.seq / cp}};
   j["seconds"] = seconds;
   j["measured"] = measured;
   return j.dump(2);

@@ -431,3 +431,69 @@ TEST(PlanReportFake, PipelineStagesMemoryAndTransfersAreTheAnalyticCount) {
   bad.microbatches = 32;
   EXPECT_THROW(qwen3::plan_training(bad), c10::ValueError);
 }
+
+// Context parallelism at 32k tokens: dp = 8 x cp = 4 x tp = 8 (256 ranks) for the 32B and 72B
+// configs, bf16, sequence parallelism and full activation checkpointing. Their 64 query heads
+// over 8 KV heads leave a tp rank 8 query heads and 1 KV head, so "auto" picks ulysses with the
+// key head repeated to cp = 4. Checked against the formulas, per layer L:
+// - ulysses: 4 all-to-alls forward of the local q [b, S/cp, 8, d], k and v (repeated to 4 heads)
+//   and the output; backward 4 more plus the recompute's 4;
+// - allgather_kv: K and V all-gathered over cp, each rank receiving (cp-1)/cp of them;
+// - fully_shard shards over dp x cp (32 ranks): the parameters are the analytic count / (tp · 32);
+// - the activations saved after forward are per token: 1/cp of the same plan without cp;
+// - ulysses and allgather_kv hold the float32 probabilities [b, H/tp/cp, S, S] or [b, H/tp, S/cp, S];
+//   ring attention holds one block at a time, under half of that.
+TEST(PlanReportFake, ContextParallelAt32kTokensIsTheFormulas) {
+  for (const char* file : {"qwen3_32b.json", "qwen3_72b_dense.json"}) {
+    SCOPED_TRACE(file);
+    const Config c = qwen3::load_config(repo_file(std::string("examples/qwen3/configs/") + file));
+    const int64_t dp = 8, cp = 4, tp = 8, b = 1, seq = 32768, h = c.hidden_size, d = c.head_dim, L = c.num_layers;
+    const int64_t q = c.num_heads * d, kv = c.num_kv_heads * d, i = c.intermediate_size, e = elem(c);
+    ASSERT_EQ(c.num_heads / tp, 8);
+    ASSERT_EQ(c.num_kv_heads / tp, 1);
+    const auto plan = [&](const std::string& mesh, const std::string& mode) {
+      PlanOptions o = options(c, mesh, true, b, seq);
+      o.activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::full();
+      o.cp_mode = mode;
+      return qwen3::plan_training(o);
+    };
+    const PlanReport u = plan("dp=8,cp=4,tp=8", "auto");
+    EXPECT_EQ(u.cp, cp);
+    EXPECT_EQ(u.cp_mode, "ulysses");
+    EXPECT_NE(u.to_table().find("context parallel: cp 4, ulysses attention, 8192 of 32768 positions per rank"), std::string::npos);
+    const int64_t layer = (h * q + 2 * h * kv + q * h + 3 * h * i) / tp + 2 * h + 2 * d;
+    EXPECT_EQ(u.param_bytes, (L * layer + 2 * c.vocab_size * h / tp + h) / (dp * cp) * e);
+    const int64_t q_local = b * (seq / cp) * (c.num_heads / tp) * d * e, kv_repeated = b * (seq / cp) * cp * d * e;
+    EXPECT_EQ(entry(u, "cp", "all_to_all", "forward").count, 4 * L);
+    EXPECT_EQ(entry(u, "cp", "all_to_all", "forward").bytes, L * (2 * q_local + 2 * kv_repeated));
+    EXPECT_EQ(entry(u, "cp", "all_to_all", "backward").count, 8 * L);
+    const int64_t probabilities = b * (c.num_heads / tp / cp) * seq * seq * 4;
+    EXPECT_GE(u.activation_peak_bytes, probabilities);
+    // Without cp (dp = 32: the same sharding of the parameters), every saved activation is cp times larger.
+    const PlanReport whole = plan("dp=32,tp=8", "auto");
+    EXPECT_EQ(whole.param_bytes, u.param_bytes);
+    EXPECT_EQ(u.microbatch_saved_bytes * cp, whole.microbatch_saved_bytes);
+    std::printf("%s at dp=8, cp=4, tp=8, 32k tokens (ulysses): params %.1f MiB, saved after forward %.1f MiB, activation peak %.2f GiB, "
+                "step peak %.2f GiB (without cp at dp=32: saved %.1f MiB, activation peak %.2f GiB)\n",
+                file, u.param_bytes / 1048576.0, u.microbatch_saved_bytes / 1048576.0, u.activation_peak_bytes / 1073741824.0,
+                u.step_peak_bytes / 1073741824.0, whole.microbatch_saved_bytes / 1048576.0, whole.activation_peak_bytes / 1073741824.0);
+    if (std::string(file) == "qwen3_72b_dense.json") {
+      const PlanReport g = plan("dp=8,cp=4,tp=8", "allgather_kv");
+      EXPECT_EQ(g.cp_mode, "allgather_kv");
+      const int64_t kv_local = b * (seq / cp) * (c.num_kv_heads / tp) * d * e;
+      const qwen3::CommEntry gathered = entry(g, "cp", "all_gather", "forward");
+      EXPECT_EQ(gathered.count, 2 * L);
+      EXPECT_EQ(gathered.full_bytes - gathered.bytes, 2 * L * (cp - 1) * kv_local);  // what arrives: (cp-1)/cp of K and V
+      EXPECT_EQ(entry(g, "cp", "reduce_scatter", "backward").count, 2 * L);
+      EXPECT_GE(g.activation_peak_bytes, b * (c.num_heads / tp) * (seq / cp) * seq * 4);
+    } else {
+      const PlanReport ring = plan("dp=8,cp=4,tp=8", "ring");
+      EXPECT_EQ(ring.cp_mode, "ring");
+      EXPECT_EQ(entry(ring, "cp", "send", "forward").count, 2 * (cp - 1) * L);
+      EXPECT_LT(ring.activation_peak_bytes, u.activation_peak_bytes / 2);
+      std::printf("%s ring: activation peak %.2f GiB\n", file, ring.activation_peak_bytes / 1073741824.0);
+    }
+  }
+  PlanOptions bad = options(qwen3::load_config(repo_file("examples/qwen3/configs/qwen3_32b.json")), "dp=8,cp=4,tp=8", true, 1, 32766);
+  EXPECT_THROW(qwen3::plan_training(bad), c10::ValueError);  // not a multiple of 2 · cp
+}

@@ -84,6 +84,9 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   AttentionImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
+  /// With the rotary tables as arguments ("cos", "sin": [B or 1, 1, S, D]), so that activation
+  /// checkpointing's recompute, which replays a module's arguments, sees the forward's positions.
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
   /// Dropout on the attention probabilities while training (config.attention_dropout).
   at::Tensor attention_dropout(const at::Tensor& probs);
   Config config;
@@ -110,6 +113,8 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
   DecoderLayerImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
+  /// The rotary tables passed on to the attention (AttentionImpl::forward).
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
   hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   // One of the two, registered as "mlp" (HF's name for both): a dense MLP or a sparse MoE block.
@@ -144,6 +149,10 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   explicit CausalLMImpl(const Config& c, const StageSpan& span = {});
   at::Tensor forward(const at::Tensor& input_ids);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
+  /// HF's keyword form, through the module's hooks (fully_shard's among them), for training on
+  /// shards of sequences: `model(ids, hnn::Kwargs{{"position_ids", positions}})` with positions
+  /// [B or 1, S] (context_parallel_positions); causal attention by position. Other names are refused.
+  at::Tensor forward(const at::Tensor& input_ids, const hnn::Kwargs& kwargs);
   /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor). Done at
   /// construction; again after parallelize_qwen3_tp, which distributes the two separately.
   void tie_weights();

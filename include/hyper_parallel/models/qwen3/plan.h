@@ -37,6 +37,12 @@ struct PlanOptions {
   /// stage (its layers' parameters, its activations of the microbatches in flight, its transfers).
   std::string schedule = "1f1b";
   int64_t microbatches = 1;
+  /// With a "cp" mesh dimension (context parallelism: each rank holds seq / cp positions of
+  /// every sequence, head-tail load-balanced): the attention algorithm, "ulysses",
+  /// "allgather_kv", "ring", or "auto": ulysses when cp divides the query heads a tp rank holds
+  /// (key heads replicated up to cp when fewer), else allgather_kv. fully_shard then shards over
+  /// dp x cp (torchtitan's dp_shard_cp), one mesh dimension "dp_cp".
+  std::string cp_mode = "auto";
   int64_t rank = 0;             ///< which rank of the world this process plays
   std::string device_type = "cuda";  ///< what the job runs on (names only: nothing is allocated)
 };
@@ -75,6 +81,9 @@ struct PlanReport {
   int64_t stage = 0, num_stages = 1, microbatches_in_flight = 1;
   int64_t microbatch_saved_bytes = 0, p2p_bytes_per_microbatch = 0;
   double bubble_fraction = 0;
+  /// Context parallelism: its degree and the attention algorithm used (cp_mode resolved).
+  int64_t cp = 1;
+  std::string cp_mode;
   /// Collectives per step. With microbatches, one microbatch's forward and backward collectives
   /// are counted m times, FSDP's gradient reduction (reduce_scatter, HSDP's all_reduce) once.
   std::vector<CommEntry> comm;
@@ -109,7 +118,7 @@ PlanReport measure_training(const PlanOptions& options);
 /// x dp), dimensions of size 1 left out (c10::ValueError when it does not divide).
 std::vector<std::pair<std::string, int64_t>> mesh_from_degrees(int64_t world, int64_t dp_replicate, int64_t dp);
 
-/// "dp=16,tp=8" as PlanOptions::mesh (c10::ValueError for anything else).
+/// "dp=8,cp=4,tp=8" as PlanOptions::mesh (c10::ValueError for anything else).
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text);
 
 }  // namespace qwen3

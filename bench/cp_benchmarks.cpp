@@ -1,0 +1,76 @@
+// Context parallelism: one causal attention step (forward and backward) over a long sequence, at
+// cp = 2 in each mode (head-tail load balanced) against one process with 2 threads on the whole
+// sequence, and the memory each rank's step allocates against the one process's.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <hyper_parallel/hyper_parallel.h>
+
+#include "bench_util.h"
+
+namespace hp = hyper_parallel;
+namespace hnn = hyper_parallel::nn;
+
+namespace hp_bench {
+namespace {
+
+// 8k tokens, 4 query heads over 2 key heads of 32: small heads, a long sequence.
+constexpr int64_t kSeq = 8192, kHeads = 4, kKvHeads = 2, kDim = 32;
+
+struct Step {
+  double ms = 0;
+  int64_t peak_bytes = 0;
+};
+
+// One step of `sdpa` on [1, heads, seq, 32] inputs: time (median of 5) and the allocation peak.
+Step attention_step(hnn::ScaledDotProductAttention& sdpa, int64_t seq, const std::function<void()>& between) {
+  at::manual_seed(5);
+  const at::Tensor q = at::randn({1, kHeads, seq, kDim}).requires_grad_(), k = at::randn({1, kKvHeads, seq, kDim}).requires_grad_(),
+                   v = at::randn({1, kKvHeads, seq, kDim}).requires_grad_(), w = at::randn({1, kHeads, seq, kDim});
+  const auto step = [&] {
+    (sdpa(q, k, v) * w).sum().backward();
+    q.mutable_grad().reset();
+    k.mutable_grad().reset();
+    v.mutable_grad().reset();
+  };
+  Step s;
+  {
+    hp::MemoryTracker mem("cpu");
+    step();
+    s.peak_bytes = mem.peak_bytes();
+  }
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    if (between) between();
+    t.push_back(time_us(step, 1, 1));
+  }
+  std::sort(t.begin(), t.end());
+  s.ms = t[t.size() / 2] / 1000;
+  return s;
+}
+
+}  // namespace
+
+void run_cp_benchmarks(const std::string& filter) {
+  const hp::DeviceMesh cp = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"cp"});
+  for (const std::string mode : {"ring", "ulysses", "allgather_kv"}) {
+    hnn::ScaledDotProductAttention sdpa(hnn::ScaledDotProductAttentionOptions().is_causal(true));
+    hp::ContextParallel(mode, /*load_balance=*/true).apply(*sdpa, cp);
+    const Step s = attention_step(sdpa, kSeq / cp.size(), [] { hp::barrier(hp::world_group()); });
+    if (hp::get_rank() == 0)
+      std::printf("{\"name\": \"cp_step\", \"mode\": \"%s\", \"ms\": %.6g, \"peak_bytes\": %lld}\n", mode.c_str(), s.ms,
+                  static_cast<long long>(s.peak_bytes));
+    std::fflush(stdout);
+  }
+}
+
+double single_attention_step(int threads, int64_t& peak_bytes) {
+  at::set_num_threads(threads);
+  hnn::ScaledDotProductAttention sdpa(hnn::ScaledDotProductAttentionOptions().is_causal(true));
+  const Step s = attention_step(sdpa, kSeq, nullptr);
+  at::set_num_threads(1);
+  peak_bytes = s.peak_bytes;
+  return s.ms;
+}
+
+}  // namespace hp_bench
