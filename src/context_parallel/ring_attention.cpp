@@ -90,6 +90,30 @@ void wait_all(std::vector<Work>& works) {
   for (auto& w : works) w.wait();
 }
 
+// The key/value block this rank attends at a step, and the transfer of the next one (from the
+// previous rank), which travels while the current block is worked on.
+struct KvBlocks {
+  at::Tensor k, v, next_k, next_v;
+  std::vector<Work> works;
+  KvBlocks(const at::Tensor& key, const at::Tensor& value) : k(key.contiguous()), v(value.contiguous()) {}
+  // Starts passing the current block on, unless it is the last step's.
+  void pass_on(bool more, const Group& group, int64_t tag) {
+    if (!more) return;
+    next_k = at::empty_like(k);
+    next_v = at::empty_like(v);
+    works = rotate({k, v}, {next_k, next_v}, group, tag);
+  }
+  void advance(bool more) {
+    if (!more) return;
+    wait_all(works);
+    k = next_k;
+    v = next_v;
+  }
+  // The plan's columns in float32, with the key heads repeated to the query heads.
+  at::Tensor keys(const BlockPlan& p, int64_t heads) const { return F::repeat_kv(k.narrow(2, p.col0, p.cols).to(at::kFloat), heads); }
+  at::Tensor values(const BlockPlan& p, int64_t heads) const { return F::repeat_kv(v.narrow(2, p.col0, p.cols).to(at::kFloat), heads); }
+};
+
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const Group& group, bool is_causal, bool load_balance, c10::optional<double> scale) {
@@ -99,20 +123,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     at::Tensor lse = at::full({q.size(0), heads, s}, -std::numeric_limits<float>::infinity(), qf.options());
     const at::Tensor positions = shard_positions(s, cp, r, load_balance, q.options().dtype(at::kLong));
     const at::Tensor diag_mask = is_causal ? F::causal_mask(positions, positions) : at::Tensor();
-    at::Tensor cur_k = k.contiguous(), cur_v = v.contiguous();
+    KvBlocks blocks(k, v);
     for (int64_t i = 0; i < cp; ++i) {
-      std::vector<Work> works;
-      at::Tensor next_k, next_v;
-      if (i + 1 < cp) {
-        next_k = at::empty_like(cur_k);
-        next_v = at::empty_like(cur_v);
-        works = rotate({cur_k, cur_v}, {next_k, next_v}, group, 0);
-      }
+      blocks.pass_on(i + 1 < cp, group, 0);
       const BlockPlan p = plan_block(r, cp, i, s, is_causal, load_balance);
       if (!p.skip) {
-        const at::Tensor qb = qf.narrow(2, p.row0, p.rows);
-        const at::Tensor kb = F::repeat_kv(cur_k.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
-        const at::Tensor vb = F::repeat_kv(cur_v.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
+        const at::Tensor qb = qf.narrow(2, p.row0, p.rows), kb = blocks.keys(p, heads), vb = blocks.values(p, heads);
         const at::Tensor scores = block_scores(qb, kb, p.masked ? diag_mask : at::Tensor(), scale);
         // Every attended row sees at least one key (the plan), so its maximum is finite. (Not
         // at::logsumexp: no meta kernel.)
@@ -127,11 +143,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         rows_out.copy_(rows_out * (rows_lse - merged).exp_().unsqueeze(-1) + block_out * (block_lse - merged).exp_().unsqueeze(-1));
         rows_lse.copy_(merged);
       }
-      if (i + 1 < cp) {
-        wait_all(works);
-        cur_k = next_k;
-        cur_v = next_v;
-      }
+      blocks.advance(i + 1 < cp);
     }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["ranks"] = group.ranks();
@@ -156,22 +168,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     at::Tensor dq = at::zeros_like(qf);
     const at::Tensor positions = shard_positions(s, cp, r, load_balance, q.options().dtype(at::kLong));
     const at::Tensor diag_mask = is_causal ? F::causal_mask(positions, positions) : at::Tensor();
-    at::Tensor cur_k = k.contiguous(), cur_v = v.contiguous();
+    KvBlocks blocks(k, v);
     at::Tensor dk = at::zeros(k.sizes(), qf.options()), dv = at::zeros(v.sizes(), qf.options());
     for (int64_t i = 0; i < cp; ++i) {
-      // The next key/value block travels while this one is worked on.
-      std::vector<Work> kv_works;
-      at::Tensor next_k, next_v;
-      if (i + 1 < cp) {
-        next_k = at::empty_like(cur_k);
-        next_v = at::empty_like(cur_v);
-        kv_works = rotate({cur_k, cur_v}, {next_k, next_v}, group, 2);
-      }
+      blocks.pass_on(i + 1 < cp, group, 2);
       const BlockPlan p = plan_block(r, cp, i, s, is_causal, load_balance);
       if (!p.skip) {
         const at::Tensor qb = qf.narrow(2, p.row0, p.rows), dob = dout.narrow(2, p.row0, p.rows);
-        const at::Tensor kb = F::repeat_kv(cur_k.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
-        const at::Tensor vb = F::repeat_kv(cur_v.narrow(2, p.col0, p.cols).to(at::kFloat), heads);
+        const at::Tensor kb = blocks.keys(p, heads), vb = blocks.values(p, heads);
         const at::Tensor scores = block_scores(qb, kb, p.masked ? diag_mask : at::Tensor(), scale);
         const at::Tensor probs = (scores - lse.narrow(2, p.row0, p.rows).unsqueeze(-1)).exp_();
         const at::Tensor dprobs = dob.matmul(vb.transpose(-2, -1));
@@ -184,13 +188,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       at::Tensor next_dk = at::empty_like(dk), next_dv = at::empty_like(dv);
       std::vector<Work> grad_works = rotate({dk, dv}, {next_dk, next_dv}, group, 4);
       wait_all(grad_works);
-      wait_all(kv_works);
+      blocks.advance(i + 1 < cp);
       dk = next_dk;
       dv = next_dv;
-      if (i + 1 < cp) {
-        cur_k = next_k;
-        cur_v = next_v;
-      }
     }
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};

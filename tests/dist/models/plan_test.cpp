@@ -238,7 +238,7 @@ TEST(PlanReportFake, InvalidPlansFailAsTheRealRunDoes) {
     const std::string real = real_run(write_config(c, name), "tp=3", 3, false, 2, 32);
     EXPECT_NE(real.find(fake), std::string::npos) << "fake: " << fake << "\nreal: " << real;
   }
-  EXPECT_NE(hp_test::error_message([&] { qwen3::plan_training(options(small_config(), "cp=2,tp=2")); }).find("'cp'"), std::string::npos);
+  EXPECT_NE(hp_test::error_message([&] { qwen3::plan_training(options(small_config(), "sp=2,tp=2")); }).find("'sp'"), std::string::npos);
 }
 
 // The same step run for real (hp_plan --measure: 2 and 4 CPU ranks under hprun) counts exactly
