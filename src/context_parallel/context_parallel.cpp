@@ -26,15 +26,21 @@ void check_cp_mesh(const DeviceMesh& mesh, const char* fn) {
              mesh.defined() ? mesh.short_string() : std::string("an undefined mesh"));
 }
 
+// A sequence of n positions splits into cp shards, of two equal chunks each with load_balance.
+void check_splits(int64_t n, int64_t cp, bool load_balance, const char* fn) {
+  const int64_t parts = load_balance ? 2 * cp : cp;
+  HP_CHECK_T(c10::ValueError, n >= 0 && n % parts == 0, "hyper_parallel::", fn, ": a sequence of ", n,
+             " positions cannot be split over cp = ", cp, load_balance ? " with load_balance (2·cp = " : " (", parts,
+             " equal parts); pad it to a multiple of ", parts);
+}
+
 // The sequence dim of `t` (negative counts from the end) and its length, checked against cp.
 int64_t seq_length(const at::Tensor& t, int64_t& seq_dim, int64_t cp, bool load_balance, const char* fn) {
   HP_CHECK_T(c10::IndexError, seq_dim >= -t.dim() && seq_dim < t.dim(), "hyper_parallel::", fn, ": seq_dim ", seq_dim,
              " is out of range for a tensor of shape ", t.sizes());
   if (seq_dim < 0) seq_dim += t.dim();
-  const int64_t n = t.size(seq_dim), parts = load_balance ? 2 * cp : cp;
-  HP_CHECK_T(c10::ValueError, n % parts == 0, "hyper_parallel::", fn, ": a sequence of ", n, " positions cannot be split over cp = ",
-             cp, load_balance ? " with load_balance (2·cp = " : " (", parts, " equal parts); pad it to a multiple of ", parts);
-  return n;
+  check_splits(t.size(seq_dim), cp, load_balance, fn);
+  return t.size(seq_dim);
 }
 
 // A query, key or value as the wrapper gets it: a plain shard, or a DTensor Shard(2) on the cp mesh.
@@ -191,10 +197,7 @@ at::Tensor context_parallel_unshard(const at::Tensor& shard, const DeviceMesh& c
 at::Tensor context_parallel_positions(int64_t seq_len, const DeviceMesh& cp_mesh, bool load_balance) {
   check_cp_mesh(cp_mesh, "context_parallel_positions");
   const int64_t cp = cp_mesh.size();
-  const int64_t parts = load_balance ? 2 * cp : cp;
-  HP_CHECK_T(c10::ValueError, seq_len >= 0 && seq_len % parts == 0, "hyper_parallel::context_parallel_positions: a sequence of ",
-             seq_len, " positions cannot be split over cp = ", cp, load_balance ? " with load_balance (2·cp = " : " (", parts,
-             " equal parts); pad it to a multiple of ", parts);
+  check_splits(seq_len, cp, load_balance, "context_parallel_positions");
   return context_parallel::shard_positions(seq_len / cp, cp, cp_mesh.get_local_rank(0), load_balance,
                                            at::TensorOptions().dtype(at::kLong));
 }

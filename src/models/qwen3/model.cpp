@@ -44,6 +44,10 @@ at::Tensor replicated_head_projection(const hnn::LinearImpl& proj, const at::Ten
   const at::Tensor x_local = hp::is_dtensor(x) ? hp::DTensor(x).to_local(hp::Placements{hp::Partial()}) : x;
   return at::linear(x_local, hp::DTensor(proj.weight()).to_local(hp::Placements{hp::Shard(0), hp::Partial()}));
 }
+
+// Whether attention needs an explicit mask: keys in a cache, or padding. Otherwise it is causal
+// over the new positions, which the sdpa module does itself (and context parallelism takes over).
+bool needs_mask(const ForwardContext* context) { return context && (context->cache || context->key_mask.defined()); }
 }  // namespace
 
 LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
@@ -55,6 +59,7 @@ LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t
                                    ? context->position_ids.to(device)
                                    : at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
   std::tie(in.cos, in.sin) = rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
+  if (!needs_mask(context)) return in;
   // Query i sits at cache position past + i: it sees keys up to there, and no padding.
   const int64_t t = in.past + s;
   in.blocked = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device)).triu(in.past + 1);
@@ -109,24 +114,26 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);
   k = k_norm(k.view({b, s, -1, d})).transpose(1, 2);
   v = v.view({b, s, -1, d}).transpose(1, 2);
-  LayerInputs own;
-  const LayerInputs* in = inputs;
-  if (in == nullptr) {  // called on its own: whole sequences from position 0
-    own = layer_inputs(config, nullptr, b, s, q.scalar_type(), q.device());
-    in = &own;
-  }
-  at::Tensor cos = in->cos, sin = in->sin;
+  // The rotary tables: passed by CausalLM::forward (and replayed by a checkpointed layer's
+  // recompute, which runs after the call's `inputs` are gone), else the call's, else (a layer
+  // called on its own) those of positions 0..s-1.
+  at::Tensor cos, sin;
   for (const auto& [name, value] : rotary) {
     HP_CHECK_T(c10::ValueError, (name == "cos" || name == "sin") && value.isTensor(), "hyper_parallel::qwen3::AttentionImpl::forward: ",
                "takes the rotary tables cos and sin as keywords, got '", name, "'");
     (name == "cos" ? cos : sin) = value.toTensor();
   }
+  if (!cos.defined() || !sin.defined()) {
+    const LayerInputs own = inputs ? *inputs : layer_inputs(config, nullptr, b, s, q.scalar_type(), q.device());
+    cos = own.cos;
+    sin = own.sin;
+  }
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  const ForwardContext* ctx = in->context;
+  const ForwardContext* ctx = inputs ? inputs->context : nullptr;
   if (ctx && ctx->cache) {
     KVCache& cache = *ctx->cache;
-    const int64_t past = in->past;
+    const int64_t past = inputs->past;
     at::Tensor& keys = cache.keys.at(static_cast<size_t>(layer_idx));
     at::Tensor& values = cache.values.at(static_cast<size_t>(layer_idx));
     HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "hyper_parallel::qwen3::AttentionImpl::forward: the KV cache holds ", keys.size(2), " positions; ", past,
@@ -139,7 +146,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
   const int64_t heads = q.size(1);
   // Training on whole sequences is plain causal attention, the part context parallelism takes
   // over; generation masks from the cache and the padding.
-  const at::Tensor out = (ctx && (ctx->cache || ctx->key_mask.defined())) ? sdpa(q, k, v, in->blocked) : sdpa(q, k, v);
+  const at::Tensor out = needs_mask(ctx) ? sdpa(q, k, v, inputs->blocked) : sdpa(q, k, v);
   return o_proj(out.transpose(1, 2).reshape({b, s, heads * d}));
 }
 

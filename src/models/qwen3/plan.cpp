@@ -213,13 +213,11 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
     cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
     parallelize_qwen3_cp(*model, cp_mesh, m.cp_mode, /*load_balance=*/true);
   }
-  if (m.cp > 1 && m.dp * m.cp > 1) {
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp_cp"], o);
-    if (options.mixed_precision && model->lm_head) o.mp_policy.output_dtype = at::kFloat;
-    hp::fully_shard(*model, mesh["dp_cp"], o);
-  } else if (m.dp * m.dp_replicate * m.ep > 1) {
-    // The data ranks: dp (HSDP: dp_replicate x dp), or dp x ep with experts.
-    const hp::DeviceMesh data = m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
+  if (m.cp > 1 || m.dp * m.dp_replicate * m.ep > 1) {
+    // The data ranks: dp x cp (one "dp_cp" dimension) with context parallelism, dp (HSDP:
+    // dp_replicate x dp), or dp x ep with experts.
+    const hp::DeviceMesh data = m.cp > 1 ? mesh["dp_cp"]
+                                : m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
                                 : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
     for (const auto& layer : *model->layers) hp::fully_shard(*layer, data, o);
     // The logits in float32 for the loss; a stage without the head hands on the compute dtype.

@@ -69,14 +69,15 @@ struct ForwardContext {
 };
 
 /// What every attention layer of one forward pass shares: the rotary tables [B or 1, 1, S, D],
-/// the positions the queries may not see ([S, T], or [B, 1, S, T] with padding) and the cache.
+/// the positions the queries may not see with a cache or padding ([S, T], or [B, 1, S, T]; undefined
+/// otherwise: plain causal attention, which the attention's sdpa module masks itself) and the cache.
 struct LayerInputs {
   const ForwardContext* context = nullptr;
   at::Tensor cos, sin, blocked;
   int64_t past = 0;  // positions already in the cache
 };
 
-/// The LayerInputs of `s` new tokens (context may be null: positions 0..s-1, a causal mask).
+/// The LayerInputs of `s` new tokens (context may be null: positions 0..s-1, no explicit mask).
 LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
                          const at::Device& device);
 
