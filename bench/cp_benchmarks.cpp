@@ -15,7 +15,7 @@ namespace hp_bench {
 namespace {
 
 // 8k tokens, 4 query heads over 2 key heads of 32: small heads, a long sequence.
-constexpr int64_t kSeq = 8192, kHeads = 4, kKvHeads = 2, kDim = 32;
+constexpr int64_t kCpSeq = 8192, kHeads = 4, kKvHeads = 2, kDim = 32;
 
 struct Step {
   double ms = 0;
@@ -56,7 +56,7 @@ void run_cp_benchmarks(const std::string& filter) {
   for (const std::string mode : {"ring", "ulysses", "allgather_kv"}) {
     hnn::ScaledDotProductAttention sdpa(hnn::ScaledDotProductAttentionOptions().is_causal(true));
     hp::ContextParallel(mode, /*load_balance=*/true).apply(*sdpa, cp);
-    const Step s = attention_step(sdpa, kSeq / cp.size(), [] { hp::barrier(hp::world_group()); });
+    const Step s = attention_step(sdpa, kCpSeq / cp.size(), [] { hp::barrier(hp::world_group()); });
     if (hp::get_rank() == 0)
       std::printf("{\"name\": \"cp_step\", \"mode\": \"%s\", \"ms\": %.6g, \"peak_bytes\": %lld}\n", mode.c_str(), s.ms,
                   static_cast<long long>(s.peak_bytes));
@@ -67,7 +67,7 @@ void run_cp_benchmarks(const std::string& filter) {
 double single_attention_step(int threads, int64_t& peak_bytes) {
   at::set_num_threads(threads);
   hnn::ScaledDotProductAttention sdpa(hnn::ScaledDotProductAttentionOptions().is_causal(true));
-  const Step s = attention_step(sdpa, kSeq, nullptr);
+  const Step s = attention_step(sdpa, kCpSeq, nullptr);
   at::set_num_threads(1);
   peak_bytes = s.peak_bytes;
   return s.ms;

@@ -22,7 +22,7 @@ namespace hp = hyper_parallel;
 namespace hp_bench {
 namespace {
 
-constexpr int64_t kRowsPerDpRank = 4, kSeq = 32;
+constexpr int64_t kRowsPerDpRank = 4, kFsdpSeq = 32;
 
 struct Setup {
   hp::DeviceMesh dp, tp;
@@ -80,8 +80,8 @@ struct FsdpStep {
     if (mp.param_dtype) o.mp_policy.output_dtype = at::kFloat;
     hp::fully_shard(*model, s.dp, o);
     opt = std::make_unique<torch::optim::SGD>(hp::unique_parameters(*model), torch::optim::SGDOptions(0.01));
-    x = ids.narrow(1, 0, kSeq);
-    y = ids.narrow(1, 1, kSeq);
+    x = ids.narrow(1, 0, kFsdpSeq);
+    y = ids.narrow(1, 1, kFsdpSeq);
   }
   void operator()() {
     opt->zero_grad();
@@ -118,14 +118,14 @@ void run_training_benchmarks(const std::string& filter, const Setup& s, const at
 void run_fsdp_benchmarks(const std::string& filter) {
   const Setup s = make_meshes();
   {
-    const at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
+    const at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kFsdpSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
                                .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
     run_training_benchmarks(filter, s, ids);
   }
   if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos) return;
-  at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
+  at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kFsdpSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
                        .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
-  const at::Tensor x = ids.narrow(1, 0, kSeq), y = ids.narrow(1, 1, kSeq);
+  const at::Tensor x = ids.narrow(1, 0, kFsdpSeq), y = ids.narrow(1, 1, kFsdpSeq);
 
   qwen3::CausalLM fsdp = make_model(s);
   for (const auto& layer : *fsdp->layers) hp::fully_shard(*layer, s.dp);
@@ -180,7 +180,7 @@ void run_fsdp_benchmarks(const std::string& filter) {
   const auto [ddp_us, fsdp_us] = time_pair(ddp_step, fsdp_step, 2, 9, barrier);
   if (hp::get_rank() == 0) {
     std::ostringstream extra;
-    extra << "\"dp\": 2, \"tp\": " << s.tp_size << ", \"tokens_per_dp_rank\": " << kRowsPerDpRank * kSeq
+    extra << "\"dp\": 2, \"tp\": " << s.tp_size << ", \"tokens_per_dp_rank\": " << kRowsPerDpRank * kFsdpSeq
           << ", \"fsdp_collectives_per_step\": " << counts(fsdp_counts) << ", \"ddp_collectives_per_step\": " << counts(ddp_counts)
           << ", ";
     emit("fsdp_vs_ddp", extra.str(), fsdp_us / 1000, "ms", ddp_us / 1000, fsdp_us / ddp_us);

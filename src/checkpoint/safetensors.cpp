@@ -31,7 +31,7 @@ constexpr DtypeName kDtypes[] = {
 
 // The header of a real checkpoint is a few hundred KiB; anything far above is not a header.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
-constexpr size_t kMaxDims = 64;
+constexpr size_t kMaxTensorDims = 64;
 
 }  // namespace
 
@@ -96,7 +96,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (d == std::end(kDtypes)) bad("dtype '" + t.dtype_name + "' is not supported (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
       t.dtype = d->type;
       const auto& shape = v["shape"];
-      if (!shape.is_array() || shape.size() > kMaxDims) bad("its shape is not an array of at most 64 sizes");
+      if (!shape.is_array() || shape.size() > kMaxTensorDims) bad("its shape is not an array of at most 64 sizes");
       uint64_t numel = 1;
       bool too_big = false;  // more elements than the file has bytes: no multiplication overflows
       for (const auto& s : shape) {

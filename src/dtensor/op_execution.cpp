@@ -155,8 +155,9 @@ void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
                         std::make_move_iterator(stack->end()));
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
+    // Below autograd (as at::AutoDispatchBelowADInplaceOrView) and past the DTensor key, in one guard.
+    const c10::impl::ExcludeDispatchKeyGuard local_only(c10::autograd_dispatch_keyset_with_ADInplaceOrView |
+                                                        c10::DispatchKeySet(kDTensorKey));
     auto to_local = [&](size_t arg, int64_t elem, const at::Tensor& t) { return local_of(t, d, info, arg, elem); };
     if (d.adjust_args) {
       torch::jit::Stack local_args = map_tensor_args(original.data(), nargs, to_local);

@@ -31,7 +31,7 @@ OpInfo::OpInfo(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
     : op_(op),
       args_(args),
       nargs_(nargs),
-      inputs_(std::move(inputs)),
+      inputs_(inputs.begin(), inputs.end()),
       mesh_(nullptr),
       geometry_known_(true),
       mesh_shape_(std::move(mesh_shape)),

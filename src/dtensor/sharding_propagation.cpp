@@ -25,10 +25,9 @@ namespace hyper_parallel {
 
 namespace {
 
-enum Tag : int64_t { kNone = 1, kDT, kPlain, kList, kInt, kBool, kDouble, kScalar, kString, kOther, kIntList };
+enum Tag : int64_t { kNone = 1, kDT, kPlain, kList, kInt, kBool, kDouble, kScalar, kString, kOther, kIntList, kReplicatedPlain };
 
-void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
-  k.push_back(kDT);
+void key_spec_contents(std::vector<int64_t>& k, const DTensorSpec& s) {
   k.push_back(reinterpret_cast<int64_t>(s.mesh.impl()));
   k.push_back(static_cast<int64_t>(s.dtype));
   k.push_back(s.ndim());
@@ -36,6 +35,41 @@ void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
   for (auto x : s.stride) k.push_back(x);
   k.push_back(s.storage_offset);
   for (const auto& p : s.placements) k.push_back(static_cast<int64_t>(p.hash()));
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+// Specs with the same contents get the same name, once per spec object: the decision key then
+// holds one integer per DTensor input instead of its shape, strides and placements. Names are
+// never reused (a cleared table only gives new ones), so equal names always mean equal contents.
+//
+// The mesh is named by its address, as before the names; its shape goes in too, so that a mesh
+// made later at a freed mesh's address cannot take the name of a spec on the old one.
+int64_t name_spec(const DTensorSpec& s) {
+  std::vector<int64_t> contents;
+  key_spec_contents(contents, s);
+  for (int64_t n : s.mesh.shape()) contents.push_back(n);
+  static std::mutex mutex;
+  static std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> names;
+  static int64_t last = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (names.size() >= (1u << 20)) names.clear();  // shapes that keep changing
+  auto [it, inserted] = names.try_emplace(std::move(contents), last + 1);
+  if (inserted) ++last;
+  s.key_id.value.store(it->second, std::memory_order_relaxed);
+  return it->second;
+}
+
+void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
+  const int64_t id = s.key_id.value.load(std::memory_order_relaxed);
+  k.push_back(kDT);
+  k.push_back(C10_LIKELY(id != 0) ? id : name_spec(s));
 }
 
 void key_plain(std::vector<int64_t>& k, const at::Tensor& t) {
@@ -90,7 +124,6 @@ const DeviceMesh& OpInfoAccess::mesh(const OpInfo& info) {
 }
 
 void OpInfoAccess::add_input(OpInfo& info, size_t arg, int64_t elem, const DTensorSpec* spec) {
-  if (info.inputs_.empty()) info.inputs_.reserve(4);  // one allocation for the usual one to four
   info.inputs_.push_back({arg, elem, spec});
 }
 
@@ -148,7 +181,9 @@ struct InputCollector {
     if (!implicit) mixed_error(info, arg, t);
     auto s = std::make_unique<DTensorSpec>(mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()),
                                            t.sizes().vec(), t.scalar_type());
-    key_spec(key, *s);
+    // A spec made for this call alone: keyed by its contents (naming it would cost more).
+    key.push_back(kReplicatedPlain);
+    key_spec_contents(key, *s);
     OpInfoAccess::add_input(info, arg, elem, std::move(s));
   }
 };
@@ -354,14 +389,6 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   }
   return d;
 }
-
-struct KeyHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
 
 struct Cache {
   uint64_t version = 0;

@@ -5,17 +5,17 @@
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 
+#include "../tensor_parallel/module_state.h"
+
 namespace hyper_parallel {
 namespace {
-
-std::string label(const std::string& fqn) { return fqn.empty() ? "<root>" : fqn; }
 
 // The experts module, or a TypeError naming the style and the module.
 nn::GroupedExpertsImpl& experts_of(torch::nn::Module& module, const std::string& fqn, const std::string& style) {
   auto* e = dynamic_cast<nn::GroupedExpertsImpl*>(&module);
-  HP_CHECK_T(c10::TypeError, e != nullptr, "hyper_parallel::", style, "::validate: '", label(fqn),
+  HP_CHECK_T(c10::TypeError, e != nullptr, "hyper_parallel::", style, "::validate: '", module_label(fqn),
              "' is not a GroupedExperts module (", module.name(), "); apply it to the experts of a mixture-of-experts block");
-  HP_CHECK_T(c10::ValueError, !distribute_module_applied(module), "hyper_parallel::", style, "::validate: '", label(fqn),
+  HP_CHECK_T(c10::ValueError, !distribute_module_applied(module), "hyper_parallel::", style, "::validate: '", module_label(fqn),
              "' is already split by another style");
   return *e;
 }
@@ -27,7 +27,7 @@ void check_mesh(const DeviceMesh& mesh, int64_t ndim, const std::string& style, 
 
 void check_ep(const nn::GroupedExpertsImpl& e, int64_t ep, const std::string& fqn, const std::string& style) {
   HP_CHECK_T(c10::ValueError, e.options.num_experts() % ep == 0, "hyper_parallel::", style, "::validate: num_experts (",
-             e.options.num_experts(), ") of '", label(fqn), "' must be divisible by the expert-parallel size ", ep);
+             e.options.num_experts(), ") of '", module_label(fqn), "' must be divisible by the expert-parallel size ", ep);
 }
 
 // Splits the three weights with one placement list each, keeps them parameters.

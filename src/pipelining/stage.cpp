@@ -15,7 +15,7 @@
 namespace hyper_parallel {
 namespace {
 
-constexpr int64_t kMaxDims = 8, kMaxMeshDims = 4, kMetaLength = 2 + 2 * kMaxDims + 1 + kMaxMeshDims;
+constexpr int64_t kMaxBoundaryDims = 8, kMaxMeshDims = 4, kMetaLength = 2 + 2 * kMaxBoundaryDims + 1 + kMaxMeshDims;
 // Tags: (receiving stage, direction, microbatch + 1); slot 0 carries the description.
 constexpr int64_t kMaxMicrobatches = 4096;
 constexpr int kForward = 0, kBackward = 1;
@@ -52,27 +52,27 @@ struct PipelineStage::Boundary {
     return b;
   }
   at::Tensor encode(int64_t stage) const {
-    HP_CHECK_T(c10::ValueError, static_cast<int64_t>(shape.size()) <= kMaxDims && static_cast<int64_t>(placements.size()) <= kMaxMeshDims,
+    HP_CHECK_T(c10::ValueError, static_cast<int64_t>(shape.size()) <= kMaxBoundaryDims && static_cast<int64_t>(placements.size()) <= kMaxMeshDims,
                "hyper_parallel::PipelineStage: stage ", stage, " outputs a tensor of ", shape.size(), " dims on a ", placements.size(),
-               "-D mesh; a stage boundary carries at most ", kMaxDims, " dims and ", kMaxMeshDims, " mesh dims");
+               "-D mesh; a stage boundary carries at most ", kMaxBoundaryDims, " dims and ", kMaxMeshDims, " mesh dims");
     std::vector<int64_t> m(static_cast<size_t>(kMetaLength), 0);
     m[0] = static_cast<int64_t>(shape.size());
     m[1] = static_cast<int64_t>(placements.size());
     for (size_t i = 0; i < shape.size(); ++i) {
       m[2 + i] = shape[i];
-      m[2 + kMaxDims + i] = local_shape[i];
+      m[2 + kMaxBoundaryDims + i] = local_shape[i];
     }
-    m[2 + 2 * kMaxDims] = static_cast<int64_t>(dtype);
-    for (size_t i = 0; i < placements.size(); ++i) m[3 + 2 * kMaxDims + i] = placement_code(placements[i]);
+    m[2 + 2 * kMaxBoundaryDims] = static_cast<int64_t>(dtype);
+    for (size_t i = 0; i < placements.size(); ++i) m[3 + 2 * kMaxBoundaryDims + i] = placement_code(placements[i]);
     return at::tensor(m, at::kLong);
   }
   static Boundary decode(const at::Tensor& meta) {
     const int64_t* m = meta.data_ptr<int64_t>();
     Boundary b;
     b.shape.assign(m + 2, m + 2 + m[0]);
-    b.local_shape.assign(m + 2 + kMaxDims, m + 2 + kMaxDims + m[0]);
-    b.dtype = static_cast<at::ScalarType>(m[2 + 2 * kMaxDims]);
-    for (int64_t i = 0; i < m[1]; ++i) b.placements.push_back(placement_of(m[3 + 2 * kMaxDims + i]));
+    b.local_shape.assign(m + 2 + kMaxBoundaryDims, m + 2 + kMaxBoundaryDims + m[0]);
+    b.dtype = static_cast<at::ScalarType>(m[2 + 2 * kMaxBoundaryDims]);
+    for (int64_t i = 0; i < m[1]; ++i) b.placements.push_back(placement_of(m[3 + 2 * kMaxBoundaryDims + i]));
     return b;
   }
   std::string describe() const {

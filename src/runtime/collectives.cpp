@@ -223,6 +223,19 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0 || shapes_only(tensor, group)) return Work::completed(tensor);
   Transport& tr = transport_of(group);
+  // The common small call (a TP layer's activations, a loss, a norm): a contiguous normal tensor
+  // on the transport's device, in a dtype and op the transport reduces itself, is reduced where it
+  // is, without the staging copy and the completion closures below.
+  check_device(tensor, tr, "all_reduce");
+  if (tensor.device().type() == tr.device_type() && tensor.is_contiguous() && !tensor.is_inference() &&
+      reduces_natively(tr.capabilities(), tensor.scalar_type(), op)) {
+    Completion done = tr.all_reduce(tensor, op);
+    if (!done) return Work::completed(tensor);
+    return Work([done = std::move(done), tensor]() mutable {
+      done();
+      return tensor;
+    });
+  }
   // Every buffer is in logical (row-major) order, whatever the caller's layout: ranks with
   // different strides must still add matching elements.
   std::function<at::Tensor()> finish;

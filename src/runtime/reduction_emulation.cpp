@@ -9,7 +9,32 @@ namespace hyper_parallel {
 namespace {
 // Booleans reduce as logical or (sum, max) / logical and (min), on bytes.
 ReduceOp bool_op(ReduceOp op) { return op == ReduceOp::MIN ? ReduceOp::MIN : ReduceOp::MAX; }
+
+struct Emulations {
+  bool widen;   // 16-bit floats the transport cannot add (or average): in fp32, rounded once
+  bool divide;  // an average as a sum, then a division here
+  bool flags;   // max/min whose NaN could vanish: a flag per element travels along
+};
+
+// `dtype` as it goes on the wire (bool already as bytes); `on_wire`: the transport reduces.
+Emulations emulations(const TransportCapabilities& caps, at::ScalarType dtype, ReduceOp op, bool on_wire) {
+  const bool is_16bit = dtype == at::kBFloat16 || dtype == at::kHalf;
+  Emulations e{};
+  e.widen = on_wire && is_16bit && (!caps.reduce_16bit || (op == ReduceOp::AVG && !caps.average));
+  // Averaged by a division here when the transport does not average, or does not reduce at all.
+  e.divide = op == ReduceOp::AVG && (!caps.average || !on_wire);
+  const ReduceOp wire_op = e.divide ? ReduceOp::SUM : op;
+  e.flags = on_wire && (wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) &&
+            at::isFloatingType(e.widen ? at::kFloat : dtype) && !caps.nan_max_min;
+  return e;
+}
 }  // namespace
+
+bool reduces_natively(const TransportCapabilities& caps, at::ScalarType dtype, ReduceOp op) {
+  if (dtype == at::kBool) return false;
+  const Emulations e = emulations(caps, dtype, op, true);
+  return !e.widen && !e.divide && !e.flags;
+}
 
 std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, ReduceOp op, bool scatter, int64_t g) {
   const at::ScalarType dtype = in.scalar_type();
@@ -18,14 +43,10 @@ std::function<at::Tensor()> reduce_on(Transport& tr, const at::Tensor& in, Reduc
   at::Tensor buf = is_bool ? in.view(at::kByte) : in;
   if (is_bool) op = bool_op(op);
   const bool on_wire = !scatter || caps.reduce_scatter;  // the transport itself reduces
-  const bool is_16bit = dtype == at::kBFloat16 || dtype == at::kHalf;
-  const bool widen = on_wire && is_16bit && (!caps.reduce_16bit || (op == ReduceOp::AVG && !caps.average));
+  const Emulations e = emulations(caps, dtype, op, on_wire);
+  const bool widen = e.widen, divide = e.divide, flags = e.flags;
   if (widen) buf = buf.to(at::kFloat);
-  // Averaged by a division here when the transport does not average, or does not reduce at all.
-  const bool divide = op == ReduceOp::AVG && (!caps.average || !on_wire);
   const ReduceOp wire_op = divide ? ReduceOp::SUM : op;
-  const bool flags = on_wire && (wire_op == ReduceOp::MAX || wire_op == ReduceOp::MIN) &&
-                     at::isFloatingType(buf.scalar_type()) && !caps.nan_max_min;
   const int64_t rows = scatter ? g : 1;
   const int64_t m = buf.numel() / rows;
   if (flags) {

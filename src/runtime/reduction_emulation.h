@@ -19,6 +19,10 @@ struct NormalTensors {
   c10::InferenceMode guard{false};
 };
 
+// Whether transport `tr` reduces `dtype` with `op` exactly as the collectives define it, with
+// nothing of reduce_on's emulations (an all_reduce, not a scatter).
+bool reduces_natively(const TransportCapabilities& caps, at::ScalarType dtype, ReduceOp op);
+
 // A reduction on transport `tr`: of `in` in place-like (all_reduce; rows == 1) or of the rows of
 // `in` ([g, m]; reduce_scatter: the result is the reduction of row `rank`). `in` is contiguous,
 // on the transport's device. Emulates what the transport lacks, the same for every transport:

@@ -13,8 +13,6 @@ ParallelStyle::~ParallelStyle() = default;
 
 namespace {
 
-std::string label(const std::string& fqn) { return fqn.empty() ? "<root>" : fqn; }
-
 // The module's FQN when parallelize_module recorded it, else its type.
 std::string name_of(const torch::nn::Module& m) {
   const auto* hp = dynamic_cast<const nn::Module*>(&m);
@@ -31,18 +29,18 @@ void check_hookable_and_fresh(torch::nn::Module& module, const std::string& fqn,
   platform::hookable(module, fqn);
   if (style.distributes_module())
     TORCH_CHECK(!distribute_module_applied(module), "hyper_parallel::", style.name(), ": distribute_module was already applied to module '",
-                label(fqn), "'; a module can be distributed once (apply PrepareModuleInput/Output on top instead)");
+                module_label(fqn), "'; a module can be distributed once (apply PrepareModuleInput/Output on top instead)");
 }
 
 // The named parameter must split evenly over the mesh along `dim` (the styles never pad).
 void check_divisible(torch::nn::Module& module, const std::string& fqn, const std::string& style,
                      const std::string& param, int64_t dim, const char* what, int64_t tp) {
   auto params = module.named_parameters(/*recurse=*/false);
-  HP_CHECK_T(c10::ValueError, params.contains(param), "hyper_parallel::", style, ": module '", label(fqn), "' has no parameter '", param, "'");
+  HP_CHECK_T(c10::ValueError, params.contains(param), "hyper_parallel::", style, ": module '", module_label(fqn), "' has no parameter '", param, "'");
   const at::Tensor& p = params[param];
-  HP_CHECK_T(c10::ValueError, p.dim() > dim, "hyper_parallel::", style, ": parameter '", label(fqn), ".", param, "' of shape ", p.sizes(),
+  HP_CHECK_T(c10::ValueError, p.dim() > dim, "hyper_parallel::", style, ": parameter '", module_label(fqn), ".", param, "' of shape ", p.sizes(),
              " has no dim ", dim);
-  HP_CHECK_T(c10::ValueError, p.size(dim) % tp == 0, "hyper_parallel::", style, ": module '", label(fqn), "' parameter '", param,
+  HP_CHECK_T(c10::ValueError, p.size(dim) % tp == 0, "hyper_parallel::", style, ": module '", module_label(fqn), "' parameter '", param,
              "' of shape ", p.sizes(), " would be sharded on dim ", dim, " (", what, " = ", p.size(dim),
              "), which is not divisible by the tensor-parallel size ", tp);
 }
@@ -102,7 +100,7 @@ void validate_linear_or_embedding(torch::nn::Module& module, const std::string& 
   validate_distributable(module, fqn, mesh, style);
   const bool linear = platform::is_linear_module(module), embedding = platform::is_embedding_module(module);
   HP_CHECK_T(c10::NotImplementedError, linear || embedding, "hyper_parallel::", style.name(), ": ", style.name(), " currently only supports Linear and Embedding "
-             "modules, but module '", label(fqn), "' is a ", platform::module_type_name(module));
+             "modules, but module '", module_label(fqn), "' is a ", platform::module_type_name(module));
   const ShardedDim d = linear ? linear_dim : embedding_dim;
   check_divisible(module, fqn, style.name(), "weight", d.dim, d.what, mesh.size(0));
 }

@@ -2,6 +2,7 @@
 // DTensorSpec: everything that describes a DTensor except its local data.
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -11,6 +12,22 @@
 #include <hyper_parallel/mesh/device_mesh.h>
 
 namespace hyper_parallel {
+
+namespace detail {
+/// The dispatcher's short name for a spec's contents, given on first use (internal): a cached
+/// decision is looked up by the names of its inputs' specs instead of by their contents. A copy
+/// starts without a name, so a spec copied and then changed never carries its original's.
+class SpecKeyId {
+ public:
+  SpecKeyId() noexcept = default;
+  SpecKeyId(const SpecKeyId&) noexcept {}
+  SpecKeyId& operator=(const SpecKeyId&) noexcept {
+    value.store(0, std::memory_order_relaxed);
+    return *this;
+  }
+  mutable std::atomic<int64_t> value{0};
+};
+}  // namespace detail
 
 /// Mesh, one (normalised) placement per mesh dimension, and the global shape/stride and dtype.
 struct DTensorSpec {
@@ -28,6 +45,9 @@ struct DTensorSpec {
   /// Offset of a view into its base's (global) storage, as a plain tensor's would be: autograd
   /// replays an in-place op on a view with as_strided(sizes, strides, offset), so it must be real.
   int64_t storage_offset = 0;
+  /// Given when the spec first reaches the dispatcher. A spec that a DTensor holds never changes
+  /// (DTensors hold `std::shared_ptr<const DTensorSpec>`); change a copy instead.
+  detail::SpecKeyId key_id;
 
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
   int64_t numel() const;

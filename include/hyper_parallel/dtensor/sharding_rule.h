@@ -6,6 +6,8 @@
 // rules for the ops listed in dtensor/ops/*; users may register rules for their own ops.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <memory>
@@ -44,7 +46,7 @@ class OpInfo {
   const c10::IValue& arg(size_t i) const { return args_[i]; }
   const c10::IValue* args() const { return args_; }
   size_t num_args() const { return nargs_; }
-  const std::vector<TensorInput>& inputs() const { return inputs_; }
+  c10::ArrayRef<TensorInput> inputs() const { return inputs_; }
   /// Number of ranks along each mesh dimension.
   const std::vector<int64_t>& mesh_shape() const;
   int64_t mesh_ndim() const { return static_cast<int64_t>(mesh_shape().size()); }
@@ -70,7 +72,7 @@ class OpInfo {
   const c10::OperatorHandle& op_;
   const c10::IValue* args_;
   size_t nargs_;
-  std::vector<TensorInput> inputs_;
+  c10::SmallVector<TensorInput, 4> inputs_;  // no allocation for the usual one to four
   const DeviceMesh* mesh_;  // null for a call described by data alone
   // Read from the mesh when a rule first asks (a cached decision needs neither).
   mutable bool geometry_known_;

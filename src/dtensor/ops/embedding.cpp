@@ -87,12 +87,12 @@ OpSharding embedding_backward_rule(const OpInfo& info) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct EmbeddingRegistrar {
+  EmbeddingRegistrar() {
     register_sharding_rule("aten::embedding", embedding_rule);
     register_sharding_rule("aten::embedding_dense_backward", embedding_backward_rule);
   }
-} registrar;
+} embedding_registrar;
 
 }  // namespace
 }  // namespace ops

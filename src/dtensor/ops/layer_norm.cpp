@@ -49,12 +49,12 @@ OpSharding backward_rule(const OpInfo& info) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct LayerNormRegistrar {
+  LayerNormRegistrar() {
     register_sharding_rule("aten::native_layer_norm", forward_rule);
     register_sharding_rule("aten::native_layer_norm_backward", backward_rule);
   }
-} registrar;
+} layer_norm_registrar;
 
 }  // namespace
 }  // namespace ops

@@ -93,8 +93,8 @@ OpSharding nll_backward_rule(const OpInfo& info) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct LossRegistrar {
+  LossRegistrar() {
     register_sharding_rule("aten::nll_loss_forward", nll_forward_rule);
     register_sharding_rule("aten::nll_loss_backward", nll_backward_rule);
     for (const char* n : {"aten::mse_loss", "aten::binary_cross_entropy"}) register_sharding_rule(n, all_replicated);
@@ -115,7 +115,7 @@ struct Registrar {
       return s;
     });
   }
-} registrar;
+} loss_registrar;
 
 }  // namespace
 }  // namespace ops

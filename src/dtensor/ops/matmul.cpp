@@ -128,8 +128,8 @@ OpSharding vector_product(const OpInfo& info, VectorChoice choice, int64_t kind)
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct MatmulRegistrar {
+  MatmulRegistrar() {
     register_sharding_rule("aten::mm", [](const OpInfo& i) { return product(i, 0, 1, false, -1); });
     register_sharding_rule("aten::addmm", [](const OpInfo& i) { return product(i, 1, 2, false, 0); });
     register_sharding_rule("aten::bmm", [](const OpInfo& i) { return product(i, 0, 1, true, -1); });
@@ -140,7 +140,7 @@ struct Registrar {
     for (const char* n : {"aten::outer", "aten::ger"})
       register_sharding_rule(n, [](const OpInfo& i) { return vector_product(i, outer_choice, 2); });
   }
-} registrar;
+} matmul_registrar;
 
 }  // namespace
 }  // namespace ops

@@ -27,7 +27,7 @@ namespace {
 
 // The inputs against the broadcast output shape.
 struct Broadcast {
-  const std::vector<OpInfo::TensorInput>& inputs;
+  c10::ArrayRef<OpInfo::TensorInput> inputs;
   std::vector<int64_t> out_shape;
   int64_t out_nd;
 
@@ -331,8 +331,8 @@ const char* kMultiplicative[] = {"aten::mul", "aten::mul_"};
 const char* kUnaryLinear[] = {"aten::neg", "aten::neg_", "aten::clone",
                               "aten::positive", "aten::real", "aten::conj_physical"};
 
-struct Registrar {
-  Registrar() {
+struct PointwiseRegistrar {
+  PointwiseRegistrar() {
     register_op_handler("hp::write_partial", write_partial);
     for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
     // In-place forms of unary non-linear ops (where this libtorch has them).
@@ -347,7 +347,7 @@ struct Registrar {
     for (auto n : {"aten::masked_fill", "aten::masked_fill_"}) register_sharding_rule(n, rule(Linearity::MaskedFill));
     for (auto n : kUnaryLinear) register_sharding_rule(n, rule(Linearity::Unary));
   }
-} registrar;
+} pointwise_registrar;
 
 }  // namespace
 }  // namespace ops

@@ -199,8 +199,8 @@ OpSharding random_rule(const OpInfo& info, Op op) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct RandomRegistrar {
+  RandomRegistrar() {
     const std::pair<const char*, Op> ops[] = {
         {"aten::uniform_", Op::Uniform},          {"aten::normal_", Op::Normal},
         {"aten::bernoulli_.float", Op::BernoulliFloat}, {"aten::bernoulli_.Tensor", Op::BernoulliTensor},
@@ -221,7 +221,7 @@ struct Registrar {
       });
     }
   }
-} registrar;
+} random_registrar;
 
 }  // namespace
 }  // namespace ops

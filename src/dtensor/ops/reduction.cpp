@@ -116,8 +116,8 @@ OpSharding reduction_rule(const OpInfo& info, Reduce kind, int64_t dim_arg, int6
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct ReductionRegistrar {
+  ReductionRegistrar() {
     register_sharding_rule("aten::sum", [](const OpInfo& i) { return reduction_rule(i, Reduce::Sum, -1, -1); });
     register_sharding_rule("aten::sum.dim_IntList", [](const OpInfo& i) { return reduction_rule(i, Reduce::Sum, 1, 2); });
     register_sharding_rule("aten::mean", [](const OpInfo& i) { return reduction_rule(i, Reduce::Mean, -1, -1); });
@@ -145,7 +145,7 @@ struct Registrar {
     register_sharding_rule("aten::norm.Scalar", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, -1, -1); });
     register_sharding_rule("aten::norm.ScalarOpt_dim", [](const OpInfo& i) { return reduction_rule(i, Reduce::Replicated, 2, 3); });
   }
-} registrar;
+} reduction_registrar;
 
 }  // namespace
 }  // namespace ops

@@ -97,8 +97,8 @@ OpSharding softmax_backward_rule(const OpInfo& info, bool log) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct SoftmaxRegistrar {
+  SoftmaxRegistrar() {
     register_op_handler("hp::softmax_over_shards", softmax_over_shards);
     register_op_handler("hp::softmax_backward_over_shards", softmax_backward_over_shards);
     register_sharding_rule("aten::_softmax", [](const OpInfo& i) { return softmax_rule(i, false); });
@@ -106,7 +106,7 @@ struct Registrar {
     register_sharding_rule("aten::_softmax_backward_data", [](const OpInfo& i) { return softmax_backward_rule(i, false); });
     register_sharding_rule("aten::_log_softmax_backward_data", [](const OpInfo& i) { return softmax_backward_rule(i, true); });
   }
-} registrar;
+} softmax_registrar;
 
 }  // namespace
 }  // namespace ops

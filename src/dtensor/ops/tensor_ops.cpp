@@ -122,8 +122,8 @@ OpSharding indexed_rule(const OpInfo& info, std::vector<int64_t> shape) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct TensorOpsRegistrar {
+  TensorOpsRegistrar() {
     register_sharding_rule("aten::sort", [](const OpInfo& i) { return along_dim_rule(i, 1); });
     register_sharding_rule("aten::sort.stable", [](const OpInfo& i) { return along_dim_rule(i, 2); });
     register_sharding_rule("aten::topk", [](const OpInfo& i) { return along_dim_rule(i, 2); });
@@ -168,7 +168,7 @@ struct Registrar {
     register_sharding_rule("aten::flip", [](const OpInfo& i) { return positional_rule(i, int_list(i, 1), true); });
     register_sharding_rule("aten::index_select", [](const OpInfo& i) { return positional_rule(i, {i.arg(1).toInt()}, true); });
   }
-} registrar;
+} tensor_ops_registrar;
 
 }  // namespace
 }  // namespace ops

@@ -370,8 +370,8 @@ OpSharding scatter_backward_rule(const OpInfo& info, bool removes_dim) {
   return s;
 }
 
-struct Registrar {
-  Registrar() {
+struct ViewRegistrar {
+  ViewRegistrar() {
     register_sharding_rule("aten::view", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::View); });
     register_sharding_rule("aten::_unsafe_view", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::UnsafeView); });
     register_sharding_rule("aten::_reshape_alias", [](const OpInfo& i) { return reshape_rule(i, ReshapeKind::ReshapeAlias); });
@@ -401,7 +401,7 @@ struct Registrar {
     register_sharding_rule("aten::cat", [](const OpInfo& i) { return join_rule(i, false); });
     register_sharding_rule("aten::stack", [](const OpInfo& i) { return join_rule(i, true); });
   }
-} registrar;
+} view_registrar;
 
 }  // namespace
 }  // namespace ops

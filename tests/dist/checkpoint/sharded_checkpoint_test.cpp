@@ -20,6 +20,8 @@ using namespace tp_test;
 using hp_test::read_bytes;
 using hp_test::write_bytes;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_checkpoint_sharded_checkpoint_test {
 namespace {
 
 // A scratch directory shared by the ranks of this job (same machine), removed at the end of
@@ -320,3 +322,5 @@ TEST(CheckpointFault, SaveOrVerify) {
   else hp::load_sharded(*target, dir);
   expect_values(*target, snapshot(*model), "checkpoint of seed " + std::to_string(seed));
 }
+
+}  // namespace t_dist_checkpoint_sharded_checkpoint_test

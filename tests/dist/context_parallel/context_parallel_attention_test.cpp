@@ -15,6 +15,8 @@
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_context_parallel_context_parallel_attention_test {
 namespace {
 
 struct Case {
@@ -197,3 +199,5 @@ TEST(ContextParallelAttentionDist, BadInputsAreRefusedByName) {
   // The module still works.
   EXPECT_EQ(sdpa(q, kv, kv).sizes(), q.sizes());
 }
+
+}  // namespace t_dist_context_parallel_context_parallel_attention_test

@@ -15,6 +15,8 @@
 using namespace training_test;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_context_parallel_context_parallel_training_test {
 namespace {
 
 struct Layout {
@@ -96,3 +98,5 @@ TEST(ContextParallelTrainingDist, RingAtCpFourMatchesOneProcessFor10Steps) {
   if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
   train_matches_one_process({4, 1, "ring", true});
 }
+
+}  // namespace t_dist_context_parallel_context_parallel_training_test

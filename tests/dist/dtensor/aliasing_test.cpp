@@ -7,6 +7,8 @@
 using namespace hp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_aliasing_test {
 namespace {
 int64_t ws() { return hp::get_world_size(); }
 
@@ -240,3 +242,5 @@ TEST(AliasingDist, InPlaceOnViewsOfAShardedTensorHasThePlainGradient) {
       },
       c10::Error);
 }
+
+}  // namespace t_dist_dtensor_aliasing_test

@@ -10,6 +10,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_error_contract_test {
 namespace {
 
 at::Tensor scale2(const at::Tensor& x) { return x * 2; }
@@ -122,3 +124,5 @@ TEST(ErrorContractDist, DTensorErrorsStartWithTheQualifiedFunctionName) {
   starts([&] { at::cholesky(x); }, "hyper_parallel::dispatch: no sharding rule for aten::cholesky(self: f32[4,6] S(0))");
   starts([&] { (void)hp::DTensor(at::ones({2})); }, "hyper_parallel::DTensor: ");
 }
+
+}  // namespace t_dist_dtensor_error_contract_test

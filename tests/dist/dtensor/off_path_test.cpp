@@ -9,6 +9,8 @@
 using namespace hp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_off_path_test {
 namespace {
 const P R{hp::Replicate()};
 const P S0{hp::Shard(0)};
@@ -368,3 +370,5 @@ TEST(OffPathDist, OutVariantsIntoPartialAreExact) {
     EXPECT_TRUE(close(out, a + b)) << "add_out into " << hp::to_string(part);
   }
 }
+
+}  // namespace t_dist_dtensor_off_path_test

@@ -18,6 +18,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_op_chain_test {
 namespace {
 
 using Rng = std::mt19937_64;
@@ -558,3 +560,5 @@ TEST(OpChain2x2Dist, RandomChainsMatchPlainTensors2x2) {
   if (hp::get_world_size() != 4) GTEST_SKIP();
   run_chains(hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}), chain_count(2000), 500000);
 }
+
+}  // namespace t_dist_dtensor_op_chain_test

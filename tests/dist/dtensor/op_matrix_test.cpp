@@ -14,6 +14,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_op_matrix_test {
 namespace {
 
 using Fn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
@@ -434,3 +436,5 @@ TEST(OpMatrix2x2Dist, TwoDimensionalMesh) {
   ASSERT_EQ(hp::get_world_size(), 4);
   run_matrix(hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}));
 }
+
+}  // namespace t_dist_dtensor_op_matrix_test

@@ -8,6 +8,8 @@
 using namespace hp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_ops_test {
 namespace {
 const P R{hp::Replicate()};
 const P S0{hp::Shard(0)};
@@ -358,3 +360,5 @@ TEST(OpsDist, VocabParallelCrossEntropyNeverGathersTheLogits) {
     EXPECT_EQ(hp::DTensor(d.grad()).placements(), S1);
   }
 }
+
+}  // namespace t_dist_dtensor_ops_test

@@ -5,6 +5,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_optimizer_test {
 namespace {
 
 struct Mlp {
@@ -72,3 +74,5 @@ TEST(OptimizerDist, AdamW) {
     return torch::optim::AdamW(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   });
 }
+
+}  // namespace t_dist_dtensor_optimizer_test

@@ -10,6 +10,8 @@
 using namespace hp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_random_test {
 namespace {
 
 using Draw = std::function<at::Tensor(const at::Tensor& like, const at::Tensor& probs)>;
@@ -206,3 +208,5 @@ TEST(RandomDist, BadCallsAreRefusedOnEveryRank) {
   EXPECT_THROW(d.uniform_(0, 1, gen), c10::NotImplementedError);
   EXPECT_TRUE(at::equal(hp::DTensor(d.clone().uniform_()).full_tensor(), a));
 }
+
+}  // namespace t_dist_dtensor_random_test

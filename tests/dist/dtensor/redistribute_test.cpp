@@ -8,6 +8,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_redistribute_test {
 namespace {
 
 // A leaf DTensor holding `full` laid out by `src` (Partial: pieces that sum to `full`).
@@ -241,3 +243,5 @@ TEST(Redistribute2DDist, RandomChainsOfThree) {
   ASSERT_EQ(hp::get_world_size(), 4);
   random_chains(hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}), 12, 150);
 }
+
+}  // namespace t_dist_dtensor_redistribute_test

@@ -8,6 +8,8 @@
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_dtensor_stale_view_test {
 namespace {
 
 int64_t ws() { return hp::get_world_size(); }
@@ -90,3 +92,5 @@ TEST(StaleViewDist, AutogradAndInferenceModeAreWatchedToo) {
   x.add_(1);
   expect_stale([&] { (void)(u + 1); }, "hyper_parallel::dispatch: aten::add");
 }
+
+}  // namespace t_dist_dtensor_stale_view_test

@@ -17,6 +17,8 @@
 using namespace training_test;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_expert_parallel_moe_training_test {
 namespace {
 
 qwen3::Config moe_config() {
@@ -145,3 +147,5 @@ TEST(MoETrainingDist, RankWhoseExpertsGetNoTokenTakesPartInEveryCollective) {
   hp::all_reduce_(want, hp::ReduceOp::SUM, hp::world_group());
   EXPECT_TRUE(hp_test::close(gathered, want, 1e-4, 1e-5));
 }
+
+}  // namespace t_dist_expert_parallel_moe_training_test

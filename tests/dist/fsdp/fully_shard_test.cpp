@@ -14,6 +14,8 @@ namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace tp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_fsdp_fully_shard_test {
 namespace {
 
 // The rows of the global batch this dp rank trains on.
@@ -317,3 +319,5 @@ TEST(FullyShardDist, GradientsAccumulateAcrossBackwardPasses) {
     }
   }
 }
+
+}  // namespace t_dist_fsdp_fully_shard_test

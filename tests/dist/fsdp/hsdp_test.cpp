@@ -10,6 +10,8 @@
 
 using namespace training_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_fsdp_hsdp_test {
 namespace {
 
 constexpr int kSteps = 5, kMicro = 3;
@@ -99,3 +101,5 @@ TEST(HsdpDist, RefusesAThreeDimensionalDataParallelMesh) {
   EXPECT_THROW(hp::set_requires_gradient_sync(*model, false), c10::ValueError);
   EXPECT_THROW((mesh[{"c", "a"}]), c10::ValueError);
 }
+
+}  // namespace t_dist_fsdp_hsdp_test

@@ -9,6 +9,8 @@
 
 using namespace training_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_fsdp_mixed_precision_test {
 namespace {
 
 constexpr int64_t kBatch = 4, kSeq = 8;
@@ -168,3 +170,5 @@ TEST(MixedPrecisionDist, OutputDtypeAndRefusals) {
   EXPECT_THROW(hp::fully_shard(*other, mesh["dp"], o), c10::TypeError);
   EXPECT_FALSE(hp::is_dtensor(other->lm_head->weight()));  // nothing changed
 }
+
+}  // namespace t_dist_fsdp_mixed_precision_test

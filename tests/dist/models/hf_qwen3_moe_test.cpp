@@ -30,6 +30,8 @@ namespace hnn = hyper_parallel::nn;
 using namespace hp_test;
 namespace fs = std::filesystem;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_hf_qwen3_moe_test {
 namespace {
 
 const char* kVariants[] = {"moe_fp32_e4", "moe_bf16_e8_sharded"};
@@ -276,3 +278,7 @@ TEST(HFQwen3Moe, BadInputFailsOnEveryRankWithTheModelUnchanged) {
     for (const auto& p : model->parameters()) EXPECT_FALSE(hp::is_dtensor(p)) << "a layer was split";
   }
 }
+
+}  // namespace t_dist_models_hf_qwen3_moe_test
+
+#undef REQUIRE_REFERENCE

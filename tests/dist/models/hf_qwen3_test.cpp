@@ -27,6 +27,8 @@ namespace qwen3 = hyper_parallel::qwen3;
 using namespace hp_test;
 namespace fs = std::filesystem;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_hf_qwen3_test {
 namespace {
 
 const char* kVariants[] = {"fp32_single", "bf16_sharded_tied", "fp32_sharded_tied"};
@@ -433,3 +435,7 @@ TEST(HFCheckpoint, LoadsEveryRankBoxOfAnyPlacementsAndCastsPieceByPiece) {
   }
   if (n > 1) EXPECT_LT(report.local_bytes, whole);  // nobody held the whole model
 }
+
+}  // namespace t_dist_models_hf_qwen3_test
+
+#undef REQUIRE_REFERENCE

@@ -20,6 +20,8 @@ namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_init_parameters_test {
 namespace {
 
 qwen3::Config small_config(bool tied) {
@@ -144,3 +146,5 @@ TEST(InitParametersDist, FsdpOverTensorParallelEqualsOneProcess) {
     }
   }
 }
+
+}  // namespace t_dist_models_init_parameters_test

@@ -18,6 +18,8 @@ namespace qwen3 = hyper_parallel::qwen3;
 using namespace hp_test;
 namespace fs = std::filesystem;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_load_memory_test {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -69,3 +71,5 @@ TEST(LoadMemoryDist, FromPretrainedAllocatesOnlyLocalShards) {
   }
   EXPECT_TRUE(at::equal(w, expected));
 }
+
+}  // namespace t_dist_models_load_memory_test

@@ -31,6 +31,8 @@
 namespace qwen3 = hyper_parallel::qwen3;
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_plan_test {
 namespace {
 
 using qwen3::Config;
@@ -497,3 +499,5 @@ TEST(PlanReportFake, ContextParallelAt32kTokensIsTheFormulas) {
   PlanOptions bad = options(qwen3::load_config(repo_file("examples/qwen3/configs/qwen3_32b.json")), "dp=8,cp=4,tp=8", true, 1, 32766);
   EXPECT_THROW(qwen3::plan_training(bad), c10::ValueError);  // not a multiple of 2 · cp
 }
+
+}  // namespace t_dist_models_plan_test

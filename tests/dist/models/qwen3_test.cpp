@@ -13,6 +13,8 @@ namespace qwen3 = hyper_parallel::qwen3;
 
 using namespace hp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_qwen3_test {
 namespace {
 
 qwen3::Config small_config() {
@@ -214,3 +216,5 @@ TEST(Qwen3TensorParallel, ThePlanRunsUnderExplicitRedistribution) {
     EXPECT_TRUE(close(loss, qwen3::causal_lm_loss(ref(ids.narrow(1, 0, seq)), ids.narrow(1, 1, seq)))) << "sp=" << sp;
   }
 }
+
+}  // namespace t_dist_models_qwen3_test

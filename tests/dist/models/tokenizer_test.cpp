@@ -13,6 +13,8 @@
 
 namespace qwen3 = hyper_parallel::qwen3;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_tokenizer_test {
 namespace {
 
 std::string tokenizer_dir() {
@@ -84,3 +86,5 @@ TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos);
   }
 }
+
+}  // namespace t_dist_models_tokenizer_test

@@ -7,6 +7,8 @@
 
 using namespace training_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_nn_activation_checkpoint_test {
 namespace {
 
 struct TrainSetup {
@@ -166,3 +168,5 @@ TEST(ActivationCheckpointDist, PolicyNamesAndRefusals) {
   EXPECT_THROW(hp::apply_activation_checkpointing(*model, p), c10::ValueError);
   EXPECT_THROW(hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::selective({})), c10::ValueError);
 }
+
+}  // namespace t_dist_nn_activation_checkpoint_test

@@ -10,6 +10,8 @@
 
 using namespace training_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_nn_activation_memory_test {
 namespace {
 
 int64_t step_peak(const Shape& m, int64_t layers, const hp::ActivationCheckpointPolicy& policy) {
@@ -54,3 +56,5 @@ TEST(ActivationMemory, EverySecondBlockAveragesNoneAndFull) {
   const Shape m;
   expect_per_layer(hp::ActivationCheckpointPolicy::full(2), (layer_bytes_none(m) + layer_bytes_full(m)) / 2);
 }
+
+}  // namespace t_dist_nn_activation_memory_test

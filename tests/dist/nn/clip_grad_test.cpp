@@ -11,6 +11,8 @@
 
 using namespace training_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_nn_clip_grad_test {
 namespace {
 
 // One forward and backward of `model` on this dp rank's rows of a fixed batch.
@@ -118,3 +120,5 @@ TEST(ClipGradNormDist, UniqueParametersListsATiedWeightOnce) {
   EXPECT_EQ(unique.size() + 1, all.size());
   EXPECT_TRUE(std::any_of(unique.begin(), unique.end(), [&](const at::Tensor& p) { return p.is_same(model->lm_head->weight()); }));
 }
+
+}  // namespace t_dist_nn_clip_grad_test

@@ -19,6 +19,8 @@
 using namespace training_test;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_pipelining_pipeline_training_test {
 namespace {
 
 struct Layout {
@@ -347,3 +349,5 @@ TEST(PipelineFault, RankThatExitsMidScheduleIsNamed) {
     std::printf("stage 0 named the stage that left: %s\n", m.substr(0, 160).c_str());
   }
 }
+
+}  // namespace t_dist_pipelining_pipeline_training_test

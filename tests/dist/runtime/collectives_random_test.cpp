@@ -16,6 +16,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_runtime_collectives_random_test {
 namespace {
 
 const at::ScalarType kDtypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong, at::kBool};
@@ -217,3 +219,5 @@ TEST(CollectivesRandomDist, TwoThreadsOnTwoGroups) {
   side.join();
   EXPECT_EQ(other_failure, "");
 }
+
+}  // namespace t_dist_runtime_collectives_random_test

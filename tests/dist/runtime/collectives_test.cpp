@@ -14,6 +14,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_runtime_collectives_test {
 namespace {
 // Small integers: exact in bfloat16 and after summing over 4 ranks.
 at::Tensor global_input(at::IntArrayRef shape, at::ScalarType dtype, int64_t salt = 0) {
@@ -291,3 +293,5 @@ TEST(CollectivesDist, AllToAllSingleRefusesBadSplits) {
   // The group still works afterwards.
   EXPECT_TRUE(at::equal(hp::all_to_all_single(x, ones, ones, g), x));
 }
+
+}  // namespace t_dist_runtime_collectives_test

@@ -12,6 +12,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_runtime_point_to_point_test {
 namespace {
 
 // What rank `from` sends: values that depend on the sender, the dtype and the size.
@@ -134,3 +136,5 @@ TEST(PointToPointFault, PeerThatExitsIsNamedOnTheWaitingRank) {
     std::printf("rank 0 named the peer: %s\n", m.substr(0, 200).c_str());
   }
 }
+
+}  // namespace t_dist_runtime_point_to_point_test

@@ -18,6 +18,8 @@
 namespace hp = hyper_parallel;
 using hp_test::test_device;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_runtime_transport_test {
 namespace {
 
 // Rank r's input: small integers (exact in every dtype, and their sums and averages over 2 or 4
@@ -204,3 +206,5 @@ TEST(TransportDist, UnmovableTensorsAreRefused) {
   }
   hp::barrier(g);  // every rank is still in step
 }
+
+}  // namespace t_dist_runtime_transport_test

@@ -5,6 +5,8 @@
 
 using namespace tp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_tensor_parallel_api_test {
 namespace {
 const hp::DeviceMesh& tp_mesh() {
   static hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {tp_size()}, {"tp"});
@@ -310,3 +312,5 @@ TEST(ParallelizeModuleApi, DisagreeingRanksAreNamed) {
   auto y = hp::distribute_tensor(at::ones({4, 4}), tp, {hp::Shard(0)});
   EXPECT_TRUE(at::equal(hp::DTensor(y).full_tensor(), at::ones({4, 4})));
 }
+
+}  // namespace t_dist_tensor_parallel_api_test

@@ -6,6 +6,8 @@
 
 using namespace tp_test;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_tensor_parallel_explicit_comm_test {
 namespace {
 
 // h * mean(h): the mean over a sharded last dim is Partial, and multiplying the Shard by it needs
@@ -150,3 +152,5 @@ TEST(CommTraceDist, CollectivesCountForTheirModulesAndPhases) {
     if (hp::get_rank() == 0 && sp) std::printf("%s", table.c_str());
   }
 }
+
+}  // namespace t_dist_tensor_parallel_explicit_comm_test

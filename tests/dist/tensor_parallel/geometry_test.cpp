@@ -4,6 +4,8 @@
 using namespace tp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_tensor_parallel_geometry_test {
 namespace {
 hp::DeviceMesh mesh() { return hp::init_device_mesh("cpu", {tp_size()}, {"tp"}); }
 hp::DTensor dt(const at::Tensor& t) { return hp::DTensor(t); }
@@ -121,3 +123,5 @@ TEST(StyleGeometry, B9_MetaParametersNeverCommunicate) {
   EXPECT_EQ(dt(m->linear1->weight()).to_local().sizes(), (std::vector<int64_t>{4, 8}));
   EXPECT_EQ(dt(m->linear2->weight()).to_local().sizes(), (std::vector<int64_t>{8, 4}));
 }
+
+}  // namespace t_dist_tensor_parallel_geometry_test

@@ -6,6 +6,8 @@
 using namespace tp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_tensor_parallel_numerics_test {
 namespace {
 hp::DeviceMesh mesh() { return hp::init_device_mesh("cpu", {tp_size()}, {"tp"}); }
 at::Tensor gather_last(const at::Tensor& local) { return hp::all_gather(local, -1, hp::world_group()); }
@@ -400,3 +402,5 @@ TEST(TensorParallelNumerics, C11_PrepareModuleOutputTupleWithNoneSlot) {
   EXPECT_TRUE(at::equal(second, piece(x, 0) - 1));       // the None slot passes through as it was
   EXPECT_FALSE(hp::is_dtensor(second));
 }
+
+}  // namespace t_dist_tensor_parallel_numerics_test

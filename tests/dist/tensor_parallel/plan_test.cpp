@@ -6,6 +6,8 @@
 using namespace tp_test;
 using P = hp::Placements;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_tensor_parallel_plan_test {
 namespace {
 
 hp::DeviceMesh mesh() { return hp::init_device_mesh("cpu", {tp_size()}, {"tp"}); }
@@ -176,3 +178,5 @@ TEST(QwenPlan, D4_LmHeadKeepsLogitsShardedOnTheLastDim) {
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 2 * n, vocab}));
   EXPECT_TRUE(close(logits, ref->forward(xfull)));
 }
+
+}  // namespace t_dist_tensor_parallel_plan_test

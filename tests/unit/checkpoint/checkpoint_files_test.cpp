@@ -18,6 +18,8 @@
 namespace hp = hyper_parallel;
 namespace cf = hyper_parallel::checkpoint_files;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_checkpoint_checkpoint_files_test {
 namespace {
 
 std::string read_bytes(const std::string& path) {
@@ -128,3 +130,5 @@ TEST(CheckpointFiles, NonsenseWithAValidChecksumIsRejected) {
   }
   EXPECT_EQ(try_load(f), "");
 }
+
+}  // namespace t_unit_checkpoint_checkpoint_files_test

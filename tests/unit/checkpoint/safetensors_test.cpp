@@ -14,6 +14,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_checkpoint_safetensors_test {
 namespace {
 
 struct TempFile {
@@ -83,3 +85,5 @@ TEST(Safetensors, MalformedHeadersAreRefusedByName) {
   refused(R"([1,2,3])", "", "not a JSON object");
   refused(R"({"a":)", "", "not valid JSON");
 }
+
+}  // namespace t_unit_checkpoint_safetensors_test

@@ -7,6 +7,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_dtensor_sharding_registry_test {
 namespace {
 hp::OpSharding keep(const hp::OpInfo&) { return {}; }
 }  // namespace
@@ -29,3 +31,5 @@ TEST(ShardingRegistry, OverloadsAndWholeOperatorsAreAccepted) {
   EXPECT_NO_THROW(hp::register_sharding_rule("aten::_test_serialization_subcmul", keep));
   EXPECT_NO_THROW(hp::register_sharding_rule("aten::_test_optional_intlist", keep));
 }
+
+}  // namespace t_unit_dtensor_sharding_registry_test

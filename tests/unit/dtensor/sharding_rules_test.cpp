@@ -16,6 +16,8 @@ using hp::Placements;
 using hp::Replicate;
 using hp::Shard;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_dtensor_sharding_rules_test {
 namespace {
 
 // One call: DTensor arguments are given by their specs; other arguments as values.
@@ -162,3 +164,5 @@ TEST(ShardingRules, NoRuleIsNotImplemented) {
   c.dt({Shard(0)}, {4}).value(c10::IValue());
   EXPECT_THROW(c.rule({2}, {0}), c10::NotImplementedError);
 }
+
+}  // namespace t_unit_dtensor_sharding_rules_test

@@ -17,6 +17,8 @@
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_nn_init_parameters_test {
 namespace {
 
 // Every kind of layer with parameters, a bias, a padding row and a weight tied across modules.
@@ -166,3 +168,5 @@ TEST(InitParameters, RandomFillsOfMetaTensorsTakeNoCallNumber) {
   hp::normal_(b);
   EXPECT_TRUE(at::equal(a, b));
 }
+
+}  // namespace t_unit_nn_init_parameters_test

@@ -11,6 +11,8 @@
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_nn_module_test {
 namespace {
 
 // A module with two positional inputs, a named one and two outputs.
@@ -283,3 +285,5 @@ TEST(Platform, KindsAndHookability) {
   l(at::ones({1, 2}));
   EXPECT_EQ(calls, 1);
 }
+
+}  // namespace t_unit_nn_module_test

@@ -15,6 +15,8 @@
 namespace hp = hyper_parallel;
 using hp::ScheduleKind;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_pipelining_schedule_order_test {
 namespace {
 
 // Every (stage, kind, microbatch) of the rank's stages exactly once, each backward after its forward.
@@ -102,3 +104,5 @@ TEST(PipelineScheduleOrder, OneFOneBStartsWithItsWarmUpAndBadArgumentsAreRefused
         << e.what_without_backtrace();
   }
 }
+
+}  // namespace t_unit_pipelining_schedule_order_test

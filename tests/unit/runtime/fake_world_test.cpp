@@ -21,6 +21,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_runtime_fake_world_test {
 namespace {
 
 class FakeWorld : public ::testing::Test {
@@ -178,3 +180,5 @@ TEST_F(FakeWorld, AllToAllSingleGivesShapesOnMetaAndThisRanksRowsOnRealTensors) 
   // Output sizes that contradict that are refused by name.
   EXPECT_THROW(hp::all_to_all_single(x, {2, 1, 2, 2}, {1, 2, 3, 4}, g), c10::ValueError);
 }
+
+}  // namespace t_unit_runtime_fake_world_test

@@ -8,6 +8,8 @@
 
 namespace hp = hyper_parallel;
 
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_unit_runtime_launch_env_test {
 namespace {
 const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -100,3 +102,5 @@ TEST(Chunking, FollowsTorchChunk) {
   EXPECT_EQ(hp::chunk_offset(5, 4, 3), 5);
   EXPECT_EQ(hp::chunk_offset(5, 4, 2), 4);
 }
+
+}  // namespace t_unit_runtime_launch_env_test
