@@ -229,7 +229,14 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_device(tensor, tr, "all_reduce");
   if (tensor.device().type() == tr.device_type() && tensor.is_contiguous() && !tensor.is_inference() &&
       reduces_natively(tr.capabilities(), tensor.scalar_type(), op)) {
-    Completion done = tr.all_reduce(tensor, op);
+    Completion done;
+    {
+      // As on the staged path: what the backend makes of the tensor is not made in the caller's
+      // InferenceMode (the guard costs a few thread-local writes, so only when that mode is on).
+      c10::optional<NormalTensors> normal;
+      if (c10::InferenceMode::is_enabled()) normal.emplace();
+      done = tr.all_reduce(tensor, op);
+    }
     if (!done) return Work::completed(tensor);
     return Work([done = std::move(done), tensor]() mutable {
       done();
