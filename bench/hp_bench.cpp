@@ -137,6 +137,26 @@ void module_call_overhead() {
   emit(name, "\"module\": \"Linear(16, 16)\", ", call - direct, "us", direct, call / direct);
 }
 
+// A Linear's decode-time product (no autograd, float32) as the Linear runs it at each batch,
+// against at::linear, at Qwen3-0.6B's projection shapes: the small-batch rule's evidence.
+// value: the Linear's time; baseline: at::linear's; ratio < 1: the Linear is faster.
+void linear_small_batch() {
+  const std::string name = "linear_small_batch";
+  if (!wanted(name)) return;
+  at::NoGradGuard no_grad;
+  for (const auto& [out_f, in_f] : std::vector<std::pair<int64_t, int64_t>>{{2048, 1024}, {3072, 1024}, {1024, 3072}}) {
+    hyper_parallel::nn::Linear lin(hyper_parallel::nn::LinearOptions(in_f, out_f).bias(false));
+    for (int64_t batch : {1, 8, 32}) {
+      const at::Tensor x = at::randn({batch, in_f});
+      const auto [linear, ours] = time_pair([&] { at::linear(x, lin->weight()); }, [&] { lin(x); }, 40);
+      emit(name,
+           "\"weight\": [" + std::to_string(out_f) + ", " + std::to_string(in_f) + "], \"batch\": " + std::to_string(batch) +
+               ", \"transposed_product\": " + (hyper_parallel::nn::small_batch_transposed_product(x, lin->weight()) ? "true" : "false") + ", ",
+           ours, "us", linear, ours / linear);
+    }
+  }
+}
+
 }  // namespace
 
 namespace hp_bench {
@@ -282,6 +302,7 @@ int main(int argc, char** argv) {
   adam_step(mesh);
   dropout_cost(mesh);
   module_call_overhead();
+  linear_small_batch();
   hp::destroy_process_group();
   tp_benchmarks(argv[0]);
   fsdp_benchmarks(argv[0]);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/errors.h>
 
@@ -39,7 +40,32 @@ void LinearImpl::reset_parameters() {
   if (at::Tensor b = bias(); b.defined()) hyper_parallel::uniform_(b, -bound, bound);
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& input) { return at::linear(input, weight(), bias()); }
+bool small_batch_transposed_product(const at::Tensor& input, const at::Tensor& weight) {
+  if (at::GradMode::is_enabled() || input.dim() < 2 || weight.dim() != 2 || input.scalar_type() != at::kFloat ||
+      weight.scalar_type() != at::kFloat || !input.device().is_cpu())
+    return false;
+  const int64_t k = input.size(-1);
+  if (k == 0) return false;
+  const int64_t rows = input.numel() / k;
+  if (rows < 2 || rows > 32) return false;
+  // Flattening the rows and transposing must stay local: a DTensor input qualifies when it is
+  // replicated or sharded on its features only (as tensor parallelism gives a Linear), so the
+  // product takes the same collectives as linear's.
+  if (is_dtensor(input))
+    for (const Placement& p : DTensor(input).placements())
+      if (!(p.is_replicate() || p.is_shard(input.dim() - 1))) return false;
+  return true;
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor& w = weight();
+  if (!small_batch_transposed_product(input, w)) return at::linear(input, w, bias());
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+  shape.back() = w.size(0);
+  at::Tensor y = at::mm(w, input.reshape({-1, input.size(-1)}).t()).t();
+  if (const at::Tensor b = bias(); b.defined()) y = y + b;
+  return y.reshape(shape);
+}
 
 EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options_) : options(options_) { reset(); }
 
