@@ -137,13 +137,13 @@ void module_call_overhead() {
   emit(name, "\"module\": \"Linear(16, 16)\", ", call - direct, "us", direct, call / direct);
 }
 
-// A Linear's decode-time product (no autograd, float32) as the Linear runs it at each batch,
+// A Linear's decode-time product (InferenceMode, float32) as the Linear runs it at each batch,
 // against at::linear, at Qwen3-0.6B's projection shapes: the small-batch rule's evidence.
 // value: the Linear's time; baseline: at::linear's; ratio < 1: the Linear is faster.
 void linear_small_batch() {
   const std::string name = "linear_small_batch";
   if (!wanted(name)) return;
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;
   for (const auto& [out_f, in_f] : std::vector<std::pair<int64_t, int64_t>>{{2048, 1024}, {3072, 1024}, {1024, 3072}}) {
     hyper_parallel::nn::Linear lin(hyper_parallel::nn::LinearOptions(in_f, out_f).bias(false));
     for (int64_t batch : {1, 8, 32}) {

@@ -1,6 +1,7 @@
 #include <hyper_parallel/nn/layers.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
@@ -41,7 +42,7 @@ void LinearImpl::reset_parameters() {
 }
 
 bool small_batch_transposed_product(const at::Tensor& input, const at::Tensor& weight) {
-  if (at::GradMode::is_enabled() || input.dim() < 2 || weight.dim() != 2 || input.scalar_type() != at::kFloat ||
+  if (!c10::InferenceMode::is_enabled() || input.dim() < 2 || weight.dim() != 2 || input.scalar_type() != at::kFloat ||
       weight.scalar_type() != at::kFloat || !input.device().is_cpu())
     return false;
   const int64_t k = input.size(-1);

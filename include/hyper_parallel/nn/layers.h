@@ -45,11 +45,12 @@ struct LinearOptions {
   TORCH_ARG(bool, bias) = true;
 };
 /// Whether a Linear computes `input` times `weight`^T as (weight @ input^T)^T: float32 on the CPU,
-/// without autograd (inference, decode), 2 to 32 rows (the product of the leading dims). MKL's
-/// kernel for a tall matrix times a thin one is 1.1-1.5x faster there than its x @ W^T
+/// in c10::InferenceMode (as `generate` decodes), 2 to 32 rows (the product of the leading dims).
+/// MKL's kernel for a tall matrix times a thin one is 1.1-1.5x faster there than its x @ W^T
 /// (`hp_bench linear_small_batch` measures both); one row and more than 32 gain nothing. A fixed
-/// rule on the global shape, dtype and grad mode, never a timing, so every rank of a job makes
-/// the same choice and replicated results stay bitwise equal across ranks.
+/// rule on the global shape, dtype and mode, never a timing, so every rank of a job makes the
+/// same choice and replicated results stay bitwise equal across ranks. Not under a mere
+/// NoGradGuard: activation checkpointing runs its first forward so and must recompute it bitwise.
 bool small_batch_transposed_product(const at::Tensor& input, const at::Tensor& weight);
 
 class LinearImpl : public ModuleBase<LinearImpl> {

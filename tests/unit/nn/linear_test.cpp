@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <hyper_parallel/nn/layers.h>
 
@@ -13,7 +14,7 @@ namespace t_unit_nn_linear_test {
 TEST(Linear, SmallBatchInferenceTakesTheTransposedProductAndMatchesLinear) {
   at::manual_seed(3);
   hnn::Linear lin(hnn::LinearOptions(64, 48).bias(true));
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;
   // {input shape, whether the rule applies}: 2 to 32 rows, counted over all leading dims.
   const std::vector<std::pair<std::vector<int64_t>, bool>> cases = {
       {{1, 64}, false}, {{2, 64}, true}, {{8, 64}, true}, {{32, 64}, true}, {{33, 64}, false},
@@ -32,10 +33,16 @@ TEST(Linear, TrainingAndOtherDtypesKeepLinearBitwise) {
   at::manual_seed(4);
   hnn::Linear lin(hnn::LinearOptions(32, 16).bias(false));
   const at::Tensor x = at::randn({8, 32});
-  // With autograd on (training), the product is linear's, so gradients are too.
+  // With autograd on (training), and under a NoGradGuard (activation checkpointing's first
+  // forward, which backward recomputes with autograd on), the product is linear's.
   EXPECT_FALSE(hnn::small_batch_transposed_product(x, lin->weight()));
   EXPECT_TRUE(at::equal(lin(x), at::linear(x, lin->weight())));
-  at::NoGradGuard no_grad;
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_FALSE(hnn::small_batch_transposed_product(x, lin->weight()));
+    EXPECT_TRUE(at::equal(lin(x), at::linear(x, lin->weight())));
+  }
+  c10::InferenceMode inference;
   hnn::Linear half(hnn::LinearOptions(32, 16).bias(false));
   half->to(at::kBFloat16);
   const at::Tensor xb = x.to(at::kBFloat16);
