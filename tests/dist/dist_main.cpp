@@ -4,8 +4,11 @@
 // wait for the collective timeout.
 #include <gtest/gtest.h>
 
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include <hyper_parallel/runtime/process_group.h>
@@ -40,7 +43,15 @@ int main(int argc, char** argv) {
   if (own != nullptr && std::string(own) == "1") return RUN_ALL_TESTS();
   hyper_parallel::InitOptions init;
   init.device_type = hp_test::test_device_type();
-  hyper_parallel::init_process_group(init);
+  try {
+    hyper_parallel::init_process_group(init);
+  } catch (const c10::Error& e) {  // e.g. started without hprun: say so, never die uncaught
+    std::fprintf(stderr, "hp_dist_tests: %s\n", e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp_dist_tests: %s\n", e.what());
+    return 2;
+  }
   const int rc = RUN_ALL_TESTS();
   hyper_parallel::destroy_process_group();
   return rc;
