@@ -14,6 +14,7 @@
 #include "op_interceptor.h"
 #include "op_report.h"
 #include "sharding_propagation.h"
+#include "unboxed_kernels.h"
 
 namespace hyper_parallel {
 namespace {
@@ -38,13 +39,17 @@ void run_on_dtensors(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", op.operator_name());
   OpInfo info(op, args, nargs, *mesh);
-  std::shared_ptr<const Decision> d = propagate(info, collect_inputs(info));
+  DecisionKey key;
+  collect_inputs(info, key);
+  std::shared_ptr<const Decision> d = propagate(info, key);
   if (d == nullptr) return decompose(op, args, nargs, stack);
   if (C10_UNLIKELY(d->communicates)) check_explicit_redistribution(info, *d);
   execute(info, *d, stack);
 }
 
 thread_local OpInterceptor* t_interceptor = nullptr;
+
+}  // namespace
 
 void dtensor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
@@ -61,12 +66,16 @@ void dtensor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   });
 }
 
-// The fallback is registered when the library loads, unless another library in the process took
-// kDTensorKey first (upstream has begun to use `Fake` for a C++ FakeTensor): the dispatcher would
-// refuse a second fallback by aborting the load with a message about dispatch keys. Instead the
-// load succeeds and making a DTensor raises a clear error.
+bool op_interceptor_installed() { return t_interceptor != nullptr; }
+
+namespace {
+
+// The fallback and the unboxed kernels are registered when the library loads, unless another
+// library in the process took kDTensorKey first (upstream has begun to use `Fake` for a C++
+// FakeTensor): the dispatcher would refuse a second fallback by aborting the load with a message
+// about dispatch keys. Instead the load succeeds and making a DTensor raises a clear error.
 struct FallbackRegistration {
-  std::unique_ptr<torch::Library> library;
+  std::unique_ptr<torch::Library> library, kernels;
   bool taken_by_another = false;
   FallbackRegistration() {
     if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kDTensorKey)) {
@@ -75,6 +84,8 @@ struct FallbackRegistration {
     }
     library = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
     library->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor_fallback>());
+    kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
+    register_unboxed_kernels(*kernels);
   }
 };
 
@@ -98,10 +109,14 @@ OpInterceptorScope::~OpInterceptorScope() {
   c10::impl::tls_set_dispatch_key_included(kDTensorKey, was_included_);
 }
 
-void check_dtensor_key_is_ours() {
-  TORCH_CHECK(!registration().taken_by_another, "hyper_parallel::DTensor: another library in this process registered a fallback for ",
+std::atomic<bool> detail::g_dtensor_key_is_ours{false};
+
+void detail::check_dtensor_key_is_ours_slow() {
+  const bool ours = !registration().taken_by_another;
+  TORCH_CHECK(ours, "hyper_parallel::DTensor: another library in this process registered a fallback for ",
               "the dispatch key ", c10::toString(kDTensorKey), " before hyper_parallel was loaded; DTensors need that ",
               "key's fallback (src/dtensor/dtensor_impl.h, kDTensorKey), so none can be made. Load only one of the two.");
+  g_dtensor_key_is_ours.store(true, std::memory_order_relaxed);
 }
 
 }  // namespace hyper_parallel

@@ -16,10 +16,41 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
     : c10::TensorImpl(key_set_for(local), local.dtype(), local.device()),
       local_(std::move(local)),
       spec_(std::move(spec)) {
-  set_sizes_and_strides(spec_->shape, spec_->stride);
-  storage_offset_ = spec_->storage_offset;
+  set_geometry_from_spec();
   set_storage_access_should_throw();
   check_dtensor_key_is_ours();
+}
+
+// The first DTensor of a spec derives the element count and contiguity flags as any TensorImpl
+// does; the spec keeps them, and the next DTensors (every result of a cached decision) copy them
+// instead of deriving them again. They depend on the sizes and strides alone, which a spec held
+// by a DTensor never changes.
+void DTensorImpl::set_geometry_from_spec() {
+  const detail::SpecGeometry& g = spec_->geometry;
+  const uint32_t flags = g.flags.value.load(std::memory_order_acquire);
+  if (flags == 0) {
+    set_sizes_and_strides(spec_->shape, spec_->stride);
+    bool negative = false;  // set_sizes_and_strides rewrites negative strides: not cached
+    for (int64_t s : spec_->stride) negative = negative || s < 0;
+    if (!negative) {
+      g.numel.value.store(numel_, std::memory_order_relaxed);
+      g.flags.value.store(1u | (is_contiguous_ << 1) | (is_channels_last_ << 2) | (is_channels_last_contiguous_ << 3) |
+                        (is_channels_last_3d_ << 4) | (is_channels_last_3d_contiguous_ << 5) |
+                        (is_non_overlapping_and_dense_ << 6),
+                    std::memory_order_release);
+    }
+  } else {
+    sizes_and_strides_.set_sizes(spec_->shape);
+    sizes_and_strides_.set_strides(spec_->stride);
+    numel_ = g.numel.value.load(std::memory_order_relaxed);
+    is_contiguous_ = (flags >> 1) & 1;
+    is_channels_last_ = (flags >> 2) & 1;
+    is_channels_last_contiguous_ = (flags >> 3) & 1;
+    is_channels_last_3d_ = (flags >> 4) & 1;
+    is_channels_last_3d_contiguous_ = (flags >> 5) & 1;
+    is_non_overlapping_and_dense_ = (flags >> 6) & 1;
+  }
+  storage_offset_ = spec_->storage_offset;
 }
 
 void DTensorImpl::set_local_and_spec(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
@@ -29,8 +60,7 @@ void DTensorImpl::set_local_and_spec(at::Tensor local, std::shared_ptr<const DTe
   // against *other* metadata changes, which this is not.
   const bool allow = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  set_sizes_and_strides(spec_->shape, spec_->stride);
-  storage_offset_ = spec_->storage_offset;
+  set_geometry_from_spec();
   set_allow_tensor_metadata_change(allow);
 }
 

@@ -3,6 +3,7 @@
 #include <c10/core/TensorImpl.h>
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <typeinfo>
 
 #include <memory>
@@ -20,8 +21,17 @@ namespace hyper_parallel {
 /// it for a C++ FakeTensor, so the registration checks that no one else took it (dispatch.cpp).
 constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::Fake;
 
+namespace detail {
+/// Set once the fallback at kDTensorKey is known to be ours (dispatch.cpp).
+extern std::atomic<bool> g_dtensor_key_is_ours;
+void check_dtensor_key_is_ours_slow();
+}  // namespace detail
+
 /// Throws, naming the key, when another library registered kDTensorKey's fallback before ours.
-void check_dtensor_key_is_ours();
+/// Every DTensor is made through here: after the first, one relaxed load.
+inline void check_dtensor_key_is_ours() {
+  if (C10_UNLIKELY(!detail::g_dtensor_key_is_ours.load(std::memory_order_relaxed))) detail::check_dtensor_key_is_ours_slow();
+}
 
 /// Reports the global sizes and strides, holds the local shard, has no storage.
 class DTensorImpl final : public c10::TensorImpl {
@@ -57,6 +67,8 @@ class DTensorImpl final : public c10::TensorImpl {
   const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
   template <class VersionCounter>
   c10::intrusive_ptr<c10::TensorImpl> copy_impl(VersionCounter&& vc, bool allow) const;
+  // The spec's global sizes, strides and offset as this TensorImpl's.
+  void set_geometry_from_spec();
 
   at::Tensor local_;
   std::shared_ptr<const DTensorSpec> spec_;

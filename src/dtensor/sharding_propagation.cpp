@@ -25,9 +25,12 @@ namespace hyper_parallel {
 
 namespace {
 
-enum Tag : int64_t { kNone = 1, kDT, kPlain, kList, kInt, kBool, kDouble, kScalar, kString, kOther, kIntList, kReplicatedPlain };
+constexpr int64_t kNone = kKeyNone, kPlain = kKeyPlain, kList = kKeyList, kInt = kKeyInt, kBool = kKeyBool,
+                  kDouble = kKeyDouble, kScalar = kKeyScalar, kString = kKeyString, kOther = kKeyOther,
+                  kIntList = kKeyIntList, kReplicatedPlain = kKeyReplicatedPlain;
 
-void key_spec_contents(std::vector<int64_t>& k, const DTensorSpec& s) {
+template <class Key>
+void key_spec_contents(Key& k, const DTensorSpec& s) {
   k.push_back(reinterpret_cast<int64_t>(s.mesh.impl()));
   k.push_back(static_cast<int64_t>(s.dtype));
   k.push_back(s.ndim());
@@ -44,6 +47,8 @@ struct KeyHash {
     return static_cast<size_t>(h);
   }
 };
+
+}  // namespace
 
 // Specs with the same contents get the same name, once per spec object: the decision key then
 // holds one integer per DTensor input instead of its shape, strides and placements. Names are
@@ -66,20 +71,16 @@ int64_t name_spec(const DTensorSpec& s) {
   return it->second;
 }
 
-void key_spec(std::vector<int64_t>& k, const DTensorSpec& s) {
-  const int64_t id = s.key_id.value.load(std::memory_order_relaxed);
-  k.push_back(kDT);
-  k.push_back(C10_LIKELY(id != 0) ? id : name_spec(s));
-}
+namespace {
 
-void key_plain(std::vector<int64_t>& k, const at::Tensor& t) {
+void key_plain(DecisionKey& k, const at::Tensor& t) {
   k.push_back(kPlain);
   k.push_back(static_cast<int64_t>(t.scalar_type()));
   k.push_back(t.dim());
   for (auto x : t.sizes()) k.push_back(x);
 }
 
-void key_value(std::vector<int64_t>& k, const c10::IValue& v) {
+void key_value(DecisionKey& k, const c10::IValue& v) {
   if (v.isNone()) k.push_back(kNone);
   else if (v.isInt()) { k.push_back(kInt); k.push_back(v.toInt()); }
   else if (v.isBool()) { k.push_back(kBool); k.push_back(v.toBool()); }
@@ -90,6 +91,15 @@ void key_value(std::vector<int64_t>& k, const c10::IValue& v) {
     auto l = v.toIntList();
     k.push_back(static_cast<int64_t>(l.size()));
     for (int64_t x : l) k.push_back(x);
+  } else if (v.isBoolList()) {
+    // native_layer_norm_backward's output_mask: which returns are defined, so the decision's specs.
+    k.push_back(kKeyBoolList);
+    auto l = v.toBoolList();
+    k.push_back(static_cast<int64_t>(l.size()));
+    for (bool x : l) k.push_back(x);
+  } else if (v.isDoubleList()) {
+    k.push_back(kKeyDoubleList);
+    k.push_back(static_cast<int64_t>(v.toDoubleList().size()));
   } else if (v.isString()) { k.push_back(kString); k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef()))); }
   else if (v.isDevice()) { k.push_back(kOther); k.push_back(static_cast<int64_t>(v.toDevice().type())); }
   else k.push_back(kOther);
@@ -138,7 +148,7 @@ namespace {
 struct InputCollector {
   OpInfo& info;
   const DeviceMesh& mesh;
-  std::vector<int64_t>& key;
+  DecisionKey& key;
 
   bool tensor(size_t arg, int64_t elem, const at::Tensor& t) {
     if (!t.defined()) {
@@ -147,7 +157,8 @@ struct InputCollector {
       HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel::dispatch: ", info.name(),
                  " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
       if (d->is_stale_copy_view()) stale_read(arg, elem, *d);
-      key_spec(key, d->spec());
+      key.push_back(kKeyDT);
+      key.push_back(spec_key_name(d->spec()));
       OpInfoAccess::add_input(info, arg, elem, &d->spec());
     } else {
       plain(arg, elem, t);
@@ -190,15 +201,11 @@ struct InputCollector {
 
 }  // namespace
 
-const std::vector<int64_t>& collect_inputs(OpInfo& info) {
-  // One buffer per thread, reused (a call allocates nothing for its key); propagate() copies it
-  // before anything could collect again on this thread.
-  thread_local std::vector<int64_t> key;
+void collect_inputs(OpInfo& info, DecisionKey& key) {
   key.clear();
   InputCollector v{info, OpInfoAccess::mesh(info), key};
   key.push_back(reinterpret_cast<int64_t>(&info.schema()));
   visit_args(info.args(), info.num_args(), v);
-  return key;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,6 +388,10 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   }
   d->adjust_args = std::move(s.adjust_args);
   d->kernel = std::move(s.kernel);
+  d->unboxed = !d->any_redistribute && !d->adjust_args && !d->kernel && s.handler.empty() && d->written_inputs.empty() &&
+               !d->inplace_view;
+  for (size_t r = 0; r < d->outputs.size(); ++r)
+    d->unboxed = d->unboxed && d->written_return_arg[r] < 0 && d->outputs[r].size() == 1;
   if (!s.handler.empty()) {
     d->handler = find_handler(s.handler);
     HP_CHECK_T(c10::ValueError, d->handler != nullptr, "hyper_parallel::dispatch: ", info.describe(), ": ", rule_name(info), " names the op handler '",
@@ -390,30 +401,93 @@ std::shared_ptr<const Decision> decide(const OpInfo& info) {
   return d;
 }
 
+// One thread's decisions, looked up by a view of a key (no copy, no allocation): open addressing
+// over a power-of-two table, each slot holding its key's hash, the key and the decision.
+class DecisionCache {
+ public:
+  const std::shared_ptr<const Decision>* find(c10::ArrayRef<int64_t> key) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t h = hash(key);
+    for (size_t i = h & mask(); slots_[i].decision != nullptr; i = (i + 1) & mask())
+      if (slots_[i].hash == h && c10::ArrayRef<int64_t>(slots_[i].key).equals(key)) return &slots_[i].decision;
+    return nullptr;
+  }
+  void insert(c10::ArrayRef<int64_t> key, std::shared_ptr<const Decision> d) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    place({hash(key), key.vec(), std::move(d)});
+    ++size_;
+  }
+  size_t size() const { return size_; }
+  void clear() {
+    slots_.clear();
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    std::vector<int64_t> key;
+    std::shared_ptr<const Decision> decision;  // null: an empty slot
+  };
+  static uint64_t hash(c10::ArrayRef<int64_t> key) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : key) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    // The table takes the low bits: fold the high ones in.
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 32);
+  }
+  size_t mask() const { return slots_.size() - 1; }
+  void place(Slot s) {
+    size_t i = s.hash & mask();
+    while (slots_[i].decision != nullptr) i = (i + 1) & mask();
+    slots_[i] = std::move(s);
+  }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.clear();
+    slots_.resize(old.empty() ? 64 : 2 * old.size());
+    for (Slot& s : old)
+      if (s.decision != nullptr) place(std::move(s));
+  }
+
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
+
 struct Cache {
   uint64_t version = 0;
-  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Decision>, KeyHash> map;
+  DecisionCache map;
 };
 // Per thread: no lock on the hot path (autograd may run backward on other threads).
 thread_local Cache t_cache;
 
+// This thread's cache, emptied when a rule was registered or the cache cleared since its last use.
+Cache& current_cache() {
+  Cache& c = t_cache;
+  const uint64_t version = g_registry_version.load(std::memory_order_relaxed);
+  if (C10_UNLIKELY(c.version != version)) {
+    c.map.clear();
+    c.version = version;
+  }
+  return c;
+}
+
 }  // namespace
 
-std::shared_ptr<const Decision> propagate(OpInfo& info, const std::vector<int64_t>& collected_key) {
-  const uint64_t version = g_registry_version.load(std::memory_order_relaxed);
-  if (t_cache.version != version) {
-    t_cache.map.clear();
-    t_cache.version = version;
-  }
-  auto it = t_cache.map.find(collected_key);
-  if (it != t_cache.map.end()) return it->second;
+const std::shared_ptr<const Decision>* find_decision(c10::ArrayRef<int64_t> key) { return current_cache().map.find(key); }
+
+std::shared_ptr<const Decision> propagate(OpInfo& info, c10::ArrayRef<int64_t> key) {
+  Cache& cache = current_cache();
+  if (const auto* d = cache.map.find(key)) return *d;
   if (find_rule(info.op()) == nullptr && info.op().hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return nullptr;
-  std::vector<int64_t> key = collected_key;  // the per-thread buffer may be reused inside decide()
   auto d = decide(info);
   // Shapes that keep changing (variable sequence lengths) would grow the cache without bound.
-  if (t_cache.map.size() >= 65536) t_cache.map.clear();
-  t_cache.map.emplace(std::move(key), d);
+  // decide() may have run ops (the meta run) that reached this thread's cache: look it up again.
+  Cache& after = current_cache();
+  if (after.map.size() >= 65536) after.map.clear();
+  if (after.map.find(key) == nullptr) after.map.insert(key, d);
   return d;
 }
 

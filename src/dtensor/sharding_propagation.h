@@ -4,6 +4,8 @@
 // integer arguments) combination: what each input must become (with its redistribution plan),
 // the output specs and local shapes, and which returns alias which arguments.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <cstdint>
@@ -43,7 +45,37 @@ struct Decision {
   std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)> kernel;
   const OpHandler* handler = nullptr;  // registered handlers live as long as the process
   std::vector<int64_t> handler_params;
+  // The decision is the local op on the inputs' local data, with new or view returns and nothing
+  // else (no redistribution, rewritten arguments, kernel, handler or written argument): the
+  // unboxed kernels may run it without boxing the call (unboxed_kernels.cpp).
+  bool unboxed = false;
 };
+
+// ---------------------------------------------------------------------------------------------
+// The decision key. collect_inputs writes it from the boxed arguments; the unboxed kernels write
+// the same key for the same call from their typed arguments, so both find one cached decision.
+
+enum DecisionKeyTag : int64_t {
+  kKeyNone = 1, kKeyDT, kKeyPlain, kKeyList, kKeyInt, kKeyBool, kKeyDouble, kKeyScalar, kKeyString, kKeyOther,
+  kKeyIntList, kKeyReplicatedPlain, kKeyBoolList, kKeyDoubleList
+};
+
+/// Gives `s` its name (see spec_key_name) and returns it.
+int64_t name_spec(const DTensorSpec& s);
+
+/// A call's key, on the stack for the usual few arguments.
+using DecisionKey = c10::SmallVector<int64_t, 24>;
+
+/// The name of spec `s` in a decision key, given on first use: specs with equal contents share a
+/// name, and a name is never reused. A DTensor input is kKeyDT followed by its spec's name.
+inline int64_t spec_key_name(const DTensorSpec& s) {
+  const int64_t id = s.key_id.value.load(std::memory_order_relaxed);
+  return C10_LIKELY(id != 0) ? id : name_spec(s);
+}
+
+/// This thread's cached decision for `key`, or nullptr. The pointer stays valid until
+/// propagate() next runs on this thread (which may empty the cache); copy the decision to keep it.
+const std::shared_ptr<const Decision>* find_decision(c10::ArrayRef<int64_t> key);
 
 /// The dispatcher's side of OpInfo: its mesh and its inputs.
 struct OpInfoAccess {
@@ -71,15 +103,14 @@ const ShardingRule* find_rule(const c10::OperatorHandle& op);
 std::string rule_name(const OpInfo& info);
 
 /// Fills `info`'s inputs (DTensors, and plain tensors taken as Replicate under implicit
-/// replication) and returns the key of its decision (a per-thread buffer, valid until the next
-/// call on this thread). Throws for a plain tensor mixed with
+/// replication) and `key`, the key of its decision. Throws for a plain tensor mixed with
 /// DTensors outside implicit replication, and for DTensors on different meshes.
-const std::vector<int64_t>& collect_inputs(OpInfo& info);
+void collect_inputs(OpInfo& info, DecisionKey& key);
 
 /// The decision for `info`, whose key collect_inputs returned: from this thread's cache, else
 /// from the op's rule (checked against the schema and the meta run). nullptr for a composite op
 /// with no rule of its own: the caller decomposes it (it reaches DTensors undecomposed only when
 /// autograd is off for the call, as under c10::InferenceMode).
-std::shared_ptr<const Decision> propagate(OpInfo& info, const std::vector<int64_t>& key);
+std::shared_ptr<const Decision> propagate(OpInfo& info, c10::ArrayRef<int64_t> key);
 
 }  // namespace hyper_parallel

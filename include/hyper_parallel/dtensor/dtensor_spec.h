@@ -14,18 +14,29 @@
 namespace hyper_parallel {
 
 namespace detail {
-/// The dispatcher's short name for a spec's contents, given on first use (internal): a cached
-/// decision is looked up by the names of its inputs' specs instead of by their contents. A copy
-/// starts without a name, so a spec copied and then changed never carries its original's.
-class SpecKeyId {
+/// A value a spec caches about its own contents (internal): a copy starts without it (zero), so a
+/// spec copied and then changed never carries its original's.
+template <class T>
+class ResetOnCopy {
  public:
-  SpecKeyId() noexcept = default;
-  SpecKeyId(const SpecKeyId&) noexcept {}
-  SpecKeyId& operator=(const SpecKeyId&) noexcept {
+  ResetOnCopy() noexcept = default;
+  ResetOnCopy(const ResetOnCopy&) noexcept {}
+  ResetOnCopy& operator=(const ResetOnCopy&) noexcept {
     value.store(0, std::memory_order_relaxed);
     return *this;
   }
-  mutable std::atomic<int64_t> value{0};
+  mutable std::atomic<T> value{0};
+};
+
+/// The dispatcher's short name for a spec's contents, given on first use: a cached decision is
+/// looked up by the names of its inputs' specs instead of by their contents.
+using SpecKeyId = ResetOnCopy<int64_t>;
+
+/// What a TensorImpl derives from a spec's sizes and strides (its element count and contiguity
+/// flags), found by the first DTensor made with the spec and read by the next ones.
+struct SpecGeometry {
+  ResetOnCopy<int64_t> numel;
+  ResetOnCopy<uint32_t> flags;  // 0: not known yet
 };
 }  // namespace detail
 
@@ -48,6 +59,7 @@ struct DTensorSpec {
   /// Given when the spec first reaches the dispatcher. A spec that a DTensor holds never changes
   /// (DTensors hold `std::shared_ptr<const DTensorSpec>`); change a copy instead.
   detail::SpecKeyId key_id;
+  detail::SpecGeometry geometry;
 
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
   int64_t numel() const;
