@@ -40,12 +40,18 @@ void key_spec_contents(Key& k, const DTensorSpec& s) {
   for (const auto& p : s.placements) k.push_back(static_cast<int64_t>(p.hash()));
 }
 
+// FNV-1a over the integers, then mixed so that the low bits a power-of-two table takes depend on
+// the high ones too.
+uint64_t hash_key(c10::ArrayRef<int64_t> key) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : key) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 32);
+}
+
 struct KeyHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
+  size_t operator()(const std::vector<int64_t>& v) const { return static_cast<size_t>(hash_key(v)); }
 };
 
 }  // namespace
@@ -407,14 +413,14 @@ class DecisionCache {
  public:
   const std::shared_ptr<const Decision>* find(c10::ArrayRef<int64_t> key) const {
     if (slots_.empty()) return nullptr;
-    const uint64_t h = hash(key);
+    const uint64_t h = hash_key(key);
     for (size_t i = h & mask(); slots_[i].decision != nullptr; i = (i + 1) & mask())
       if (slots_[i].hash == h && c10::ArrayRef<int64_t>(slots_[i].key).equals(key)) return &slots_[i].decision;
     return nullptr;
   }
   void insert(c10::ArrayRef<int64_t> key, std::shared_ptr<const Decision> d) {
     if (2 * (size_ + 1) > slots_.size()) grow();
-    place({hash(key), key.vec(), std::move(d)});
+    place({hash_key(key), key.vec(), std::move(d)});
     ++size_;
   }
   size_t size() const { return size_; }
@@ -429,14 +435,6 @@ class DecisionCache {
     std::vector<int64_t> key;
     std::shared_ptr<const Decision> decision;  // null: an empty slot
   };
-  static uint64_t hash(c10::ArrayRef<int64_t> key) {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : key) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    // The table takes the low bits: fold the high ones in.
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 32);
-  }
   size_t mask() const { return slots_.size() - 1; }
   void place(Slot s) {
     size_t i = s.hash & mask();
