@@ -66,8 +66,8 @@ void run_tp_benchmarks(const std::string& filter);
 void run_collective_benchmarks(const std::string& filter);
 /// fully_shard against DDP-style replication (fsdp_benchmarks.cpp), on every rank of a 2- or 4-rank job.
 void run_fsdp_benchmarks(const std::string& filter);
-/// Causal attention steps at cp = world size in each mode (cp_benchmarks.cpp), on every rank; rank 0
-/// prints one "cp_step" line per mode.
+/// Causal attention steps at cp = world size in each mode and the cp gradient reduction
+/// (cp_benchmarks.cpp), on every rank; rank 0 prints one "cp_step" line per mode.
 void run_cp_benchmarks(const std::string& filter);
 /// The same attention step on the whole sequence in this process: milliseconds, and its
 /// allocation peak in `peak_bytes`.

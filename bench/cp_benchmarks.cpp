@@ -1,15 +1,18 @@
 // Context parallelism: one causal attention step (forward and backward) over a long sequence, at
 // cp = 2 in each mode (head-tail load balanced) against one process with 2 threads on the whole
-// sequence, and the memory each rank's step allocates against the one process's.
+// sequence, and the memory each rank's step allocates against the one process's. Also the cp
+// gradient reduction (all_reduce_gradients) against one all-reduce per parameter.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <hyper_parallel/hyper_parallel.h>
 
 #include "bench_util.h"
+#include <hyper_parallel/models/qwen3/model.h>
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
+namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp_bench {
 namespace {
@@ -53,6 +56,35 @@ Step attention_step(hnn::ScaledDotProductAttention& sdpa, int64_t seq, const std
 
 void run_cp_benchmarks(const std::string& filter) {
   const hp::DeviceMesh cp = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"cp"});
+  if (filter.empty() || std::string("cp2_all_reduce_gradients").find(filter) != std::string::npos) {
+    // The demo's Qwen3 model (two layers, 25 parameters, 0.4 MB of gradients): the buckets of
+    // all_reduce_gradients against one all-reduce per parameter, as it did before them.
+    at::manual_seed(5);
+    qwen3::CausalLM model(qwen3::Config{});
+    int64_t params = 0, bytes = 0;
+    for (const at::Tensor& p : hp::unique_parameters(*model)) {
+      p.mutable_grad() = at::randn_like(p);
+      ++params;
+      bytes += p.numel() * 4;
+    }
+    const double inv = 1.0 / static_cast<double>(cp.size());
+    const auto per_parameter = [&] {
+      at::NoGradGuard no_grad;
+      for (const at::Tensor& p : hp::unique_parameters(*model)) {
+        at::Tensor g = p.grad();
+        hp::all_reduce_(g, hp::ReduceOp::SUM, cp.get_group(0));
+        g.mul_(inv);
+      }
+    };
+    const auto bucketed = [&] { hp::all_reduce_gradients(*model, cp); };
+    const auto [base, cand] = time_pair(per_parameter, bucketed, 4, 21, [] { hp::barrier(hp::world_group()); });
+    if (hp::get_rank() == 0)
+      emit("cp2_all_reduce_gradients", "\"cp\": " + std::to_string(cp.size()) + ", \"parameters\": " + std::to_string(params) +
+                                           ", \"gradient_bytes\": " + std::to_string(bytes) + ", " +
+                                           "\"what\": \"bucketed against one all-reduce per parameter\", ",
+           cand, "us", base, cand / base);
+  }
+  if (!filter.empty() && std::string("cp2_attention").find(filter) == std::string::npos) return;
   for (const std::string mode : {"ring", "ulysses", "allgather_kv"}) {
     hnn::ScaledDotProductAttention sdpa(hnn::ScaledDotProductAttentionOptions().is_causal(true));
     hp::ContextParallel(mode, /*load_balance=*/true).apply(*sdpa, cp);

@@ -215,8 +215,11 @@ void fsdp_benchmarks(const char* self) {
 // Context parallelism: a 2-rank job (cp = 2) runs a causal attention step over 8k tokens in each
 // mode; this process runs it on the whole sequence with 2 threads.
 void cp_benchmarks(const char* self) {
-  if (!wanted("cp2_attention")) return;
+  if (!wanted("cp2_attention") && !wanted("cp2_all_reduce_gradients")) return;
   std::vector<std::string> lines = rank0_lines(self, "", "--cp", 2);
+  for (const auto& l : lines)
+    if (l.find("\"cp2_all_reduce_gradients\"") != std::string::npos) std::fputs(l.c_str(), stdout);
+  if (!wanted("cp2_attention")) return;
   int64_t single_peak = 0;
   const double single_ms = hp_bench::single_attention_step(2, single_peak);
   auto field = [](const std::string& l, const std::string& key) { return std::stod(l.substr(l.find("\"" + key + "\": ") + key.size() + 4)); };

@@ -4,10 +4,13 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/attention.h>
+#include <hyper_parallel/nn/clip_grad.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "ring_attention.h"
 
@@ -209,16 +212,48 @@ CausalBehavior is_causal_behavior(int64_t rank, int64_t world_size, int64_t i, b
   return source < rank || load_balance ? CausalBehavior::not_is_causal : CausalBehavior::skip;
 }
 
-void all_reduce_gradients(torch::nn::Module& module, const DeviceMesh& cp_mesh) {
+void all_reduce_gradients(torch::nn::Module& module, const DeviceMesh& cp_mesh, double bucket_cap_mb) {
   check_cp_mesh(cp_mesh, "all_reduce_gradients");
+  HP_CHECK_T(c10::ValueError, bucket_cap_mb > 0, "hyper_parallel::all_reduce_gradients: bucket_cap_mb must be positive, got ",
+             bucket_cap_mb);
+  const auto cap_bytes = static_cast<int64_t>(bucket_cap_mb * 1024 * 1024);
   const Group& group = cp_mesh.get_group(0);
   const double inv = 1.0 / static_cast<double>(group.size());
   at::NoGradGuard no_grad;
-  for (const auto& p : module.parameters()) {
+  // Buckets of same-dtype, same-device gradients in parameter order, as DDP packs them: a
+  // collective's fixed cost is paid once per bucket instead of once per parameter (a Qwen3 layer
+  // has eleven), and each element is still summed and scaled exactly as alone.
+  struct Bucket {
+    std::vector<at::Tensor> grads;
+    int64_t bytes = 0;
+  };
+  std::vector<Bucket> buckets;
+  std::map<std::tuple<at::ScalarType, at::DeviceType, at::DeviceIndex>, size_t> open;  // the bucket each kind fills now
+  for (const at::Tensor& p : unique_parameters(module)) {
     if (!p.grad().defined()) continue;
     at::Tensor g = local_tensor(p.grad());
-    all_reduce_(g, ReduceOp::SUM, group);
-    g.mul_(inv);
+    const int64_t bytes = g.numel() * static_cast<int64_t>(g.element_size());
+    const auto kind = std::make_tuple(g.scalar_type(), g.device().type(), g.device().index());
+    auto it = open.find(kind);
+    if (it == open.end() || buckets[it->second].bytes + bytes > cap_bytes) {
+      it = open.insert_or_assign(kind, buckets.size()).first;
+      buckets.emplace_back();
+    }
+    buckets[it->second].grads.push_back(std::move(g));
+    buckets[it->second].bytes += bytes;
+  }
+  for (Bucket& b : buckets) {
+    std::vector<at::Tensor> flat_views;
+    flat_views.reserve(b.grads.size());
+    for (const at::Tensor& g : b.grads) flat_views.push_back(g.reshape({-1}));
+    at::Tensor flat = at::cat(flat_views);
+    all_reduce_(flat, ReduceOp::SUM, group);
+    flat.mul_(inv);
+    int64_t offset = 0;
+    for (at::Tensor& g : b.grads) {
+      g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
   }
 }
 

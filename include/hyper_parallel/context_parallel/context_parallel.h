@@ -92,7 +92,10 @@ CausalBehavior is_causal_behavior(int64_t rank, int64_t world_size, int64_t i, b
 
 /// Sums each parameter's gradient over the cp ranks and divides by cp: without fully_shard over
 /// the cp dimension, this makes every rank's gradient that of the mean loss over all of the
-/// sequence's tokens (each rank's loss being the mean over its own). Collective over cp_mesh.
-void all_reduce_gradients(torch::nn::Module& module, const DeviceMesh& cp_mesh);
+/// sequence's tokens (each rank's loss being the mean over its own). Collective over cp_mesh:
+/// one all-reduce per bucket of same-dtype gradients, packed in parameter order up to
+/// bucket_cap_mb MiB each (DDP's default size; a larger gradient is a bucket of its own).
+/// e.g. `loss.backward(); hp::all_reduce_gradients(*model, mesh["cp"]);`
+void all_reduce_gradients(torch::nn::Module& module, const DeviceMesh& cp_mesh, double bucket_cap_mb = 25);
 
 }  // namespace hyper_parallel
