@@ -1,12 +1,14 @@
 // FSDP benchmark: a training step of the demo's Qwen3 model with fully_shard (parameter groups:
 // one all-gather and one reduce-scatter per block) against the same step with replicated
 // parameters and one all-reduce of a flat gradient buffer (DDP-style), timed alternately in one
-// run, with the collectives of each step. dp = 2, tp = world size / 2 (1 or 2).
+// run, with the collectives of each step, with and without resharding after forward. dp = 2,
+// tp = world size / 2 (1 or 2).
 #include <ATen/ATen.h>
 #include <torch/optim.h>
 
 #include <hyper_parallel/hyper_parallel.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -122,20 +124,38 @@ void run_fsdp_benchmarks(const std::string& filter) {
                                .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
     run_training_benchmarks(filter, s, ids);
   }
-  if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos) return;
+  if (!filter.empty() && std::string("fsdp_vs_ddp").find(filter) == std::string::npos &&
+      std::string("fsdp_no_reshard_vs_ddp").find(filter) == std::string::npos)
+    return;
   at::Tensor ids = at::randint(256, {kRowsPerDpRank * 2, kFsdpSeq + 1}, at::detail::createCPUGenerator(7), at::kLong)
                        .chunk(2, 0)[s.dp.get_local_rank()].contiguous();
   const at::Tensor x = ids.narrow(1, 0, kFsdpSeq), y = ids.narrow(1, 1, kFsdpSeq);
 
-  qwen3::CausalLM fsdp = make_model(s);
-  for (const auto& layer : *fsdp->layers) hp::fully_shard(*layer, s.dp);
-  hp::fully_shard(*fsdp, s.dp);
-  torch::optim::SGD fsdp_opt(fsdp->parameters(), torch::optim::SGDOptions(0.01));
-  auto fsdp_step = [&] {
-    fsdp_opt.zero_grad();
-    qwen3::causal_lm_loss(fsdp(x), y).backward();
-    fsdp_opt.step();
+  // reshard_after_forward as FSDP2's default (true: gathered again in backward) and false (kept
+  // from forward to backward, as ZeRO-2: fewer all-gathers, the whole group's parameters held).
+  struct Fsdp {
+    qwen3::CausalLM model{nullptr};
+    std::unique_ptr<torch::optim::SGD> opt;
   };
+  auto make_fsdp = [&](bool reshard_after_forward) {
+    Fsdp f;
+    f.model = make_model(s);
+    hp::FullyShardOptions o;
+    o.reshard_after_forward = reshard_after_forward;
+    for (const auto& layer : *f.model->layers) hp::fully_shard(*layer, s.dp, o);
+    hp::fully_shard(*f.model, s.dp, o);
+    f.opt = std::make_unique<torch::optim::SGD>(f.model->parameters(), torch::optim::SGDOptions(0.01));
+    return f;
+  };
+  Fsdp fsdp = make_fsdp(true), kept = make_fsdp(false);
+  auto step_of = [&](Fsdp& f) {
+    return [&f, &x, &y] {
+      f.opt->zero_grad();
+      qwen3::causal_lm_loss(f.model(x), y).backward();
+      f.opt->step();
+    };
+  };
+  const std::function<void()> fsdp_step = step_of(fsdp), kept_step = step_of(kept);
 
   qwen3::CausalLM ddp = make_model(s);
   torch::optim::SGD ddp_opt(ddp->parameters(), torch::optim::SGDOptions(0.01));
@@ -165,25 +185,26 @@ void run_fsdp_benchmarks(const std::string& filter) {
     ddp_opt.step();
   };
 
-  std::map<std::string, int64_t> fsdp_counts, ddp_counts;
-  {
+  const auto collectives_of = [](const std::function<void()>& step) {
     hp::CommDebugMode c;
-    fsdp_step();
-    fsdp_counts = c.get_comm_counts();
-  }
-  {
-    hp::CommDebugMode c;
-    ddp_step();
-    ddp_counts = c.get_comm_counts();
-  }
+    step();
+    return c.get_comm_counts();
+  };
+  const auto fsdp_counts = collectives_of(fsdp_step), kept_counts = collectives_of(kept_step), ddp_counts = collectives_of(ddp_step);
   const auto barrier = [] { hp::barrier(hp::world_group()); };
   const auto [ddp_us, fsdp_us] = time_pair(ddp_step, fsdp_step, 2, 9, barrier);
+  const auto [ddp2_us, kept_us] = time_pair(ddp_step, kept_step, 2, 9, barrier);
   if (hp::get_rank() == 0) {
-    std::ostringstream extra;
-    extra << "\"dp\": 2, \"tp\": " << s.tp_size << ", \"tokens_per_dp_rank\": " << kRowsPerDpRank * kFsdpSeq
-          << ", \"fsdp_collectives_per_step\": " << counts(fsdp_counts) << ", \"ddp_collectives_per_step\": " << counts(ddp_counts)
-          << ", ";
-    emit("fsdp_vs_ddp", extra.str(), fsdp_us / 1000, "ms", ddp_us / 1000, fsdp_us / ddp_us);
+    const auto describe = [&](const std::map<std::string, int64_t>& fsdp_collectives) {
+      std::ostringstream extra;
+      extra << "\"dp\": 2, \"tp\": " << s.tp_size << ", \"tokens_per_dp_rank\": " << kRowsPerDpRank * kFsdpSeq
+            << ", \"fsdp_collectives_per_step\": " << counts(fsdp_collectives) << ", \"ddp_collectives_per_step\": " << counts(ddp_counts)
+            << ", ";
+      return extra.str();
+    };
+    emit("fsdp_vs_ddp", describe(fsdp_counts), fsdp_us / 1000, "ms", ddp_us / 1000, fsdp_us / ddp_us);
+    emit("fsdp_no_reshard_vs_ddp", describe(kept_counts) + "\"reshard_after_forward\": false, ", kept_us / 1000, "ms", ddp2_us / 1000,
+         kept_us / ddp2_us);
   }
 }
 

@@ -190,15 +190,20 @@ void tp_benchmarks(const char* self) {
   bool any = false;
   for (const auto& n : names) any = any || wanted(n);
   if (!any) return;
-  double tp_step_ms = -1;
+  double tp_step_ms = -1, tp_sp_step_ms = -1;
   for (const auto& l : rank0_lines(self, "", "--worker")) {
     if (l.find("\"tp_step_ms\"") != std::string::npos) tp_step_ms = std::stod(l.substr(l.find("\"value\": ") + 9));
+    else if (l.find("\"tp_sp_step_ms\"") != std::string::npos) tp_sp_step_ms = std::stod(l.substr(l.find("\"value\": ") + 9));
     else if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
   }
   if (tp_step_ms > 0 && wanted("tp2_vs_single_2threads")) {
     const double single = hp_bench::single_block_step_ms(2);
     emit("tp2_vs_single_2threads", "\"tp\": 2, \"single_threads\": 2, \"what\": \"decoder layer fwd+bwd\", ", tp_step_ms, "ms",
          single, tp_step_ms / single);
+    // With sequence parallelism the norms and residual adds are split too, not repeated per rank.
+    if (tp_sp_step_ms > 0)
+      emit("tp2_sp_vs_single_2threads", "\"tp\": 2, \"single_threads\": 2, \"sequence_parallel\": true, \"what\": \"decoder layer fwd+bwd\", ",
+           tp_sp_step_ms, "ms", single, tp_sp_step_ms / single);
   }
 }
 
@@ -206,7 +211,7 @@ void tp_benchmarks(const char* self) {
 // Also the training-at-scale steps: bf16 mixed precision against float32, and each activation
 // checkpointing policy against none.
 void fsdp_benchmarks(const char* self) {
-  if (!wanted("fsdp_vs_ddp") && !wanted("fsdp_bf16_vs_fp32") && !wanted("activation_checkpointing")) return;
+  if (!wanted("fsdp_vs_ddp") && !wanted("fsdp_no_reshard_vs_ddp") && !wanted("fsdp_bf16_vs_fp32") && !wanted("activation_checkpointing")) return;
   for (int nproc : {2, 4})
     for (const auto& l : rank0_lines(self, "", "--fsdp", nproc))
       if (l.rfind("{", 0) == 0) std::fputs(l.c_str(), stdout);
