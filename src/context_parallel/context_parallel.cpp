@@ -222,7 +222,7 @@ void all_reduce_gradients(torch::nn::Module& module, const DeviceMesh& cp_mesh, 
   at::NoGradGuard no_grad;
   // Buckets of same-dtype, same-device gradients in parameter order, as DDP packs them: a
   // collective's fixed cost is paid once per bucket instead of once per parameter (a Qwen3 layer
-  // has eleven), and each element is still summed and scaled exactly as alone.
+  // has eleven); each element is still the sum over the ranks, scaled by 1/cp.
   struct Bucket {
     std::vector<at::Tensor> grads;
     int64_t bytes = 0;
