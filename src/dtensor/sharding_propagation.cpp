@@ -25,10 +25,6 @@ namespace hyper_parallel {
 
 namespace {
 
-constexpr int64_t kNone = kKeyNone, kPlain = kKeyPlain, kList = kKeyList, kInt = kKeyInt, kBool = kKeyBool,
-                  kDouble = kKeyDouble, kScalar = kKeyScalar, kString = kKeyString, kOther = kKeyOther,
-                  kIntList = kKeyIntList, kReplicatedPlain = kKeyReplicatedPlain;
-
 template <class Key>
 void key_spec_contents(Key& k, const DTensorSpec& s) {
   k.push_back(reinterpret_cast<int64_t>(s.mesh.impl()));
@@ -80,20 +76,20 @@ int64_t name_spec(const DTensorSpec& s) {
 namespace {
 
 void key_plain(DecisionKey& k, const at::Tensor& t) {
-  k.push_back(kPlain);
+  k.push_back(kKeyPlain);
   k.push_back(static_cast<int64_t>(t.scalar_type()));
   k.push_back(t.dim());
   for (auto x : t.sizes()) k.push_back(x);
 }
 
 void key_value(DecisionKey& k, const c10::IValue& v) {
-  if (v.isNone()) k.push_back(kNone);
-  else if (v.isInt()) { k.push_back(kInt); k.push_back(v.toInt()); }
-  else if (v.isBool()) { k.push_back(kBool); k.push_back(v.toBool()); }
-  else if (v.isDouble()) k.push_back(kDouble);
-  else if (v.isScalar()) { k.push_back(kScalar); k.push_back(static_cast<int64_t>(v.toScalar().type())); }
+  if (v.isNone()) k.push_back(kKeyNone);
+  else if (v.isInt()) { k.push_back(kKeyInt); k.push_back(v.toInt()); }
+  else if (v.isBool()) { k.push_back(kKeyBool); k.push_back(v.toBool()); }
+  else if (v.isDouble()) k.push_back(kKeyDouble);
+  else if (v.isScalar()) { k.push_back(kKeyScalar); k.push_back(static_cast<int64_t>(v.toScalar().type())); }
   else if (v.isIntList()) {
-    k.push_back(kIntList);
+    k.push_back(kKeyIntList);
     auto l = v.toIntList();
     k.push_back(static_cast<int64_t>(l.size()));
     for (int64_t x : l) k.push_back(x);
@@ -106,9 +102,9 @@ void key_value(DecisionKey& k, const c10::IValue& v) {
   } else if (v.isDoubleList()) {
     k.push_back(kKeyDoubleList);
     k.push_back(static_cast<int64_t>(v.toDoubleList().size()));
-  } else if (v.isString()) { k.push_back(kString); k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef()))); }
-  else if (v.isDevice()) { k.push_back(kOther); k.push_back(static_cast<int64_t>(v.toDevice().type())); }
-  else k.push_back(kOther);
+  } else if (v.isString()) { k.push_back(kKeyString); k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef()))); }
+  else if (v.isDevice()) { k.push_back(kKeyOther); k.push_back(static_cast<int64_t>(v.toDevice().type())); }
+  else k.push_back(kKeyOther);
 }
 
 [[noreturn]] void mixed_error(const OpInfo& info, size_t arg, const at::Tensor& t) {
@@ -158,7 +154,7 @@ struct InputCollector {
 
   bool tensor(size_t arg, int64_t elem, const at::Tensor& t) {
     if (!t.defined()) {
-      key.push_back(kNone);
+      key.push_back(kKeyNone);
     } else if (DTensorImpl* d = dtensor_impl(t)) {
       HP_CHECK_T(c10::ValueError, d->spec().mesh == mesh, "hyper_parallel::dispatch: ", info.name(),
                  " got DTensors on different meshes: ", d->spec().mesh.to_string(), " and ", mesh.to_string());
@@ -172,7 +168,7 @@ struct InputCollector {
     return true;
   }
   void list(size_t, size_t size) {
-    key.push_back(kList);
+    key.push_back(kKeyList);
     key.push_back(static_cast<int64_t>(size));
   }
   void value(const c10::IValue& v) { key_value(key, v); }
@@ -199,7 +195,7 @@ struct InputCollector {
     auto s = std::make_unique<DTensorSpec>(mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()),
                                            t.sizes().vec(), t.scalar_type());
     // A spec made for this call alone: keyed by its contents (naming it would cost more).
-    key.push_back(kReplicatedPlain);
+    key.push_back(kKeyReplicatedPlain);
     key_spec_contents(key, *s);
     OpInfoAccess::add_input(info, arg, elem, std::move(s));
   }
