@@ -65,7 +65,7 @@ void run_cp_benchmarks(const std::string& filter) {
     for (const at::Tensor& p : hp::unique_parameters(*model)) {
       p.mutable_grad() = at::randn_like(p);
       ++params;
-      bytes += p.numel() * 4;
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
     }
     const double inv = 1.0 / static_cast<double>(cp.size());
     const auto per_parameter = [&] {
