@@ -327,6 +327,9 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
       std::fflush(stdout);
     }
   }
+  // Replicas that drifted apart (a gradient reduced over too few ranks) are an error here, not a
+  // slow divergence of the loss curves later.
+  if (mesh) hp::check_replicas_equal(*model, hp::world_group());
   if (trained) *trained = model;
   return losses;
 }

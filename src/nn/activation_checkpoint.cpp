@@ -31,6 +31,20 @@ using nn::Kwargs;
 
 thread_local int t_recomputing = 0;
 
+// What a checkpointed forward hands out besides its return value (checkpoint_side_output): the
+// tensors in call order and, from the first forward, where each goes once it is in the graph.
+struct SideOutputs {
+  std::vector<at::Tensor> values;
+  std::vector<std::function<void(const at::Tensor&)>> deliver;
+};
+thread_local SideOutputs* t_side_outputs = nullptr;
+
+struct SideOutputScope {
+  SideOutputs* previous;
+  explicit SideOutputScope(SideOutputs* s) : previous(t_side_outputs) { t_side_outputs = s; }
+  ~SideOutputScope() { t_side_outputs = previous; }
+};
+
 // Whether `op`'s outputs may be kept and handed back: listed, and returning new tensors.
 bool keeps(const std::unordered_set<std::string>& save_ops, const c10::OperatorHandle& op) {
   if (save_ops.empty() || save_ops.count(op.operator_name().name) == 0) return false;
@@ -90,6 +104,8 @@ struct CheckpointCall : torch::CustomClassHolder {
   uint64_t random_calls = 0;
   at::Tensor cpu_rng_state;
   bool output_is_tuple = false;
+  size_t main_outputs = 0;  // the module's own outputs; the side outputs follow them
+  std::vector<std::function<void(const at::Tensor&)>> deliver_side;
 
   static c10::IValue& arg_at(std::vector<c10::IValue>& a, Kwargs& kw, size_t k) { return k < a.size() ? a[k] : kw[k - a.size()].second; }
   c10::IValue& arg_at(size_t k) { return arg_at(args, kwargs, k); }
@@ -166,9 +182,17 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     ctx->save_for_backward(inputs.vec());
     Recorder recorder(call->save_ops, call->kept);
-    const c10::IValue out = call->run(inputs, &recorder);
+    SideOutputs side;
+    c10::IValue out;
+    {
+      SideOutputScope scope(&side);
+      out = call->run(inputs, &recorder);
+    }
     call->output_is_tuple = out.isTuple();
     std::vector<at::Tensor> outs = flatten_outputs(out, "checkpoint_wrapper");
+    call->main_outputs = outs.size();
+    outs.insert(outs.end(), side.values.begin(), side.values.end());
+    call->deliver_side = std::move(side.deliver);
     for (const auto& t : outs)
       if (t.defined() && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) ctx->mark_non_differentiable({t});
     return outs;
@@ -194,7 +218,16 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       }
       at::AutoGradMode grad(true);
       Replayer replayer(call->save_ops, call->kept);
-      outs = flatten_outputs(call->run(leaves, &replayer), "checkpoint_wrapper");
+      SideOutputs side;
+      {
+        SideOutputScope side_scope(&side);
+        outs = flatten_outputs(call->run(leaves, &replayer), "checkpoint_wrapper");
+      }
+      HP_CHECK_T(c10::ValueError, outs.size() == call->main_outputs && side.values.size() + outs.size() == grad_outputs.size(),
+                 "hyper_parallel::checkpoint_wrapper: the recomputed forward returned ", outs.size(), " tensors and ", side.values.size(),
+                 " side outputs where the forward returned ", call->main_outputs, " and ", grad_outputs.size() - call->main_outputs,
+                 "; a checkpointed module must run the same ops each time (no control flow on values or state)");
+      outs.insert(outs.end(), side.values.begin(), side.values.end());
     }
     call->kept.clear();
     variable_list roots, grads;
@@ -250,6 +283,10 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& m
     call->cpu_rng_state = cpu_generator_state();
   }
   variable_list outs = CheckpointFn::apply(call, at::TensorList(inputs));
+  // The side outputs, now outputs of the node: a gradient that reaches one flows into the recompute.
+  for (size_t i = 0; i < call->deliver_side.size(); ++i) call->deliver_side[i](outs.at(call->main_outputs + i));
+  call->deliver_side.clear();
+  outs.resize(call->main_outputs);
   if (!call->output_is_tuple) return outs.at(0);
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(outs.begin(), outs.end()));
 }
@@ -257,6 +294,13 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& m
 }  // namespace
 
 bool is_recomputing() { return t_recomputing > 0; }
+
+void checkpoint_side_output(const at::Tensor& value, const std::function<void(const at::Tensor&)>& deliver) {
+  if (t_side_outputs == nullptr) return deliver(value);
+  t_side_outputs->values.push_back(value);
+  // The recompute's side outputs are roots of its backward only; what the forward delivered stays.
+  if (t_recomputing == 0) t_side_outputs->deliver.push_back(deliver);
+}
 
 torch::nn::Module& checkpoint_wrapper(torch::nn::Module& module, CheckpointOptions options) {
   nn::Module& m = platform::hookable(module, module.name());

@@ -4,6 +4,7 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/functional_collectives.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/errors.h>
@@ -131,24 +132,31 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& in
   // Combine: the outputs `y` of the grouped slots [start, start + n), each weighted by its router
   // weight, summed into its token (per token in expert order, as transformers' loop over experts
   // adds them).
-  auto combine = [&](int64_t start, int64_t n, const at::Tensor& y) {
-    const at::Tensor w = weights.reshape({-1}).index_select(0, order.narrow(0, start, n)).unsqueeze(-1);
+  auto combine = [&](const at::Tensor& routing, int64_t start, int64_t n, const at::Tensor& y) {
+    const at::Tensor w = routing.reshape({-1}).index_select(0, order.narrow(0, start, n)).unsqueeze(-1);
     return at::zeros_like(x).index_add(0, token_of.narrow(0, start, n), y * w);
   };
   const int64_t slots = t * k;
   const ExpertPlacement& pl = placement;
-  if (!pl.ep.defined()) return combine(0, slots, run_local(x.index_select(0, token_of), counts));
+  if (!pl.ep.defined()) return combine(weights, 0, slots, run_local(x.index_select(0, token_of), counts));
   const int64_t ep = pl.ep.size(), r = pl.ep.rank();
   HP_CHECK_T(c10::ValueError, n_experts % ep == 0, "hyper_parallel::nn::GroupedExpertsImpl::forward: num_experts (", n_experts,
              ") must be divisible by the expert-parallel size ", ep);
   const int64_t local = n_experts / ep, lo = r * local, hi = (r + 1) * local;
   if (pl.dispatch == ExpertPlacement::Dispatch::all_reduce) {
-    // Every ep rank holds these tokens: run the slots of this rank's experts, sum over ep.
-    const at::Tensor xs = fn::copy_to_group(x, pl.ep);
+    // Every ep rank holds these tokens and their routing: run the slots of this rank's experts,
+    // sum over ep. Each rank's backward reaches the tokens and the router weights of its own
+    // slots only, so both gradients are summed over ep (copy_to_group), in one all-reduce: the
+    // router weights are inputs of the sum exactly as the tokens are. Without the weights in it,
+    // the replicated router, and through it the whole residual stream, would get a different,
+    // partial gradient on each rank.
+    const int64_t h = x.size(1);
+    const at::Tensor xw = fn::copy_to_group(at::cat({x, weights.to(x.scalar_type())}, 1), pl.ep);
+    const at::Tensor xs = xw.narrow(1, 0, h), ws = xw.narrow(1, h, k).to(weights.scalar_type());
     const int64_t start = sum(counts, 0, lo), n = sum(counts, lo, hi);
     const at::Tensor y = run_local(xs.index_select(0, token_of.narrow(0, start, n)),
                                    std::vector<int64_t>(counts.begin() + lo, counts.begin() + hi));
-    return fn::reduce_from_group(combine(start, n, y), pl.ep);
+    return fn::reduce_from_group(combine(ws, start, n, y), pl.ep);
   }
   // all_to_all: how many slots this rank sends each peer's experts, and receives for its own.
   const at::Tensor counts_t = meta ? at::empty({n_experts, 1}, x.options().dtype(at::kLong))
@@ -195,7 +203,7 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& in
     const at::Tensor grouped = run_local(received.index_select(0, p), local_counts);
     y = at::empty_like(grouped).index_copy(0, p, grouped);
   }
-  return combine(0, slots, fn::all_to_all_single_autograd(y, send_splits, recv_splits, pl.ep));
+  return combine(weights, 0, slots, fn::all_to_all_single_autograd(y, send_splits, recv_splits, pl.ep));
 }
 
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {
@@ -206,7 +214,9 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {
 at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   const at::Tensor flat = x.reshape({-1, options.hidden_size()});
   RouterOutput r = gate->route(flat);
-  router_logits = r.logits;
+  // Read after the forward by the load-balancing loss: under activation checkpointing it must
+  // stay in the graph of the checkpointed layer, or the router gets no gradient from that loss.
+  checkpoint_side_output(r.logits, [this](const at::Tensor& logits) { router_logits = logits; });
   return experts(flat, r.indices, r.weights).view(x.sizes());
 }
 

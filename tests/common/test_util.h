@@ -9,6 +9,7 @@
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 
+#include "replicas.h"
 #include "test_device.h"
 
 namespace hp_test {

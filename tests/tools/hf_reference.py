@@ -101,6 +101,45 @@ def reference(model, out):
     return extra.get("router_gap", torch.tensor([1.0])).item()
 
 
+# The gradient references: one training step's backward of transformers' own loss (the mean
+# next-token cross-entropy of GRAD_ROWS rows, plus, for Qwen3-MoE, GRAD_AUX_COEF times its
+# load-balancing loss: output_router_logits=True) from the saved files in float32, every
+# parameter's gradient under our parameter names (HF's without "model."; the fused experts'
+# gate_up_proj [E, 2I, H] split into our gate_proj and up_proj). 4 rows: even over 1, 2 and 4
+# data ranks.
+GRAD_ROWS, GRAD_SEQ, GRAD_AUX_COEF = 4, 8, 0.05
+
+
+def reference_gradients(model, out):
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, model.config.vocab_size, (GRAD_ROWS, GRAD_SEQ), generator=g)
+    moe = getattr(model.config, "num_experts", 0) > 0
+    model.zero_grad(set_to_none=True)
+    if moe:
+        model.router_aux_loss_coef = GRAD_AUX_COEF
+        o = model(input_ids=ids, labels=ids, output_router_logits=True)
+    else:
+        o = model(input_ids=ids, labels=ids)
+    o.loss.backward()
+    gap = router_gap(o.router_logits, model.config.num_experts_per_tok) if moe else float("inf")
+    grads = {}
+    for name, p in model.named_parameters():
+        ours = name[len("model."):] if name.startswith("model.") else name
+        if ours.endswith("experts.gate_up_proj"):
+            gate, up = p.grad.chunk(2, dim=1)
+            grads[ours.replace("gate_up_proj", "gate_proj")] = gate.contiguous()
+            grads[ours.replace("gate_up_proj", "up_proj")] = up.contiguous()
+        else:
+            grads[ours] = p.grad.contiguous()
+    grads = {"grad." + k: v.float() for k, v in grads.items()}
+    extra = {"aux_coef": torch.tensor([GRAD_AUX_COEF if moe else 0.0])}
+    if moe:
+        extra["aux_loss"] = o.aux_loss.detach().float().reshape(1)
+    save_file({"input_ids": ids, "loss": o.loss.detach().float().reshape(1), **extra, **grads},
+              os.path.join(out, "grads.safetensors"))
+    return gap
+
+
 def make_moe(out):
     for name, (dtype, experts, norm, dense, shard) in MOE_VARIANTS.items():
         d = os.path.join(out, name)
@@ -119,7 +158,7 @@ def make_moe(out):
             kwargs = {"max_shard_size": shard} if shard else {}
             model.save_pretrained(d, **kwargs)
             ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
-            gap = reference(ref, d)
+            gap = min(reference(ref, d), reference_gradients(ref, d))
             if gap > MIN_ROUTER_GAP:
                 break
         assert gap > MIN_ROUTER_GAP, f"{name}: every seed gave a near tie in the routing (gap {gap})"
@@ -281,6 +320,8 @@ def make(out):
         if "uneven" not in name:
             ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
             reference(ref, d)
+            if name in ("fp32_single", "fp32_kv1"):
+                reference_gradients(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
     make_moe(out)
     d = os.path.join(out, "bf16_memory")

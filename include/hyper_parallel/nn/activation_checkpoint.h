@@ -77,4 +77,13 @@ std::vector<std::string> apply_activation_checkpointing(torch::nn::Module& model
 /// asks it: a recompute must not free the parameters its backward is about to use.
 bool is_recomputing();
 
+/// Hands `value`, a tensor a module's forward makes for use after the forward (the router logits
+/// that the load-balancing loss reads), to `deliver`. Outside checkpointing that is all. Inside a
+/// checkpointed forward, which runs without autograd, `deliver` gets it as one more output of the
+/// checkpoint's node instead, after the forward: a gradient that reaches it flows into the
+/// recompute, as one reaching the module's return value does (a tensor kept aside otherwise
+/// would silently get no gradient). The recompute must hand out as many side outputs.
+/// e.g. `hp::checkpoint_side_output(logits, [this](const at::Tensor& t) { router_logits = t; });`
+void checkpoint_side_output(const at::Tensor& value, const std::function<void(const at::Tensor&)>& deliver);
+
 }  // namespace hyper_parallel

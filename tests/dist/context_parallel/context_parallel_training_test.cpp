@@ -73,6 +73,7 @@ void train_matches_one_process(const Layout& l) {
     }
     opt.step();
     ref_opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
     opt.zero_grad();
     ref_opt.zero_grad();
   }

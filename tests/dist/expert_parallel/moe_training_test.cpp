@@ -89,6 +89,7 @@ void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
     }
     opt.step();
     ref_opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
     opt.zero_grad();
     ref_opt.zero_grad();
   }

@@ -29,6 +29,7 @@ void expect_params_match(torch::nn::Module& model, torch::nn::Module& ref, const
     ASSERT_TRUE(hp::is_dtensor(p.value())) << p.key();
     EXPECT_TRUE(close(full(p.value()), ref_params[p.key()])) << p.key() << " " << when;
   }
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(model)) << when;
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ void train_and_compare(tp_test::Mlp& model, tp_test::Mlp& ref, int64_t dim, int6
     }
     opt.step();
     ref_opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << s;
     auto ref_params = ref->named_parameters();
     for (const auto& p : model->named_parameters())
       EXPECT_TRUE(hp_test::close(whole(p.value()), ref_params[p.key()], 1e-4, 1e-5)) << p.key() << " after step " << s;

@@ -70,6 +70,7 @@ std::vector<Step> train_sharded(const hp::DeviceMesh& mesh, bool tp, const hp::M
     }
     out.push_back(std::move(s));
     opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
   }
   return out;
 }

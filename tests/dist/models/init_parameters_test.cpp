@@ -137,6 +137,7 @@ TEST(InitParametersDist, FsdpOverTensorParallelEqualsOneProcess) {
       opt.zero_grad();
       loss.backward();
       opt.step();
+      EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
       at::Tensor ref_loss = qwen3::causal_lm_loss(ref(x), y);
       ref_opt.zero_grad();
       ref_loss.backward();

@@ -57,6 +57,7 @@ void one_step_matches(bool sequence_parallel) {
   qwen3::causal_lm_loss(ref_logits, y).backward();
   opt.step();
   ref_opt.step();
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
   auto ref_params = ref->named_parameters();
   for (const auto& p : model->named_parameters()) {
     ASSERT_TRUE(hp::is_dtensor(p.value())) << p.key();
@@ -117,6 +118,7 @@ TEST(Qwen3TensorParallel, ReplicatedKVHeadsTrainAsOneProcess) {
       }
       opt.step();
       ref_opt.step();
+      EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
     }
     auto ref_params = ref->named_parameters();
     for (const auto& p : model->named_parameters()) EXPECT_TRUE(close(p.value(), ref_params[p.key()])) << p.key();
@@ -184,6 +186,7 @@ TEST(Qwen3TensorParallel, DropoutTrainsToTheLossesOfOneProcess) {
       opt.zero_grad();
       loss.backward();
       opt.step();
+      EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
       out.push_back(loss.item<double>());
     }
     return out;

@@ -59,6 +59,7 @@ TrainRun train(const TrainSetup& s, bool trace = false) {
     if (step == 1)
       for (const auto& p : model->named_parameters()) run.grads.emplace_back(p.key(), hp::local_tensor(p.value().grad()).clone());
     opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << "step " << step;
   }
   return run;
 }

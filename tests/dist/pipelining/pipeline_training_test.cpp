@@ -126,6 +126,8 @@ void train_matches_one_process(const Layout& l) {
     EXPECT_NEAR(norm, hp::clip_grad_norm_(hp::unique_parameters(*ref), 0.5).item<double>(), 1e-5 * (1 + norm));
     opt.step();
     ref_opt.step();
+    // Every rank holds as many stages; the ranks of a stage's dp and tp dims share its names.
+    for (const auto& m : parts.models) EXPECT_TRUE(hp_test::replicas_bitwise_equal(*m));
     opt.zero_grad();
     ref_opt.zero_grad();
   }
@@ -237,6 +239,7 @@ TEST(PipelineTrainingDist, PipelineTimesDataParallelBf16AndFullCheckpointingMatc
     for (auto& [name, g] : sum) master[name].mutable_grad() = g;
     opt.step();
     ref_opt.step();
+    for (const auto& m : parts.models) EXPECT_TRUE(hp_test::replicas_bitwise_equal(*m));
     opt.zero_grad();
     ref_opt.zero_grad();
   }
