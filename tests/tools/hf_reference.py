@@ -320,7 +320,7 @@ def make(out):
         if "uneven" not in name:
             ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
             reference(ref, d)
-            if name in ("fp32_single", "fp32_kv1"):
+            if name in ("fp32_single", "fp32_kv1", "fp32_sharded_tied"):
                 reference_gradients(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
     make_moe(out)

@@ -14,7 +14,8 @@
 //   ExpertParallel "all_to_all" over data ranks (fully_shard over them); ep x tp = 2 x 2
 //   (ExpertTensorParallel).
 // - dense Qwen3: TP with and without sequence parallelism (q/k norms on head shards, norms on
-//   sequence shards) and with loss parallelism; KV heads replicated over the ranks (fp32_kv1).
+//   sequence shards) and with loss parallelism; KV heads replicated over the ranks (fp32_kv1); tied
+//   embeddings (fp32_sharded_tied).
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
@@ -43,7 +44,7 @@ namespace t_dist_models_hf_gradients_test {
 namespace {
 
 const char* kMoeVariants[] = {"moe_fp32_e4", "moe_bf16_e8_sharded"};
-const char* kDenseVariants[] = {"fp32_single", "fp32_kv1"};
+const char* kDenseVariants[] = {"fp32_single", "fp32_kv1", "fp32_sharded_tied"};
 
 struct Reference {
   at::Tensor ids;
@@ -132,18 +133,21 @@ void expect_gradients_match(const std::string& dir, const Layout& layout) {
   EXPECT_NEAR(mean_loss.item<double>(), ref.loss, 1e-5 * std::max(1.0, std::abs(ref.loss))) << "loss";
 
   std::set<std::string> seen;
+  const bool tied = model->config.tie_word_embeddings;
   for (const auto& p : model->named_parameters()) {
-    ASSERT_TRUE(ref.grads.count(p.key())) << p.key() << " has no gradient in transformers' reference";
+    // A tied lm_head is embed_tokens' weight: one tensor, one gradient (both uses summed).
+    const std::string key = tied && p.key() == "lm_head.weight" ? "embed_tokens.weight" : p.key();
+    ASSERT_TRUE(ref.grads.count(key)) << p.key() << " has no gradient in transformers' reference";
     ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
-    const at::Tensor g = whole(p.value().grad()), want = ref.grads.at(p.key());
+    const at::Tensor g = whole(p.value().grad()), want = ref.grads.at(key);
     ASSERT_EQ(g.sizes(), want.sizes()) << p.key();
     const double err = (g - want).abs().max().item<double>(), scale = want.abs().max().item<double>();
     EXPECT_LE(err, 1e-4 * scale + 1e-9) << p.key() << ": max |g - g_ref| = " << err << ", max |g_ref| = " << scale
                                         << " (relative " << err / std::max(scale, 1e-30) << ")";
-    seen.insert(p.key());
+    seen.insert(key);
   }
   for (const auto& [name, g] : ref.grads)
-    if (!seen.count(name) && !(model->config.tie_word_embeddings && name == "lm_head.weight"))
+    if (!seen.count(name))
       ADD_FAILURE() << name << " has a reference gradient but is not a parameter of ours";
 
   // A step moves every replica alike only if their gradients are alike.
@@ -159,10 +163,13 @@ void expect_gradients_match(const std::string& dir, const Layout& layout) {
 TEST(HFGradients, OneProcessMatchesTransformersBackward) {
   REQUIRE_REFERENCE(ref);
   if (hp::get_world_size() != 1) GTEST_SKIP() << "one process";
-  for (const char* v : kMoeVariants) {
-    SCOPED_TRACE(v);
-    expect_gradients_match(ref + "/" + v, Layout{});
-  }
+  for (bool checkpointing : {false, true})
+    for (const char* v : kMoeVariants) {
+      SCOPED_TRACE(std::string(v) + (checkpointing ? " with activation checkpointing" : ""));
+      Layout l;
+      l.checkpointing = checkpointing;
+      expect_gradients_match(ref + "/" + v, l);
+    }
   for (const char* v : kDenseVariants) {
     SCOPED_TRACE(v);
     expect_gradients_match(ref + "/" + v, Layout{});
