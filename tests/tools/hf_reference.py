@@ -303,8 +303,48 @@ def make_qwen_vocabularies(out, texts):
                        texts + extra + random_texts(300, 11))
 
 
+# The Gated DeltaNet's kernels (Qwen3.5's linear attention) as transformers computes them on CPU:
+# 70 tokens (two chunks of 64, the second padded), 2 key heads serving 4 value heads, dk != dv,
+# from a random initial state; the chunked rule's output, final state and the gradients of
+# sum(o * wo) + sum(state * ws) in every input; the recurrence's output and state; the causal
+# convolution over a prompt and one decode step on its cached state.
+def make_gated_delta_rule(out):
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+    d = os.path.join(out, "gated_delta_rule")
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(5)
+    b, s, nk, nv, dk, dv = 2, 70, 2, 4, 8, 16
+    t = {"query": torch.randn(b, s, nk, dk, generator=g), "key": torch.randn(b, s, nk, dk, generator=g),
+         "value": torch.randn(b, s, nv, dv, generator=g),
+         "g": -torch.nn.functional.softplus(torch.randn(b, s, nv, generator=g)) * 0.5,
+         "beta": torch.sigmoid(torch.randn(b, s, nv, generator=g)),
+         "initial_state": torch.randn(b, nv, dk, dv, generator=g) * 0.3}
+    wo, ws = torch.randn(b, s, nv, dv, generator=g), torch.randn(b, nv, dk, dv, generator=g)
+    leaves = {k: v.clone().requires_grad_() for k, v in t.items()}
+    o, state = q35.torch_chunk_gated_delta_rule(*(leaves[k] for k in ("query", "key", "value", "g", "beta")),
+                                                initial_state=leaves["initial_state"], output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True)
+    ((o * wo).sum() + (state * ws).sum()).backward()
+    ro, rstate = q35.torch_recurrent_gated_delta_rule(*(t[k] for k in ("query", "key", "value", "g", "beta")),
+                                                      initial_state=t["initial_state"], output_final_state=True,
+                                                      use_qk_l2norm_in_kernel=True)
+    c, kc = 24, 4
+    x, w, x_next = torch.randn(b, 6, c, generator=g), torch.randn(c, kc, generator=g), torch.randn(b, 1, c, generator=g)
+    y = q35.causal_conv1d_fn(x.transpose(1, 2), w, activation="silu").transpose(1, 2)
+    conv_state = torch.nn.functional.pad(x.transpose(1, 2), (kc - x.shape[1], 0))  # as the GDN layer's prefill keeps it
+    prefill_state = conv_state.clone()  # the update below writes the decode step's state into conv_state
+    y_next = q35.causal_conv1d_update(x_next.transpose(1, 2), conv_state, w, activation="silu").transpose(1, 2)
+    tensors = {**t, "wo": wo, "ws": ws, "chunk_output": o.detach(), "chunk_state": state.detach(),
+               **{"grad_" + k: v.grad for k, v in leaves.items()}, "recurrent_output": ro, "recurrent_state": rstate,
+               "conv_x": x, "conv_weight": w, "conv_output": y, "conv_next_x": x_next, "conv_next_output": y_next,
+               "conv_prefill_state": prefill_state, "conv_next_state": conv_state}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
+    print("gated_delta_rule: chunked and recurrent rule, causal conv")
+
+
 def make(out):
     make_tokenizer(out)
+    make_gated_delta_rule(out)
     for name, (dtype, tied, shard) in VARIANTS.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
