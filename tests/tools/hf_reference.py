@@ -342,9 +342,47 @@ def make_gated_delta_rule(out):
     print("gated_delta_rule: chunked and recurrent rule, causal conv")
 
 
+# One Qwen3_5GatedDeltaNet layer of transformers (hidden 32, 2 key heads for 4 value heads, dk = 8,
+# dv = 16, kernel 4) with every weight random (A_log, dt_bias and the gated norm's weight too: their
+# initial values would hide mistakes), on 70 tokens: its output and the gradients of sum(y * wy) in
+# the input and every parameter; and with a cache, a prefill of 40 tokens then 3 single-token steps.
+def make_gated_delta_net(out):
+    from transformers import DynamicCache, Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+    d = os.path.join(out, "gated_delta_net")
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(9)
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                            linear_key_head_dim=8, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                            layer_types=["linear_attention"])
+    layer = q35.Qwen3_5GatedDeltaNet(cfg, 0)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.normal_(0.0, 0.3 if p.dim() > 1 else 0.5)
+        layer.A_log.copy_(torch.empty(4).uniform_(0.01, 4).log())
+    x = torch.randn(2, 70, 32).requires_grad_()
+    wy = torch.randn(2, 70, 32)
+    y = layer(x)
+    (y * wy).sum().backward()
+    tensors = {"x": x.detach(), "wy": wy, "y": y.detach(), "grad_x": x.grad}
+    for name, p in layer.named_parameters():
+        tensors[name] = p.detach()
+        tensors["grad." + name] = p.grad
+    with torch.no_grad():
+        cache = DynamicCache(config=cfg)
+        steps = [layer(x[:, :40], cache=cache)]
+        for t in range(40, 43):
+            steps.append(layer(x[:, t:t + 1], cache=cache))
+    tensors["cached_y"] = torch.cat(steps, 1)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
+    print("gated_delta_net: one layer, its gradients, a cached prefill and decode")
+
+
 def make(out):
     make_tokenizer(out)
     make_gated_delta_rule(out)
+    make_gated_delta_net(out)
     for name, (dtype, tied, shard) in VARIANTS.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)

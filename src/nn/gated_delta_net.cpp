@@ -1,0 +1,100 @@
+// The Gated DeltaNet's sequence-mixing module and its gated output norm (nn/gated_delta_net.h).
+#include <hyper_parallel/nn/gated_delta_net.h>
+
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/runtime/errors.h>
+
+#include <cmath>
+
+namespace hyper_parallel {
+namespace nn {
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& o) : options(o) {
+  HP_CHECK_T(c10::ValueError,
+             o.num_key_heads() > 0 && o.num_value_heads() % o.num_key_heads() == 0 && o.key_head_dim() > 0 && o.value_head_dim() > 0 &&
+                 o.conv_kernel_size() > 0 && o.chunk_size() > 0,
+             "hyper_parallel::nn::GatedDeltaNetImpl: expected positive sizes with num_value_heads (", o.num_value_heads(),
+             ") a multiple of num_key_heads (", o.num_key_heads(), "), got key_head_dim ", o.key_head_dim(), ", value_head_dim ",
+             o.value_head_dim(), ", conv_kernel_size ", o.conv_kernel_size(), ", chunk_size ", o.chunk_size());
+  const auto& scope = ParameterScope::current();
+  const int64_t key_dim = o.num_key_heads() * o.key_head_dim(), value_dim = o.num_value_heads() * o.value_head_dim();
+  register_parameter("conv_q", at::empty({key_dim, 1, o.conv_kernel_size()}, scope));
+  register_parameter("conv_k", at::empty({key_dim, 1, o.conv_kernel_size()}, scope));
+  register_parameter("conv_v", at::empty({value_dim, 1, o.conv_kernel_size()}, scope));
+  register_parameter("A_log", at::empty({o.num_value_heads()}, scope));
+  register_parameter("dt_bias", at::empty({o.num_value_heads()}, scope));
+  reset_parameters();
+}
+
+// transformers' initialisation: the conv as torch's Conv1d (U(-1/sqrt(K), 1/sqrt(K)) for a
+// depthwise kernel), dt_bias ones, A = U(0.01, 16) (kept away from 0 so log A is finite).
+void GatedDeltaNetImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.conv_kernel_size()));
+  for (const char* name : {"conv_q", "conv_k", "conv_v"}) {
+    at::Tensor w = parameter(name);
+    hyper_parallel::uniform_(w, -bound, bound);
+  }
+  at::Tensor a_log = parameter("A_log");
+  hyper_parallel::uniform_(a_log, 0.01, 16.0);
+  a_log.log_();
+  parameter("dt_bias").fill_(1);
+}
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                      const at::Tensor& b, GatedDeltaNetState* state) {
+  const at::Tensor cq = local_tensor(parameter("conv_q")), ck = local_tensor(parameter("conv_k")), cv = local_tensor(parameter("conv_v"));
+  const at::Tensor a_log = local_tensor(parameter("A_log")), dt_bias = local_tensor(parameter("dt_bias"));
+  const int64_t dk = options.key_head_dim(), dv = options.value_head_dim();
+  const int64_t nk = cq.size(0) / dk, nv = cv.size(0) / dv;
+  HP_CHECK_T(c10::ValueError,
+             q.dim() == 3 && q.size(2) == cq.size(0) && k.sizes() == q.sizes() && v.dim() == 3 && v.size(2) == cv.size(0) &&
+                 v.size(1) == q.size(1) && a.dim() == 3 && a.size(2) == nv && b.sizes() == a.sizes(),
+             "hyper_parallel::nn::GatedDeltaNet::forward: expected q and k [B, S, ", cq.size(0), "], v [B, S, ", cv.size(0),
+             "] and a, b [B, S, ", nv, "], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", a.sizes(), " and ", b.sizes());
+  const int64_t bsz = q.size(0), s = q.size(1);
+  // One convolution over the q, k and v channels together, as HF's conv1d over [Q ‖ K ‖ V].
+  const at::Tensor mixed = at::cat({q, k, v}, -1);
+  const at::Tensor weight = at::cat({cq, ck, cv}, 0).squeeze(1);
+  const auto conv = functional::causal_conv1d(mixed, weight, state != nullptr ? state->conv : at::Tensor());
+  if (state != nullptr) state->conv = conv.final_state;
+  const at::Tensor qc = conv.output.narrow(2, 0, nk * dk).reshape({bsz, s, nk, dk});
+  const at::Tensor kc = conv.output.narrow(2, nk * dk, nk * dk).reshape({bsz, s, nk, dk});
+  const at::Tensor vc = conv.output.narrow(2, 2 * nk * dk, nv * dv).reshape({bsz, s, nv, dv});
+  const at::Tensor beta = at::sigmoid(b);
+  // The decay in float32 whatever the compute dtype: exp(A_log) overflows half precision.
+  const at::Tensor g = -a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias);
+  const at::Tensor initial = state != nullptr ? state->recurrent : at::Tensor();
+  const auto rule = initial.defined() && s == 1
+                        ? functional::recurrent_gated_delta_rule(qc, kc, vc, g, beta, initial)
+                        : functional::chunk_gated_delta_rule(qc, kc, vc, g, beta, initial, true, options.chunk_size());
+  if (state != nullptr) state->recurrent = rule.final_state;
+  return rule.output;
+}
+
+RMSNormGatedImpl::RMSNormGatedImpl(int64_t dim_, double eps_) : dim(dim_), eps(eps_) {
+  HP_CHECK_T(c10::ValueError, dim > 0, "hyper_parallel::nn::RMSNormGatedImpl: dim must be positive, got ", dim);
+  register_parameter("weight", at::empty({dim}, ParameterScope::current()));
+  reset_parameters();
+}
+
+void RMSNormGatedImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  parameter("weight").fill_(1);
+}
+
+at::Tensor RMSNormGatedImpl::forward(const at::Tensor& x, const at::Tensor& gate) {
+  HP_CHECK_T(c10::ValueError, x.sizes() == gate.sizes() && x.dim() >= 1 && x.size(-1) == dim,
+             "hyper_parallel::nn::RMSNormGated::forward: expected x and gate of one shape ending in ", dim, ", got ", x.sizes(), " and ",
+             gate.sizes());
+  const auto dtype = x.scalar_type();
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(dtype);
+  return (parameter("weight") * normed * at::silu(gate.to(at::kFloat))).to(dtype);
+}
+
+}  // namespace nn
+}  // namespace hyper_parallel
