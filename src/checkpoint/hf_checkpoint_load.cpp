@@ -105,17 +105,21 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
   std::vector<Load> loads;
   std::vector<std::string> missing, mismatched;
   std::set<std::string> claimed;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> claimed_rows;  // row ranges of shared tensors
   for (const auto& e : entries) {
     const int64_t stack = e.value.dim() > 0 ? e.value.size(0) : 0;
     for (const auto& k : e.keys) {
       if (k.empty()) continue;
-      if (!hf_entries::is_stacked(k)) claimed.insert(k);
-      else
+      if (hf_entries::is_stacked(k))
         for (int64_t i = 0; i < stack; ++i) claimed.insert(hf_entries::stacked_key(k, i));
+      else if (const auto r = hf_entries::row_range(k); r.ranged)
+        claimed_rows[r.name].emplace_back(r.begin, r.end);
+      else
+        claimed.insert(k);
     }
     const std::string* found = nullptr;
     for (const auto& k : e.keys)
-      if (!k.empty() && ck.where.count(hf_entries::is_stacked(k) ? hf_entries::stacked_key(k, 0) : k)) {
+      if (!k.empty() && ck.where.count(hf_entries::is_stacked(k) ? hf_entries::stacked_key(k, 0) : hf_entries::row_range(k).name)) {
         found = &k;
         break;
       }
@@ -159,14 +163,44 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
       missing.push_back(names + (e.keys == e.fqns ? "" : " (for " + e.fqn_list() + ")"));
       continue;
     }
-    const SafetensorsFile* f = ck.where.at(*found);
-    const SafetensorsTensorInfo& t = *f->find(*found);
+    const hf_entries::RowRange range = hf_entries::row_range(*found);
+    const SafetensorsFile* f = ck.where.at(range.name);
+    const SafetensorsTensorInfo& t = *f->find(range.name);
     HP_CHECK_T(c10::ValueError, !is_dtensor(e.value) || !DTensor(e.value).spec().has_partial(), "hyper_parallel::load_hf_checkpoint: ",
                e.fqn_list(), " is a Partial DTensor, which has no values of its own to load into");
-    if (c10::IntArrayRef(t.shape) != e.value.sizes() || !same_kind(t.dtype, e.value.scalar_type()))
-      mismatched.push_back("'" + *found + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
-                           ", " + e.fqn_list() + " is " + c10::toString(e.value.scalar_type()) + " " + c10::str(e.value.sizes()));
-    loads.push_back({e.value, *found, f, t.begin, hf_entries::local_box(e.value)});
+    // A row range: the value is rows [begin, end) of the checkpoint tensor, whose other dims it shares.
+    std::vector<int64_t> want = e.value.sizes().vec();
+    if (range.ranged && !want.empty()) want[0] = t.shape.empty() ? -1 : t.shape[0];
+    const bool rows_fit = !range.ranged || (!want.empty() && range.end <= want[0] && range.end - range.begin == e.value.size(0));
+    if (c10::IntArrayRef(t.shape) != c10::IntArrayRef(want) || !rows_fit || !same_kind(t.dtype, e.value.scalar_type()))
+      mismatched.push_back("'" + range.name + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
+                           ", " + e.fqn_list() + (range.ranged ? " (its rows " + std::to_string(range.begin) + ":" + std::to_string(range.end) + ")" : "") +
+                           " is " + c10::toString(e.value.scalar_type()) + " " + c10::str(e.value.sizes()));
+    hf_entries::LocalBox box = hf_entries::local_box(e.value);
+    if (range.ranged) box.offset[0] += range.begin;
+    loads.push_back({e.value, range.name, f, t.begin, box});
+  }
+  // Rows of a shared tensor that no parameter takes would be dropped silently, and rows two
+  // parameters take would load twice: the ranges of each name must tile its rows.
+  std::vector<std::string> untiled;
+  for (auto& [name, ranges] : claimed_rows) {
+    auto it = ck.where.find(name);
+    if (it == ck.where.end()) continue;  // reported as missing
+    const auto& shape = it->second->find(name)->shape;
+    std::sort(ranges.begin(), ranges.end());
+    int64_t next = 0;
+    bool tiled = !shape.empty();
+    for (const auto& [b, e] : ranges) {
+      tiled = tiled && b == next;
+      next = e;
+    }
+    tiled = tiled && next == shape[0];
+    if (tiled) claimed.insert(name);
+    else {
+      std::string list;
+      for (const auto& [b, e] : ranges) list += (list.empty() ? "" : ", ") + std::to_string(b) + ":" + std::to_string(e);
+      untiled.push_back("'" + name + "' (" + std::to_string(shape.empty() ? 0 : shape[0]) + " rows; the parameters take " + list + ")");
+    }
   }
   std::vector<std::string> unexpected;
   if (options.strict)
@@ -177,6 +211,7 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
   if (!mismatched.empty()) why += "shapes or dtypes differ: " + listed(mismatched) + "; ";
   if (!unexpected.empty())
     why += "no parameter takes " + listed(unexpected) + " (map it with key_map, or set strict=false to skip it); ";
+  if (!untiled.empty()) why += "row ranges do not cover each row once: " + listed(untiled) + "; ";
   HP_CHECK_T(c10::ValueError, why.empty(), "hyper_parallel::load_hf_checkpoint: ", why.substr(0, why.size() - 2));
   return loads;
 }

@@ -42,6 +42,8 @@ struct PlannedTensor {
   std::vector<int64_t> shape;
   int64_t begin = 0, end = 0;  // in the data buffer
   int64_t stack_index = -1;    // a stacked key's tensor: index `stack_index` of the value's dim 0
+  // A tensor that several values share by row ranges: (entry, first row) of each; empty: `entry`'s alone.
+  std::vector<std::pair<size_t, int64_t>> row_parts;
 };
 
 struct PlannedFile {
@@ -62,16 +64,38 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
              options.max_shard_size);
   std::vector<PlannedTensor> all;
   std::map<std::string, std::string> owner;
+  std::map<std::string, size_t> shared;  // a row-ranged name -> its tensor in `all`
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const std::string key = e.key();
     if (key.empty()) continue;  // the key map stores none of its names
-    auto [it, fresh] = owner.emplace(key, e.fqn_list());
-    HP_CHECK_T(c10::ValueError, fresh, "hyper_parallel::save_hf_checkpoint: ", it->second, " and ", e.fqn_list(), " both map to '", key,
-               "' (distinct tensors under one name)");
     at::ScalarType dtype = e.value.scalar_type();
     if (options.dtype && at::isFloatingType(dtype)) dtype = *options.dtype;
     safetensors_dtype_name(dtype);  // throws for a dtype the format lacks
+    const hf_entries::RowRange range = hf_entries::row_range(key);
+    if (range.ranged) {
+      HP_CHECK_T(c10::ValueError, e.value.dim() >= 1 && e.value.size(0) == range.end - range.begin, "hyper_parallel::save_hf_checkpoint: ",
+                 e.fqn_list(), " ", e.value.sizes(), " maps to rows ", range.begin, ":", range.end, " of '", range.name, "', which is ",
+                 range.end - range.begin, " rows");
+      auto [it, fresh] = shared.emplace(range.name, all.size());
+      if (fresh) {
+        HP_CHECK_T(c10::ValueError, !owner.count(range.name), "hyper_parallel::save_hf_checkpoint: ", owner[range.name], " and ", e.fqn_list(),
+                   " both map to '", range.name, "' (distinct tensors under one name)");
+        owner.emplace(range.name, e.fqn_list());
+        all.push_back({i, range.name, dtype, e.value.sizes().vec()});
+        all.back().shape[0] = 0;
+      }
+      PlannedTensor& t = all[it->second];
+      HP_CHECK_T(c10::ValueError, t.dtype == dtype && c10::IntArrayRef(t.shape).slice(1) == e.value.sizes().slice(1),
+                 "hyper_parallel::save_hf_checkpoint: the row ranges of '", range.name, "' differ in dtype or trailing dims: ",
+                 owner[range.name], " and ", e.fqn_list(), " ", e.value.sizes());
+      t.row_parts.emplace_back(i, range.begin);
+      t.shape[0] = std::max(t.shape[0], range.end);
+      continue;
+    }
+    auto [it, fresh] = owner.emplace(key, e.fqn_list());
+    HP_CHECK_T(c10::ValueError, fresh, "hyper_parallel::save_hf_checkpoint: ", it->second, " and ", e.fqn_list(), " both map to '", key,
+               "' (distinct tensors under one name)");
     if (!hf_entries::is_stacked(key)) {
       all.push_back({i, key, dtype, e.value.sizes().vec()});
       continue;
@@ -83,6 +107,23 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
       t.stack_index = s;
       all.push_back(std::move(t));
     }
+  }
+  // A shared tensor is written whole: its ranges must tile its rows.
+  for (auto& [name, index] : shared) {
+    PlannedTensor& t = all[index];
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const auto& [entry, begin] : t.row_parts) ranges.emplace_back(begin, begin + entries[entry].value.size(0));
+    std::sort(ranges.begin(), ranges.end());
+    int64_t next = 0;
+    std::string list;
+    bool tiled = true;
+    for (const auto& [b, e] : ranges) {
+      tiled = tiled && b == next;
+      next = e;
+      list += (list.empty() ? "" : ", ") + std::to_string(b) + ":" + std::to_string(e);
+    }
+    HP_CHECK_T(c10::ValueError, tiled, "hyper_parallel::save_hf_checkpoint: the row ranges of '", name, "' (", list,
+               ") do not cover rows 0:", t.shape[0], " once each");
   }
   // Files filled in the model's order, as transformers splits a state dict.
   std::vector<std::vector<PlannedTensor>> groups(1);
@@ -205,18 +246,29 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     if (j < 0 || j >= box.local.size(0)) return {at::Tensor(), {}, false};
     return {box.local.select(0, j), std::vector<int64_t>(box.offset.begin() + 1, box.offset.end()), box.writer};
   };
+  // Every box one planned tensor receives: its part of one value, or one per row range, moved to
+  // the range's rows.
+  auto parts_of = [&](const PlannedTensor& t) {
+    if (t.row_parts.empty()) return std::vector<hf_entries::LocalBox>{part_of(t)};
+    std::vector<hf_entries::LocalBox> out;
+    for (const auto& [entry, begin] : t.row_parts) {
+      hf_entries::LocalBox box = boxes[entry];
+      box.offset[0] += begin;
+      out.push_back(std::move(box));
+    }
+    return out;
+  };
   for (const auto& f : files)
     for (const auto& t : f.tensors)
-      if (const auto part = part_of(t); part.writer) total += part.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+      for (const auto& part : parts_of(t))
+        if (part.writer) total += part.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
   checkpoint_progress::Progress progress("save_hf_checkpoint", total, static_cast<int64_t>(files.size()), show_progress);
   int64_t files_done = 0;
   for (const auto& f : files) {
     ++files_done;
     bool any = false;
-    for (const auto& t : f.tensors) {
-      const auto part = part_of(t);
-      any |= part.writer && part.local.numel() > 0;
-    }
+    for (const auto& t : f.tensors)
+      for (const auto& part : parts_of(t)) any |= part.writer && part.local.numel() > 0;
     if (!any) continue;
     const std::string path = tmp + "/" + f.name;
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -230,16 +282,16 @@ int64_t write_boxes(const std::string& tmp, const std::vector<PlannedFile>& file
     auto* data = static_cast<uint8_t*>(m) + f.header.size();
     std::string error;
     try {
-      for (const auto& t : f.tensors) {
-        const auto box = part_of(t);
-        if (!box.writer || box.local.numel() == 0) continue;
-        at::Tensor dst = at::from_blob(data + t.begin, t.shape, at::TensorOptions().dtype(t.dtype));
-        for (int64_t d = 0; d < box.local.dim(); ++d) dst = dst.narrow(d, box.offset[static_cast<size_t>(d)], box.local.size(d));
-        dst.copy_(box.local);
-        const int64_t bytes = box.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
-        written += bytes;
-        progress.add(bytes, files_done - 1);
-      }
+      for (const auto& t : f.tensors)
+        for (const auto& box : parts_of(t)) {
+          if (!box.writer || box.local.numel() == 0) continue;
+          at::Tensor dst = at::from_blob(data + t.begin, t.shape, at::TensorOptions().dtype(t.dtype));
+          for (int64_t d = 0; d < box.local.dim(); ++d) dst = dst.narrow(d, box.offset[static_cast<size_t>(d)], box.local.size(d));
+          dst.copy_(box.local);
+          const int64_t bytes = box.local.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+          written += bytes;
+          progress.add(bytes, files_done - 1);
+        }
     } catch (const std::exception& e) {
       error = checkpoint_layout::message_of(e);
     }

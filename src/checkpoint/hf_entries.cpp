@@ -2,6 +2,7 @@
 #include "hf_entries.h"
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/runtime/errors.h>
 
 #include <algorithm>
 #include <map>
@@ -29,6 +30,29 @@ std::string stacked_key(const std::string& key, int64_t index) {
   std::string out = key;
   const size_t at = out.find('*');
   return out.replace(at, 1, std::to_string(index));
+}
+
+RowRange row_range(const std::string& key) {
+  RowRange r{key};
+  if (key.empty() || key.back() != ']') return r;
+  const size_t open = key.rfind('[');
+  const size_t colon = key.find(':', open == std::string::npos ? 0 : open);
+  auto number = [&](size_t from, size_t to, int64_t& out) {
+    if (from >= to) return false;
+    out = 0;
+    for (size_t i = from; i < to; ++i) {
+      if (key[i] < '0' || key[i] > '9' || out > (int64_t{1} << 50)) return false;
+      out = out * 10 + (key[i] - '0');
+    }
+    return true;
+  };
+  HP_CHECK_T(c10::ValueError,
+             open != std::string::npos && open > 0 && colon != std::string::npos && number(open + 1, colon, r.begin) &&
+                 number(colon + 1, key.size() - 1, r.end) && r.begin < r.end,
+             "hyper_parallel::CheckpointKeyMap: '", key, "' ends in ']' but not in a row range [a:b] with a < b");
+  r.name = key.substr(0, open);
+  r.ranged = true;
+  return r;
 }
 
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map) {

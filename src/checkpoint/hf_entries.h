@@ -26,6 +26,15 @@ bool is_stacked(const std::string& key);
 // `key` with `index` in place of its '*'.
 std::string stacked_key(const std::string& key, int64_t index);
 
+// A key that ends in "[a:b]": the checkpoint tensor `name`'s rows [begin, end) (CheckpointKeyMap).
+// `ranged` false for any other key (name is the key itself). A malformed range raises ValueError.
+struct RowRange {
+  std::string name;
+  bool ranged = false;
+  int64_t begin = 0, end = 0;
+};
+RowRange row_range(const std::string& key);
+
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map);
 
 // Whether any entry is a DTensor: only then are load and save collective.

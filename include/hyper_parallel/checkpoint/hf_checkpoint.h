@@ -18,7 +18,11 @@ namespace hyper_parallel {
 /// checkpoint does not store it. Empty: the names are the same. A name with a `*` maps one
 /// tensor to many: the checkpoint holds one tensor per index i of its dim 0, named with i in
 /// place of the `*` (stacked experts [E, I, H] from HF's per-expert `experts.<e>.gate_proj.weight`
-/// [I, H]); a rank reads and writes only the indices of its own shard.
+/// [I, H]); a rank reads and writes only the indices of its own shard. A name ending in `[a:b]`
+/// maps the tensor to rows a..b-1 (dim 0) of one checkpoint tensor that several parameters share
+/// (a fused projection held as separate parameters, e.g. the q, k and v sections of
+/// `in_proj_qkv.weight[0:2048]`, `[2048:4096]`, `[4096:6144]`): the ranges of one name must tile
+/// its rows exactly, and a save writes them as one tensor.
 /// e.g. `[](const std::string& fqn) { return fqn.rfind("lm_head", 0) == 0 ? fqn : "model." + fqn; }`
 using CheckpointKeyMap = std::function<std::string(const std::string& fqn)>;
 
