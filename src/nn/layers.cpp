@@ -115,13 +115,18 @@ void RMSNormImpl::reset() {
 
 void RMSNormImpl::reset_parameters() {
   at::NoGradGuard no_grad;
-  parameter("weight").fill_(1);
+  parameter("weight").fill_(options.zero_centered() ? 0 : 1);
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   const auto dtype = input.scalar_type();
   at::Tensor x = dtype == at::kFloat ? input : input.to(at::kFloat);
   at::Tensor normed = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
+  if (options.zero_centered()) {
+    const at::Tensor w = weight().scalar_type() == at::kFloat ? weight() : weight().to(at::kFloat);
+    const at::Tensor y = normed * (w + 1.0);
+    return dtype == at::kFloat ? y : y.to(dtype);
+  }
   if (dtype != at::kFloat) normed = normed.to(dtype);
   return weight() * normed;
 }

@@ -379,10 +379,53 @@ def make_gated_delta_net(out):
     print("gated_delta_net: one layer, its gradients, a cached prefill and decode")
 
 
+# Qwen3.5 text checkpoints (Qwen3_5ForCausalLM): 4 layers [linear, linear, linear, full], 2 key heads
+# serving 4 value heads with dk = 16 != dv = 8, gated attention with 4 query heads over 2 KV heads,
+# partial rotary (8 of 32 dims). Every 1-D weight is random (the norms' (1 + w) and w conventions,
+# A_log and dt_bias would hide behind their initial values). The logits of 2 rows of 70 tokens (two
+# GDN chunks, the second padded) and every parameter's gradient of transformers' loss, under HF's names.
+# name: (dtype of the files, tied embeddings, max_shard_size or None)
+QWEN3_5 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+QWEN3_5_VARIANTS = {"qwen3_5_fp32": (torch.float32, False, None), "qwen3_5_bf16_tied_sharded": (torch.bfloat16, True, "40KB")}
+
+
+def make_qwen3_5(out):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    for name, (dtype, tied, shard) in QWEN3_5_VARIANTS.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        torch.manual_seed(4321)
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**QWEN3_5, tie_word_embeddings=tied))
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("A_log"):
+                    p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
+                elif p.dim() == 1:
+                    p.normal_(1.0 if n.endswith("linear_attn.norm.weight") else 0.0, 0.3)
+        model = model.to(dtype)
+        kwargs = {"max_shard_size": shard} if shard else {}
+        model.save_pretrained(d, **kwargs)
+        ref = Qwen3_5ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+        g = torch.Generator().manual_seed(17)
+        ids = torch.randint(0, QWEN3_5["vocab_size"], (2, 70), generator=g)
+        o = ref(input_ids=ids, labels=ids)
+        o.loss.backward()
+        tensors = {"input_ids": ids, "logits": o.logits.detach(), "loss": o.loss.detach().reshape(1)}
+        for n, p in ref.named_parameters():
+            tensors["grad." + n] = p.grad
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
+        print(f"{name}: {sorted(os.listdir(d))}")
+
+
 def make(out):
     make_tokenizer(out)
     make_gated_delta_rule(out)
     make_gated_delta_net(out)
+    make_qwen3_5(out)
     for name, (dtype, tied, shard) in VARIANTS.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)

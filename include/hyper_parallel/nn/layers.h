@@ -111,6 +111,9 @@ struct RMSNormOptions {
   /* implicit */ RMSNormOptions(int64_t dim) : dim_(dim) {}
   TORCH_ARG(int64_t, dim);
   TORCH_ARG(double, eps) = 1e-6;
+  /// Zero-centred (Gemma, Qwen3-Next and Qwen3.5): the weight starts at zeros and scales by
+  /// (1 + w), in float32 with the norm, cast to the input's dtype last.
+  TORCH_ARG(bool, zero_centered) = false;
 };
 class RMSNormImpl : public ModuleBase<RMSNormImpl> {
  public:

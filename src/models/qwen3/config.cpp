@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
+#include "../hf_config_reader.h"
+
 
 namespace hyper_parallel {
 namespace qwen3 {
@@ -14,51 +14,7 @@ namespace {
 
 using nlohmann::json;
 
-struct Reader {
-  const json& j;
-  const std::string& origin;
-  [[noreturn]] void fail(const std::string& why) const {
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::config_from_json: ", origin, ": ", why);
-  }
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int64_t integer(const char* key, int64_t lo) const {
-    if (!has(key)) fail(std::string("'") + key + "' is missing");
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo)
-      fail(std::string("'") + key + "' must be an integer >= " + std::to_string(lo) + ", got " + j[key].dump());
-    return j[key].get<int64_t>();
-  }
-  double number(const json& v, const char* key) const {
-    if (!v.is_number() || !(v.get<double>() > 0)) fail(std::string("'") + key + "' must be a positive number, got " + v.dump());
-    return v.get<double>();
-  }
-  // An id or a list of ids (transformers accepts both for eos_token_id).
-  std::vector<int64_t> ids(const char* key) const {
-    std::vector<int64_t> out;
-    if (!has(key)) return out;
-    const json& v = j[key];
-    if (v.is_number_integer()) return {v.get<int64_t>()};
-    if (!v.is_array()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
-    for (const auto& x : v) {
-      if (!x.is_number_integer()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
-      out.push_back(x.get<int64_t>());
-    }
-    return out;
-  }
-};
-
-at::ScalarType dtype_of(const Reader& r) {
-  // transformers 5 writes "dtype"; older versions "torch_dtype".
-  for (const char* key : {"dtype", "torch_dtype"}) {
-    if (!r.has(key)) continue;
-    if (!r.j[key].is_string()) r.fail(std::string("'") + key + "' must be a string, got " + r.j[key].dump());
-    const std::string name = r.j[key].get<std::string>();
-    if (name == "float32") return at::kFloat;
-    if (name == "bfloat16") return at::kBFloat16;
-    if (name == "float16") return at::kHalf;
-    r.fail(std::string("'") + key + "' is '" + name + "'; supported: float32, bfloat16, float16");
-  }
-  return at::kFloat;
-}
+using Reader = models::HFConfigReader;
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -78,7 +34,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
     HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::config_from_json: ", origin, ": not valid JSON (", e.what(), ")");
   }
   HP_CHECK_T(c10::ValueError, j.is_object(), "hyper_parallel::qwen3::config_from_json: ", origin, ": not a JSON object");
-  const Reader r{j, origin};
+  const Reader r{j, origin, "qwen3::config_from_json"};
   if (r.has("model_type") && j["model_type"] != "qwen3" && j["model_type"] != "qwen3_moe")
     r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\" and \"qwen3_moe\"");
   const bool moe = r.has("model_type") && j["model_type"] == "qwen3_moe";
@@ -122,10 +78,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
     c.attention_dropout = v.get<double>();
   }
   if (r.has("max_position_embeddings")) c.max_position_embeddings = r.integer("max_position_embeddings", 1);
-  if (r.has("tie_word_embeddings")) {
-    if (!j["tie_word_embeddings"].is_boolean()) r.fail("'tie_word_embeddings' must be true or false");
-    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-  }
+  if (r.has("tie_word_embeddings")) c.tie_word_embeddings = r.boolean("tie_word_embeddings");
   if (moe) {
     // transformers 5 writes num_experts as num_local_experts (an attribute_map alias).
     const char* experts_key = r.has("num_experts") ? "num_experts" : "num_local_experts";
@@ -155,7 +108,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
       }
     }
   }
-  c.dtype = dtype_of(r);
+  c.dtype = r.dtype();
   c.eos_token_ids = r.ids("eos_token_id");
   const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
   if (!bos.empty()) c.bos_token_id = bos[0];
@@ -163,13 +116,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   return c;
 }
 
-Config load_config(const std::string& path) {
-  std::ifstream in(path);
-  HP_CHECK_T(c10::ValueError, in.good(), "hyper_parallel::qwen3::load_config: cannot read ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return config_from_json(ss.str(), path);
-}
+Config load_config(const std::string& path) { return config_from_json(models::read_config_text(path, "qwen3::load_config"), path); }
 
 std::string config_to_json(const Config& c) {
   json j;

@@ -1,0 +1,114 @@
+#pragma once
+// Qwen3.5 (transformers' Qwen3_5ForCausalLM): a hybrid decoder whose layers mix the sequence either
+// by Gated DeltaNet linear attention (nn::GatedDeltaNet between the q/k/v/z/a/b projections and a
+// gated RMSNorm) or by gated full attention (q_proj emits each head's query and a sigmoid gate,
+// zero-centred q/k norms, rotary embedding on part of each head), three of the first to one of the
+// second in the published schedule; every layer a SwiGLU MLP; zero-centred (1 + w) RMSNorms.
+#include <hyper_parallel/nn/attention.h>
+#include <hyper_parallel/nn/gated_delta_net.h>
+#include <hyper_parallel/nn/layers.h>
+
+#include <c10/util/Optional.h>
+
+#include <vector>
+
+namespace hyper_parallel {
+namespace qwen3_5 {
+namespace hnn = hyper_parallel::nn;
+
+/// The text model's shape; config.h reads it from HF's config.json.
+struct Config {
+  int64_t vocab_size = 128;
+  int64_t hidden_size = 64;
+  int64_t intermediate_size = 96;
+  int64_t num_layers = 4;        // num_hidden_layers
+  int64_t num_heads = 4;         // num_attention_heads (full attention)
+  int64_t num_kv_heads = 2;      // num_key_value_heads
+  int64_t head_dim = 32;
+  int64_t linear_num_key_heads = 2;
+  int64_t linear_num_value_heads = 4;
+  int64_t linear_key_head_dim = 16;
+  int64_t linear_value_head_dim = 16;
+  int64_t linear_conv_kernel_dim = 4;
+  /// Per layer: full attention (true) or linear attention (false).
+  std::vector<bool> full_attention{false, false, false, true};
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 0.25;  // the share of each head's dims that rotate
+  int64_t max_position_embeddings = 32768;
+  bool tie_word_embeddings = false;
+  bool vision_language = false;  // read from a "qwen3_5" config: checkpoint keys under model.language_model.
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> eos_token_ids;
+  c10::optional<int64_t> bos_token_id, pad_token_id;
+
+  /// The rotated dims of each full-attention head: head_dim · partial_rotary_factor.
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
+};
+
+/// Gated full attention (transformers' Qwen3_5Attention). q_proj [nh·2·hd, H] holds per head its
+/// query rows then its gate rows; the output of the heads is scaled by sigmoid(gate) before o_proj.
+/// forward(hidden [B, S, H], {"cos", "sin"} rotary tables [1, 1, S, rotary_dim]).
+class GatedAttentionImpl : public hnn::ModuleBase<GatedAttentionImpl> {
+ public:
+  explicit GatedAttentionImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  Config config;
+  hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
+  hnn::ScaledDotProductAttention sdpa{nullptr};
+};
+HP_MODULE(GatedAttention);
+
+/// Gated DeltaNet linear attention (transformers' Qwen3_5GatedDeltaNet): in_proj_q/k/v (HF's fused
+/// in_proj_qkv in three sections), in_proj_z/b/a, the sequence mixing `gdn`, the gated norm over
+/// each value head, out_proj. forward(hidden [B, S, H]) -> [B, S, H].
+class LinearAttentionImpl : public hnn::ModuleBase<LinearAttentionImpl> {
+ public:
+  explicit LinearAttentionImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& hidden);
+  Config config;
+  hnn::Linear in_proj_q{nullptr}, in_proj_k{nullptr}, in_proj_v{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr},
+      out_proj{nullptr};
+  hnn::GatedDeltaNet gdn{nullptr};
+  hnn::RMSNormGated norm{nullptr};
+};
+HP_MODULE(LinearAttention);
+
+class MlpImpl : public hnn::ModuleBase<MlpImpl> {
+ public:
+  explicit MlpImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& x);
+  hnn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+HP_MODULE(Mlp);
+
+/// Pre-norm residual layer: `self_attn` (full attention) or `linear_attn`, then the MLP.
+class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
+ public:
+  DecoderLayerImpl(const Config& c, int64_t layer_idx);
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  GatedAttention self_attn{nullptr};
+  LinearAttention linear_attn{nullptr};
+  Mlp mlp{nullptr};
+};
+HP_MODULE(DecoderLayer);
+
+/// Token ids [B, S] -> logits [B, S, vocab], causal.
+class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
+ public:
+  explicit CausalLMImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& input_ids);
+  /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor).
+  void tie_weights();
+  Config config;
+  hnn::Embedding embed_tokens{nullptr};
+  hnn::ModuleList layers;
+  hnn::RMSNorm norm{nullptr};
+  hnn::Linear lm_head{nullptr};
+};
+HP_MODULE(CausalLM);
+
+}  // namespace qwen3_5
+}  // namespace hyper_parallel

@@ -1,0 +1,78 @@
+#pragma once
+// Reading an HF config.json's fields with checks (internal to the models library): every family's
+// config_from_json refuses a missing key or a value of the wrong type by name, the same way.
+#include <hyper_parallel/runtime/errors.h>
+
+#include <ATen/core/ATen_fwd.h>
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace hyper_parallel {
+namespace models {
+
+struct HFConfigReader {
+  const nlohmann::json& j;
+  const std::string& origin;  // the file, for messages
+  const char* function;       // e.g. "qwen3::config_from_json", for messages
+  [[noreturn]] void fail(const std::string& why) const {
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::", function, ": ", origin, ": ", why);
+  }
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t integer(const char* key, int64_t lo) const {
+    if (!has(key)) fail(std::string("'") + key + "' is missing");
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo)
+      fail(std::string("'") + key + "' must be an integer >= " + std::to_string(lo) + ", got " + j[key].dump());
+    return j[key].get<int64_t>();
+  }
+  double number(const nlohmann::json& v, const char* key) const {
+    if (!v.is_number() || !(v.get<double>() > 0)) fail(std::string("'") + key + "' must be a positive number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key) const {
+    if (!j[key].is_boolean()) fail(std::string("'") + key + "' must be true or false");
+    return j[key].get<bool>();
+  }
+  // An id or a list of ids (transformers accepts both for eos_token_id).
+  std::vector<int64_t> ids(const char* key) const {
+    std::vector<int64_t> out;
+    if (!has(key)) return out;
+    const nlohmann::json& v = j[key];
+    if (v.is_number_integer()) return {v.get<int64_t>()};
+    if (!v.is_array()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
+    for (const auto& x : v) {
+      if (!x.is_number_integer()) fail(std::string("'") + key + "' must be an integer or a list of integers, got " + v.dump());
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  }
+  // "dtype" (transformers 5) or "torch_dtype" (older): float32, bfloat16 or float16.
+  at::ScalarType dtype() const {
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (!has(key)) continue;
+      if (!j[key].is_string()) fail(std::string("'") + key + "' must be a string, got " + j[key].dump());
+      const std::string name = j[key].get<std::string>();
+      if (name == "float32") return at::kFloat;
+      if (name == "bfloat16") return at::kBFloat16;
+      if (name == "float16") return at::kHalf;
+      fail(std::string("'") + key + "' is '" + name + "'; supported: float32, bfloat16, float16");
+    }
+    return at::kFloat;
+  }
+};
+
+/// The text of config.json at `path`, or a ValueError naming `function` and the path.
+inline std::string read_config_text(const std::string& path, const char* function) {
+  std::ifstream in(path);
+  HP_CHECK_T(c10::ValueError, in.good(), "hyper_parallel::", function, ": cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace models
+}  // namespace hyper_parallel

@@ -1,0 +1,138 @@
+#include <hyper_parallel/models/qwen3_5/config.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../hf_config_reader.h"
+
+namespace hyper_parallel {
+namespace qwen3_5 {
+
+namespace {
+using nlohmann::json;
+using Reader = models::HFConfigReader;
+}  // namespace
+
+Config config_from_json(const std::string& text, const std::string& origin) {
+  json top;
+  try {
+    top = json::parse(text);
+  } catch (const json::parse_error& e) {
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3_5::config_from_json: ", origin, ": not valid JSON (", e.what(), ")");
+  }
+  HP_CHECK_T(c10::ValueError, top.is_object(), "hyper_parallel::qwen3_5::config_from_json: ", origin, ": not a JSON object");
+  const Reader outer{top, origin, "qwen3_5::config_from_json"};
+  const std::string model_type = outer.has("model_type") && top["model_type"].is_string() ? top["model_type"].get<std::string>() : "";
+  if (model_type != "qwen3_5" && model_type != "qwen3_5_text")
+    outer.fail("model_type is " + (outer.has("model_type") ? top["model_type"].dump() : std::string("missing")) +
+               ", this model implements \"qwen3_5_text\" and \"qwen3_5\"");
+  Config c;
+  c.vision_language = model_type == "qwen3_5";
+  if (c.vision_language && !(outer.has("text_config") && top["text_config"].is_object()))
+    outer.fail("a \"qwen3_5\" config holds its text model under \"text_config\", which is missing or not an object");
+  const json& j = c.vision_language ? top["text_config"] : top;
+  const std::string where = c.vision_language ? origin + " (text_config)" : origin;
+  const Reader r{j, where, "qwen3_5::config_from_json"};
+  // What this implementation does not do is refused, never ignored.
+  if (r.has("rope_scaling")) r.fail("'rope_scaling' " + j["rope_scaling"].dump() + " is not supported (only default RoPE)");
+  if (r.has("attention_bias") && j["attention_bias"] != false) r.fail("'attention_bias' is " + j["attention_bias"].dump() + "; projections without bias only");
+  if (r.has("hidden_act") && j["hidden_act"] != "silu") r.fail("'hidden_act' is " + j["hidden_act"].dump() + "; only \"silu\"");
+  if (r.has("num_experts") && !(j["num_experts"].is_number_integer() && j["num_experts"].get<int64_t>() == 0))
+    r.fail("'num_experts' is " + j["num_experts"].dump() + ": Qwen3.5-MoE (model_type \"qwen3_5_moe\") is another model");
+  c.vocab_size = r.integer("vocab_size", 1);
+  c.hidden_size = r.integer("hidden_size", 1);
+  c.intermediate_size = r.integer("intermediate_size", 1);
+  c.num_layers = r.integer("num_hidden_layers", 1);
+  c.num_heads = r.integer("num_attention_heads", 1);
+  c.num_kv_heads = r.has("num_key_value_heads") ? r.integer("num_key_value_heads", 1) : c.num_heads;
+  c.head_dim = r.has("head_dim") ? r.integer("head_dim", 2) : c.hidden_size / c.num_heads;
+  if (c.num_heads % c.num_kv_heads != 0)
+    r.fail("num_attention_heads " + std::to_string(c.num_heads) + " is not a multiple of num_key_value_heads " + std::to_string(c.num_kv_heads));
+  c.linear_num_key_heads = r.integer("linear_num_key_heads", 1);
+  c.linear_num_value_heads = r.integer("linear_num_value_heads", 1);
+  c.linear_key_head_dim = r.integer("linear_key_head_dim", 1);
+  c.linear_value_head_dim = r.integer("linear_value_head_dim", 1);
+  c.linear_conv_kernel_dim = r.has("linear_conv_kernel_dim") ? r.integer("linear_conv_kernel_dim", 1) : 4;
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    r.fail("linear_num_value_heads " + std::to_string(c.linear_num_value_heads) + " is not a multiple of linear_num_key_heads " +
+           std::to_string(c.linear_num_key_heads));
+  c.full_attention.clear();
+  if (r.has("layer_types")) {
+    if (!j["layer_types"].is_array() || static_cast<int64_t>(j["layer_types"].size()) != c.num_layers)
+      r.fail("'layer_types' must list num_hidden_layers (" + std::to_string(c.num_layers) + ") layer types, got " + j["layer_types"].dump());
+    for (const auto& t : j["layer_types"]) {
+      if (t != "full_attention" && t != "linear_attention")
+        r.fail("layer_types holds " + t.dump() + "; only \"linear_attention\" and \"full_attention\" layers are supported");
+      c.full_attention.push_back(t == "full_attention");
+    }
+  } else {
+    const int64_t interval = r.has("full_attention_interval") ? r.integer("full_attention_interval", 1) : 4;
+    for (int64_t i = 0; i < c.num_layers; ++i) c.full_attention.push_back((i + 1) % interval == 0);
+  }
+  if (r.has("rms_norm_eps")) c.rms_norm_eps = r.number(j["rms_norm_eps"], "rms_norm_eps");
+  if (r.has("rope_theta")) c.rope_theta = r.number(j["rope_theta"], "rope_theta");
+  if (r.has("partial_rotary_factor")) c.partial_rotary_factor = r.number(j["partial_rotary_factor"], "partial_rotary_factor");
+  if (r.has("rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (!rp.is_object()) r.fail("'rope_parameters' must be an object");
+    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+      r.fail("rope_parameters.rope_type " + rp["rope_type"].dump() + " is not supported (only \"default\")");
+    if (rp.contains("rope_theta")) c.rope_theta = r.number(rp["rope_theta"], "rope_parameters.rope_theta");
+    if (rp.contains("partial_rotary_factor")) c.partial_rotary_factor = r.number(rp["partial_rotary_factor"], "rope_parameters.partial_rotary_factor");
+  }
+  if (c.partial_rotary_factor > 1.0 || c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0)
+    r.fail("head_dim " + std::to_string(c.head_dim) + " times partial_rotary_factor " + std::to_string(c.partial_rotary_factor) +
+           " must give an even number of rotary dims of at least 2");
+  // Text positions are alike on mRoPE's three axes: the sections only have to cover the rotary
+  // dims' frequencies for the rotation to be plain RoPE.
+  if (r.has("rope_parameters") && j["rope_parameters"].contains("mrope_section")) {
+    const json& ms = j["rope_parameters"]["mrope_section"];
+    int64_t sum = 0;
+    if (!ms.is_array()) r.fail("rope_parameters.mrope_section must be a list of integers");
+    for (const auto& x : ms) {
+      if (!x.is_number_integer()) r.fail("rope_parameters.mrope_section must be a list of integers");
+      sum += x.get<int64_t>();
+    }
+    if (2 * sum != c.rotary_dim())
+      r.fail("rope_parameters.mrope_section " + ms.dump() + " covers " + std::to_string(2 * sum) + " dims, the rotary dims are " +
+             std::to_string(c.rotary_dim()));
+  }
+  if (r.has("max_position_embeddings")) c.max_position_embeddings = r.integer("max_position_embeddings", 1);
+  // The vision-language model ties at its top level; a text config carries its own flag.
+  if (outer.has("tie_word_embeddings")) c.tie_word_embeddings = outer.boolean("tie_word_embeddings");
+  else if (r.has("tie_word_embeddings")) c.tie_word_embeddings = r.boolean("tie_word_embeddings");
+  c.dtype = outer.has("dtype") || outer.has("torch_dtype") ? outer.dtype() : r.dtype();
+  c.eos_token_ids = r.ids("eos_token_id");
+  const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
+  if (!bos.empty()) c.bos_token_id = bos[0];
+  if (!pad.empty()) c.pad_token_id = pad[0];
+  return c;
+}
+
+Config load_config(const std::string& path) { return config_from_json(models::read_config_text(path, "qwen3_5::load_config"), path); }
+
+CheckpointKeyMap hf_key_map(const Config& config) {
+  const std::string prefix = config.vision_language ? "model.language_model." : "model.";
+  const int64_t key_dim = config.linear_num_key_heads * config.linear_key_head_dim;
+  const int64_t conv_dim = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim;
+  // [Q ‖ K ‖ V] rows of the fused tensors.
+  const std::string q_rows = "[0:" + std::to_string(key_dim) + "]", k_rows = "[" + std::to_string(key_dim) + ":" + std::to_string(2 * key_dim) + "]",
+                    v_rows = "[" + std::to_string(2 * key_dim) + ":" + std::to_string(conv_dim) + "]";
+  return [=](const std::string& fqn) -> std::string {
+    if (fqn.rfind("lm_head.", 0) == 0) return fqn;
+    static const std::string linear = ".linear_attn.";
+    const size_t at = fqn.find(linear);
+    if (at == std::string::npos) return prefix + fqn;
+    const std::string layer = prefix + fqn.substr(0, at + linear.size()), name = fqn.substr(at + linear.size());
+    if (name == "in_proj_q.weight") return layer + "in_proj_qkv.weight" + q_rows;
+    if (name == "in_proj_k.weight") return layer + "in_proj_qkv.weight" + k_rows;
+    if (name == "in_proj_v.weight") return layer + "in_proj_qkv.weight" + v_rows;
+    if (name == "gdn.conv_q") return layer + "conv1d.weight" + q_rows;
+    if (name == "gdn.conv_k") return layer + "conv1d.weight" + k_rows;
+    if (name == "gdn.conv_v") return layer + "conv1d.weight" + v_rows;
+    if (name == "gdn.A_log" || name == "gdn.dt_bias") return layer + name.substr(4);
+    return layer + name;
+  };
+}
+
+}  // namespace qwen3_5
+}  // namespace hyper_parallel
