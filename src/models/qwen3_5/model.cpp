@@ -90,7 +90,11 @@ LinearAttentionImpl::LinearAttentionImpl(const Config& c) : config(c) {
 at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
   const int64_t b = hidden.size(0), s = hidden.size(1), dv = config.linear_value_head_dim;
   const at::Tensor o = gdn->forward(in_proj_q(hidden), in_proj_k(hidden), in_proj_v(hidden), in_proj_a(hidden), in_proj_b(hidden));
-  const at::Tensor z = in_proj_z(hidden).view({b, s, -1, dv});
+  at::Tensor z = in_proj_z(hidden).view({b, s, -1, dv});
+  // Under tensor parallelism the norm's weight is a Replicate DTensor over this rank's value heads
+  // (its style lays out `o`, the first input); the gate joins it alike.
+  const at::Tensor& w = norm->parameter("weight");
+  if (hp::is_dtensor(w) && !hp::is_dtensor(z)) z = hp::DTensor::from_local(z, hp::DTensor(w).device_mesh(), {hp::Shard(2)});
   return out_proj(norm(o, z).reshape({b, s, -1}));
 }
 

@@ -15,6 +15,8 @@
 #include "../../common/hf_reference.h"
 #include <hyper_parallel/models/qwen3_5/config.h>
 #include <hyper_parallel/models/qwen3_5/model.h>
+#include <hyper_parallel/models/qwen3_5/parallelize.h>
+#include "../../common/test_util.h"
 
 namespace q35 = hyper_parallel::qwen3_5;
 namespace hp = hyper_parallel;
@@ -31,20 +33,22 @@ std::string text_of(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// `dir`'s model on meta, then loaded in float32.
-q35::CausalLM loaded(const std::string& dir) {
+// `dir`'s model on meta, split by `split` when given, then this rank's shards loaded in float32.
+q35::CausalLM loaded(const std::string& dir, const std::function<void(q35::CausalLMImpl&)>& split = nullptr) {
   const q35::Config c = q35::load_config(dir + "/config.json");
   q35::CausalLM model{nullptr};
   {
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
     model = q35::CausalLM(c);
   }
+  if (split) split(*model);
   hp::to_empty(*model, "cpu");
   hp::load_hf_checkpoint(*model, dir, {q35::hf_key_map(c)});
   return model;
 }
 
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
+::testing::AssertionResult near(const at::Tensor& actual, const at::Tensor& b, double rel) {
+  const at::Tensor a = hp::is_dtensor(actual) ? hp::DTensor(actual).full_tensor() : actual;
   const double err = (a - b).abs().max().item<double>(), scale = b.abs().max().item<double>();
   if (a.sizes() == b.sizes() && err <= rel * scale && scale > 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes() << ", max |a - b| = " << err
@@ -95,20 +99,37 @@ TEST(HFQwen3_5, ConfigIsReadAsTransformersWritesIt) {
   refused("\"mrope_section\": [\n      2,", "\"mrope_section\": [\n      3,", "rope_parameters.mrope_section");
 }
 
-TEST(HFQwen3_5, OneProcessLogitsAndEveryGradientMatchTransformers) {
+// One process, and the seed's plan at tp = world size (2) with and without sequence and loss
+// parallelism: every parameter a DTensor, the GDN's q/k/v sections and gates split by head.
+TEST(HFQwen3_5, LogitsAndEveryGradientMatchTransformers) {
   HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
-  if (hp::get_world_size() != 1) GTEST_SKIP() << "one process";
+  const int64_t ws = hp::get_world_size();
+  if (ws > 2) GTEST_SKIP() << "the reference model's 2 key heads split over 2 ranks at most";
+  struct Case {
+    bool sp, loss_parallel;
+  };
+  const std::vector<Case> cases = ws == 1 ? std::vector<Case>{{false, false}} : std::vector<Case>{{false, false}, {true, false}, {true, true}};
+  for (const Case& layout : cases)
   for (const char* variant : kVariants) {
-    SCOPED_TRACE(variant);
+    SCOPED_TRACE(std::string(variant) + " at " + std::to_string(ws) + " ranks" + (layout.sp ? ", sequence parallel" : "") +
+                 (layout.loss_parallel ? ", loss parallel" : ""));
     const std::string d = ref + "/" + variant;
-    auto model = loaded(d);
+    std::function<void(q35::CausalLMImpl&)> split;
+    if (ws > 1)
+      split = [&](q35::CausalLMImpl& m) { q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), layout.sp, layout.loss_parallel); };
+    auto model = loaded(d, split);
+    if (ws > 1)
+      for (const auto& p : model->named_parameters()) EXPECT_TRUE(hp::is_dtensor(p.value())) << p.key() << " is not a DTensor";
     auto t = [&](const std::string& name) { return hp_test::hf_expected(d, name.c_str()); };
     const at::Tensor ids = t("input_ids");
     const at::Tensor logits = model(ids);
     EXPECT_TRUE(near(logits, t("logits"), 1e-4)) << "logits";
     const int64_t s = ids.size(1);
-    const at::Tensor loss = at::cross_entropy_loss(logits.narrow(1, 0, s - 1).reshape({-1, logits.size(-1)}), ids.narrow(1, 1, s - 1).reshape({-1}));
-    EXPECT_NEAR(loss.item<double>(), t("loss").item<double>(), 1e-5);
+    at::Tensor targets = ids.narrow(1, 1, s - 1).reshape({-1});
+    if (hp::is_dtensor(logits)) targets = hp::DTensor::from_local(targets, hp::DTensor(logits).device_mesh(), {hp::Replicate()});
+    const at::Tensor loss = at::cross_entropy_loss(logits.narrow(1, 0, s - 1).reshape({-1, logits.size(-1)}), targets);
+    const at::Tensor loss_value = hp::is_dtensor(loss) ? hp::DTensor(loss).full_tensor() : loss;
+    EXPECT_NEAR(loss_value.item<double>(), t("loss").item<double>(), 1e-5);
     loss.backward();
     const auto key = q35::hf_key_map(model->config);
     for (const auto& p : model->named_parameters()) {
@@ -126,7 +147,25 @@ TEST(HFQwen3_5, OneProcessLogitsAndEveryGradientMatchTransformers) {
       ASSERT_TRUE(p.value().grad().defined()) << p.key();
       EXPECT_TRUE(near(p.value().grad(), want.view(p.value().sizes()), 1e-4)) << p.key();
     }
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
   }
+}
+
+TEST(HFQwen3_5, PlanRefusesSizesThatDoNotDivideByName) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  if (hp::get_world_size() == 1) GTEST_SKIP() << "needs ranks";
+  q35::Config c = q35::load_config(ref + "/qwen3_5_fp32/config.json");
+  c.linear_num_key_heads = 3;
+  c.linear_num_value_heads = 3 * hp::get_world_size() + 3;
+  q35::CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
+    model = q35::CausalLM(c);
+  }
+  const std::string msg = hp_test::error_message([&] { q35::parallelize_qwen3_5_tp(*model, hp_test::world_mesh()); });
+  EXPECT_NE(msg.find("hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: linear_num_key_heads (3)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be divisible by the tensor-parallel size"), std::string::npos) << msg;
+  for (const auto& p : model->parameters()) EXPECT_FALSE(hp::is_dtensor(p)) << "the model changed";
 }
 
 }  // namespace t_dist_models_hf_qwen3_5_test

@@ -1,0 +1,31 @@
+#pragma once
+// The seed's Qwen3.5 tensor-parallel plan (HyperParallel's parallelize_qwen3_5_tp), with every
+// parameter a DTensor.
+#include <hyper_parallel/hyper_parallel.h>
+
+#include <hyper_parallel/models/qwen3_5/model.h>
+
+namespace hyper_parallel {
+namespace qwen3_5 {
+
+/// Splits `model` over the 1-D `tp_mesh` in one parallelize_module plan:
+/// - embed_tokens Rowwise (ids Replicate -> Shard(1) with sequence parallelism); the layer and final
+///   norms SequenceParallel(sequence_dim=1) (NoParallel without);
+/// - self_attn, linear_attn and mlp PrepareModuleInput(Shard(1) -> Replicate);
+/// - q/k/v_proj, gate/up_proj, in_proj_q/k/v/z/b/a Colwise; q_norm/k_norm and linear_attn.norm
+///   SequenceParallel(sequence_dim=2, use_local_output=true): Replicate weights on head shards,
+///   their gradients summed over tp;
+/// - o_proj, out_proj and down_proj Rowwise(Shard(-1) -> Shard(1), use_local_output=false), in
+///   `reduce_dtype` on o_proj, out_proj and the full-attention layers' down_proj;
+/// - the GatedDeltaNet's conv_q/k/v, A_log and dt_bias Shard(0): each rank keeps whole key heads
+///   with the value heads they serve (HF's fused in_proj_qkv and conv1d load into the q/k/v
+///   sections through hf_key_map's row ranges);
+/// - lm_head Colwise(Shard(1) -> Replicate), or with loss_parallel -> Shard(-1) kept a DTensor.
+/// num_attention_heads, num_key_value_heads, linear_num_key_heads, linear_num_value_heads or
+/// intermediate_size not divisible by tp fails (c10::ValueError) naming them, before any change.
+/// e.g. `qwen3_5::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/true);`
+void parallelize_qwen3_5_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
+                            bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
+
+}  // namespace qwen3_5
+}  // namespace hyper_parallel

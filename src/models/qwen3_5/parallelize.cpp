@@ -1,0 +1,77 @@
+#include <hyper_parallel/models/qwen3_5/parallelize.h>
+
+namespace hyper_parallel {
+namespace qwen3_5 {
+namespace hp = hyper_parallel;
+
+void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bool sequence_parallel, bool loss_parallel,
+                            c10::optional<at::ScalarType> reduce_dtype) {
+  HP_CHECK_T(c10::ValueError, tp_mesh.defined() && tp_mesh.ndim() == 1, "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: expects a 1-D ",
+             "tp mesh, got a ", tp_mesh.defined() ? tp_mesh.ndim() : 0, "-D one");
+  const int64_t tp = tp_mesh.size(0);
+  const Config& c = model.config;
+  // A head (and a key head with the value heads it serves) must not be split.
+  const std::vector<std::pair<const char*, int64_t>> sizes{{"num_attention_heads", c.num_heads},
+                                                          {"num_key_value_heads", c.num_kv_heads},
+                                                          {"linear_num_key_heads", c.linear_num_key_heads},
+                                                          {"linear_num_value_heads", c.linear_num_value_heads},
+                                                          {"intermediate_size", c.intermediate_size}};
+  std::vector<std::string> bad;
+  for (const auto& [name, value] : sizes)
+    if (value % tp != 0) bad.push_back(std::string(name) + " (" + std::to_string(value) + ")");
+  HP_CHECK_T(c10::ValueError, bad.empty(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: ", hp::join_listed(bad),
+             " must be divisible by the tensor-parallel size ", tp);
+  const hp::Placement act = sequence_parallel ? hp::Placement(hp::Shard(1)) : hp::Placement(hp::Replicate());
+  const bool dtensor_stream = sequence_parallel;
+  auto rowwise = [&](bool reduced) {
+    return hp::RowwiseParallel(hp::Shard(-1), act, /*use_local_output=*/!dtensor_stream, reduced ? reduce_dtype : c10::nullopt);
+  };
+  const hp::SequenceParallel head_norm(/*sequence_dim=*/2, /*use_local_output=*/true);
+  const hp::PrepareModuleInput replicate_input(hp::Layouts{act}, hp::Layouts{hp::Replicate()});
+  std::vector<hp::PlanEntry> entries{
+      {"embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream)},
+      {"lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel)},
+      {"layers.*.mlp", replicate_input},
+      {"layers.*.mlp.gate_proj", hp::ColwiseParallel()},
+      {"layers.*.mlp.up_proj", hp::ColwiseParallel()},
+  };
+  for (const char* norm : {"layers.*.input_layernorm", "layers.*.post_attention_layernorm", "norm"}) {
+    if (sequence_parallel) entries.emplace_back(norm, hp::SequenceParallel(1));
+    else entries.emplace_back(norm, hp::NoParallel());
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string layer = "layers." + std::to_string(l);
+    const bool full = c.full_attention.at(static_cast<size_t>(l));
+    // HyperParallel's training plan reduces the mixers' outputs, and a full layer's MLP, in reduce_dtype.
+    entries.emplace_back(layer + ".mlp.down_proj", rowwise(full));
+    if (full) {
+      const std::string a = layer + ".self_attn";
+      entries.emplace_back(a, replicate_input);
+      for (const char* proj : {".q_proj", ".k_proj", ".v_proj"}) entries.emplace_back(a + proj, hp::ColwiseParallel());
+      entries.emplace_back(a + ".q_norm", head_norm);
+      entries.emplace_back(a + ".k_norm", head_norm);
+      entries.emplace_back(a + ".o_proj", rowwise(true));
+    } else {
+      const std::string a = layer + ".linear_attn";
+      entries.emplace_back(a, replicate_input);
+      for (const char* proj : {".in_proj_q", ".in_proj_k", ".in_proj_v", ".in_proj_z", ".in_proj_b", ".in_proj_a"})
+        entries.emplace_back(a + proj, hp::ColwiseParallel());
+      entries.emplace_back(a + ".norm", head_norm);
+      entries.emplace_back(a + ".out_proj", rowwise(true));
+    }
+  }
+  hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
+  // The sequence mixing's own parameters by head (conv channels in the order of their heads), as
+  // DTensors: FSDP, clipping, checkpoints and resharding see them like any other parameter.
+  auto by_head = [](const std::string&, torch::nn::Module& m, const hp::DeviceMesh& mesh) {
+    for (const auto& p : m.named_parameters(/*recurse=*/false))
+      hnn::replace_parameter(m, p.key(), hp::distribute_parameter(p.value(), mesh, {hp::Shard(0)},
+                                                                  p.value().is_meta() ? c10::nullopt : c10::optional<int64_t>(0)));
+  };
+  for (const auto& layer : *model.layers)
+    if (auto linear = layer->as<DecoderLayerImpl>()->linear_attn) hp::distribute_module(*linear->gdn.ptr(), tp_mesh, by_head);
+  model.tie_weights();
+}
+
+}  // namespace qwen3_5
+}  // namespace hyper_parallel
