@@ -5,6 +5,7 @@
 
 #include <ATen/core/ATen_fwd.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -50,6 +51,13 @@ struct HFConfigReader {
     }
     return out;
   }
+  // eos_token_id (an id or a list), bos_token_id and pad_token_id (the first of a list), when given.
+  void token_ids(std::vector<int64_t>& eos, c10::optional<int64_t>& bos, c10::optional<int64_t>& pad) const {
+    eos = ids("eos_token_id");
+    const auto b = ids("bos_token_id"), p = ids("pad_token_id");
+    if (!b.empty()) bos = b[0];
+    if (!p.empty()) pad = p[0];
+  }
   // "dtype" (transformers 5) or "torch_dtype" (older): float32, bfloat16 or float16.
   at::ScalarType dtype() const {
     for (const char* key : {"dtype", "torch_dtype"}) {
@@ -64,6 +72,18 @@ struct HFConfigReader {
     return at::kFloat;
   }
 };
+
+/// `text` parsed as a JSON object, or a ValueError naming `function` and `origin`.
+inline nlohmann::json parse_config(const std::string& text, const std::string& origin, const char* function) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::", function, ": ", origin, ": not valid JSON (", e.what(), ")");
+  }
+  HP_CHECK_T(c10::ValueError, j.is_object(), "hyper_parallel::", function, ": ", origin, ": not a JSON object");
+  return j;
+}
 
 /// The text of config.json at `path`, or a ValueError naming `function` and the path.
 inline std::string read_config_text(const std::string& path, const char* function) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/dtensor/dtensor.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -33,6 +34,16 @@ inline std::vector<std::vector<int64_t>> hf_prompts(const std::string& variant_d
     for (int64_t s = 0; s < ids.size(1); ++s)
       if (mask[b][s].item<int64_t>()) prompts[static_cast<size_t>(b)].push_back(ids[b][s].item<int64_t>());
   return prompts;
+}
+
+/// max |actual - expected| <= rel * max |expected| (and expected not all zeros), with both in the
+/// message: the per-tensor tolerance of the tests against transformers. A DTensor is compared whole.
+inline ::testing::AssertionResult near_relative(const at::Tensor& actual, const at::Tensor& expected, double rel) {
+  const at::Tensor a = hyper_parallel::is_dtensor(actual) ? hyper_parallel::DTensor(actual).full_tensor() : actual;
+  if (a.sizes() != expected.sizes()) return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << expected.sizes();
+  const double err = (a - expected).abs().max().item<double>(), scale = expected.abs().max().item<double>();
+  if (err <= rel * scale && scale > 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| = " << err << ", max |b| = " << scale;
 }
 
 }  // namespace hp_test

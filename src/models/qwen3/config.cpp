@@ -27,13 +27,7 @@ std::string dtype_name(at::ScalarType t) {
 }  // namespace
 
 Config config_from_json(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3::config_from_json: ", origin, ": not valid JSON (", e.what(), ")");
-  }
-  HP_CHECK_T(c10::ValueError, j.is_object(), "hyper_parallel::qwen3::config_from_json: ", origin, ": not a JSON object");
+  json j = models::parse_config(text, origin, "qwen3::config_from_json");
   const Reader r{j, origin, "qwen3::config_from_json"};
   if (r.has("model_type") && j["model_type"] != "qwen3" && j["model_type"] != "qwen3_moe")
     r.fail("model_type is " + j["model_type"].dump() + ", this model implements \"qwen3\" and \"qwen3_moe\"");
@@ -109,10 +103,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
     }
   }
   c.dtype = r.dtype();
-  c.eos_token_ids = r.ids("eos_token_id");
-  const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
-  if (!bos.empty()) c.bos_token_id = bos[0];
-  if (!pad.empty()) c.pad_token_id = pad[0];
+  r.token_ids(c.eos_token_ids, c.bos_token_id, c.pad_token_id);
   return c;
 }
 

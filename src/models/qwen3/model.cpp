@@ -150,14 +150,6 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
   return o_proj(out.transpose(1, 2).reshape({b, s, heads * d}));
 }
 
-MlpImpl::MlpImpl(const Config& c) {
-  gate_proj = register_module("gate_proj", hnn::Linear(hnn::LinearOptions(c.hidden_size, c.intermediate_size).bias(false)));
-  up_proj = register_module("up_proj", hnn::Linear(hnn::LinearOptions(c.hidden_size, c.intermediate_size).bias(false)));
-  down_proj = register_module("down_proj", hnn::Linear(hnn::LinearOptions(c.intermediate_size, c.hidden_size).bias(false)));
-}
-
-at::Tensor MlpImpl::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
-
 bool Config::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0) return false;
   for (int64_t l : mlp_only_layers)
@@ -174,7 +166,7 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
     moe = register_module("mlp", hnn::SparseMoeBlock(hnn::MoEOptions(c.hidden_size, c.moe_intermediate_size, c.num_experts,
                                                                      c.num_experts_per_tok).norm_topk_prob(c.norm_topk_prob)));
   else
-    mlp = register_module("mlp", Mlp(c));
+    mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }

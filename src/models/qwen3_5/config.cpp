@@ -13,13 +13,7 @@ using Reader = models::HFConfigReader;
 }  // namespace
 
 Config config_from_json(const std::string& text, const std::string& origin) {
-  json top;
-  try {
-    top = json::parse(text);
-  } catch (const json::parse_error& e) {
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::qwen3_5::config_from_json: ", origin, ": not valid JSON (", e.what(), ")");
-  }
-  HP_CHECK_T(c10::ValueError, top.is_object(), "hyper_parallel::qwen3_5::config_from_json: ", origin, ": not a JSON object");
+  json top = models::parse_config(text, origin, "qwen3_5::config_from_json");
   const Reader outer{top, origin, "qwen3_5::config_from_json"};
   const std::string model_type = outer.has("model_type") && top["model_type"].is_string() ? top["model_type"].get<std::string>() : "";
   if (model_type != "qwen3_5" && model_type != "qwen3_5_text")
@@ -101,10 +95,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   if (outer.has("tie_word_embeddings")) c.tie_word_embeddings = outer.boolean("tie_word_embeddings");
   else if (r.has("tie_word_embeddings")) c.tie_word_embeddings = r.boolean("tie_word_embeddings");
   c.dtype = outer.has("dtype") || outer.has("torch_dtype") ? outer.dtype() : r.dtype();
-  c.eos_token_ids = r.ids("eos_token_id");
-  const auto bos = r.ids("bos_token_id"), pad = r.ids("pad_token_id");
-  if (!bos.empty()) c.bos_token_id = bos[0];
-  if (!pad.empty()) c.pad_token_id = pad[0];
+  r.token_ids(c.eos_token_ids, c.bos_token_id, c.pad_token_id);
   return c;
 }
 

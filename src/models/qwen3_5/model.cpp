@@ -98,20 +98,12 @@ at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
   return out_proj(norm(o, z).reshape({b, s, -1}));
 }
 
-MlpImpl::MlpImpl(const Config& c) {
-  gate_proj = register_module("gate_proj", hnn::Linear(projection(c.hidden_size, c.intermediate_size)));
-  up_proj = register_module("up_proj", hnn::Linear(projection(c.hidden_size, c.intermediate_size)));
-  down_proj = register_module("down_proj", hnn::Linear(projection(c.intermediate_size, c.hidden_size)));
-}
-
-at::Tensor MlpImpl::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
-
 DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
   input_layernorm = register_module("input_layernorm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
   if (c.full_attention.at(static_cast<size_t>(layer_idx))) self_attn = register_module("self_attn", GatedAttention(c));
   else linear_attn = register_module("linear_attn", LinearAttention(c));
   post_attention_layernorm = register_module("post_attention_layernorm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
-  mlp = register_module("mlp", Mlp(c));
+  mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {

@@ -56,7 +56,8 @@ at::Tensor whole(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t
 std::string out_dir(const char* what) {
   const char* root = std::getenv("HP_HF_OUT");
   const std::string base = root != nullptr ? root : std::filesystem::temp_directory_path().string();
-  return base + "/np" + std::to_string(hp::get_world_size()) + "_" + what;
+  // Not "np<N>_<variant>": those are the checkpoints transformers reads back (hf_transformers_reads_ours).
+  return base + "/" + what + "_np" + std::to_string(hp::get_world_size());
 }
 
 }  // namespace

@@ -32,15 +32,6 @@ qwen3::Config moe_config() {
   return c;
 }
 
-// The group of the ranks that hold different tokens at this rank's tp coordinate (dp x ep).
-hp::Group data_group(const hp::DeviceMesh& mesh) {
-  std::vector<int64_t> ranks;
-  const int64_t t = mesh.get_local_rank(2);
-  for (int64_t d = 0; d < mesh.size(0); ++d)
-    for (int64_t e = 0; e < mesh.size(1); ++e) ranks.push_back((d * mesh.size(1) + e) * mesh.size(2) + t);
-  return hp::new_group(ranks);
-}
-
 void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
   ASSERT_EQ(dp * ep * tp, hp::get_world_size());
   const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {dp, ep, tp}, {"dp", "ep", "tp"});

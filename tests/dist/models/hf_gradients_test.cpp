@@ -29,6 +29,7 @@
 #include <set>
 
 #include "../../common/hf_reference.h"
+#include "../nn/training_util.h"
 #include "../../common/test_util.h"
 #include <hyper_parallel/models/qwen3/config.h>
 #include <hyper_parallel/models/qwen3/model.h>
@@ -63,9 +64,6 @@ Reference read_reference(const std::string& dir) {
   return r;
 }
 
-// The whole value of a (maybe DTensor) tensor.
-at::Tensor whole(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t).full_tensor() : t; }
-
 using Split = std::function<void(qwen3::CausalLMImpl&)>;
 
 // How a layout splits the model and which of the reference's rows this rank trains on.
@@ -75,15 +73,6 @@ struct Layout {
   int64_t data_rank = 0, data_size = 1;
   bool checkpointing = false;
 };
-
-// The ranks at this rank's tp coordinate of a [dp, ep, tp] mesh: those holding different rows.
-hp::Group data_group(const hp::DeviceMesh& mesh) {
-  std::vector<int64_t> ranks;
-  const int64_t t = mesh.get_local_rank(2);
-  for (int64_t d = 0; d < mesh.size(0); ++d)
-    for (int64_t e = 0; e < mesh.size(1); ++e) ranks.push_back((d * mesh.size(1) + e) * mesh.size(2) + t);
-  return hp::new_group(ranks);
-}
 
 // Experts over the data ranks of a [dp, ep, tp] mesh (with ExpertTensorParallel when tp > 1),
 // attention TP over tp, and fully_shard over the data ranks: the non-expert gradients averaged
@@ -100,7 +89,7 @@ Layout data_parallel_experts(const hp::DeviceMesh& mesh) {
       if (auto moe = layer->as<qwen3::DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh["dp"], experts);
     hp::fully_shard(m, mesh[{"dp", "ep"}]);
   };
-  l.data = data_group(mesh);
+  l.data = training_test::data_group(mesh);
   l.data_rank = mesh.get_local_rank(0) * ep + mesh.get_local_rank(1);
   l.data_size = data_ranks;
   return l;
@@ -128,7 +117,7 @@ void expect_gradients_match(const std::string& dir, const Layout& layout) {
   loss.backward();
   // The data ranks' mean loss is the whole batch's (each holds as many rows; the aux loss is
   // already the whole batch's).
-  at::Tensor mean_loss = whole(loss.detach()).reshape({1}).clone();
+  at::Tensor mean_loss = training_test::whole(loss.detach()).reshape({1}).clone();
   if (layout.data.defined()) hp::all_reduce_(mean_loss, hp::ReduceOp::AVG, layout.data);
   EXPECT_NEAR(mean_loss.item<double>(), ref.loss, 1e-5 * std::max(1.0, std::abs(ref.loss))) << "loss";
 
@@ -139,7 +128,7 @@ void expect_gradients_match(const std::string& dir, const Layout& layout) {
     const std::string key = tied && p.key() == "lm_head.weight" ? "embed_tokens.weight" : p.key();
     ASSERT_TRUE(ref.grads.count(key)) << p.key() << " has no gradient in transformers' reference";
     ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
-    const at::Tensor g = whole(p.value().grad()), want = ref.grads.at(key);
+    const at::Tensor g = training_test::whole(p.value().grad()), want = ref.grads.at(key);
     ASSERT_EQ(g.sizes(), want.sizes()) << p.key();
     const double err = (g - want).abs().max().item<double>(), scale = want.abs().max().item<double>();
     EXPECT_LE(err, 1e-4 * scale + 1e-9) << p.key() << ": max |g - g_ref| = " << err << ", max |g_ref| = " << scale

@@ -45,12 +45,6 @@ struct Layer {
   }
 };
 
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
-  const double err = (a - b).abs().max().item<double>(), scale = b.abs().max().item<double>();
-  if (a.sizes() == b.sizes() && err <= rel * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes() << ", max |a - b| = " << err
-                                       << ", max |b| = " << scale;
-}
 
 }  // namespace
 
@@ -65,11 +59,11 @@ TEST(HFGatedDeltaNet, LayerMatchesTransformersOutputAndEveryGradient) {
   }
   const at::Tensor x = t("x").requires_grad_();
   const at::Tensor y = layer.forward(x);
-  EXPECT_TRUE(near(y, t("y"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(y, t("y"), 1e-5));
   (y * t("wy")).sum().backward();
-  EXPECT_TRUE(near(x.grad(), t("grad_x"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(x.grad(), t("grad_x"), 1e-5));
   for (auto& [name, ours, row] : layer.sections())
-    EXPECT_TRUE(near(ours.grad(), t("grad." + name).narrow(0, row, ours.size(0)), 1e-5)) << name << " rows from " << row;
+    EXPECT_TRUE(hp_test::near_relative(ours.grad(), t("grad." + name).narrow(0, row, ours.size(0)), 1e-5)) << name << " rows from " << row;
 
   // The cached path: prefill, then the recurrence one token at a time.
   at::NoGradGuard g;
@@ -78,8 +72,8 @@ TEST(HFGatedDeltaNet, LayerMatchesTransformersOutputAndEveryGradient) {
   EXPECT_EQ(state.conv.sizes(), at::IntArrayRef({2, 2 * kNk * kDk + kNv * kDv, 4}));
   EXPECT_EQ(state.recurrent.sizes(), at::IntArrayRef({2, kNv, kDk, kDv}));
   for (int64_t i = 40; i < 43; ++i) steps.push_back(layer.forward(t("x").narrow(1, i, 1), &state));
-  EXPECT_TRUE(near(at::cat(steps, 1), t("cached_y"), 1e-5));
-  EXPECT_TRUE(near(at::cat(steps, 1), t("y").narrow(1, 0, 43), 1e-5)) << "the cached steps against one pass";
+  EXPECT_TRUE(hp_test::near_relative(at::cat(steps, 1), t("cached_y"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(at::cat(steps, 1), t("y").narrow(1, 0, 43), 1e-5)) << "the cached steps against one pass";
 }
 
 }  // namespace t_dist_nn_hf_gated_delta_net_test

@@ -13,18 +13,6 @@ namespace fn = hyper_parallel::nn::functional;
 
 // Its own namespace: the test units are compiled in unity batches, where files share a scope.
 namespace t_dist_nn_hf_gated_delta_rule_test {
-namespace {
-
-// max |a - b| <= rel * max |b|, reported with both.
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
-  const double err = (a - b).abs().max().item<double>(), scale = b.abs().max().item<double>();
-  if (a.sizes() == b.sizes() && err <= rel * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes() << ", max |a - b| = " << err
-                                       << ", max |b| = " << scale;
-}
-
-}  // namespace
-
 TEST(HFGatedDeltaRule, ChunkedRuleMatchesTransformersOutputStateAndGradients) {
   HP_REQUIRE_HF_REFERENCE(ref, "gated_delta_rule");
   const std::string d = ref + "/gated_delta_rule";
@@ -33,10 +21,10 @@ TEST(HFGatedDeltaRule, ChunkedRuleMatchesTransformersOutputStateAndGradients) {
   std::vector<at::Tensor> leaves;
   for (const char* n : names) leaves.push_back(t(n).requires_grad_());
   const auto r = fn::chunk_gated_delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5]);
-  EXPECT_TRUE(near(r.output, t("chunk_output"), 1e-5));
-  EXPECT_TRUE(near(r.final_state, t("chunk_state"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(r.output, t("chunk_output"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(r.final_state, t("chunk_state"), 1e-5));
   ((r.output * t("wo")).sum() + (r.final_state * t("ws")).sum()).backward();
-  for (size_t i = 0; i < leaves.size(); ++i) EXPECT_TRUE(near(leaves[i].grad(), t((std::string("grad_") + names[i]).c_str()), 1e-5)) << names[i];
+  for (size_t i = 0; i < leaves.size(); ++i) EXPECT_TRUE(hp_test::near_relative(leaves[i].grad(), t((std::string("grad_") + names[i]).c_str()), 1e-5)) << names[i];
 }
 
 TEST(HFGatedDeltaRule, RecurrenceMatchesTransformers) {
@@ -44,8 +32,8 @@ TEST(HFGatedDeltaRule, RecurrenceMatchesTransformers) {
   const std::string d = ref + "/gated_delta_rule";
   auto t = [&](const char* name) { return hp_test::hf_expected(d, name); };
   const auto r = fn::recurrent_gated_delta_rule(t("query"), t("key"), t("value"), t("g"), t("beta"), t("initial_state"));
-  EXPECT_TRUE(near(r.output, t("recurrent_output"), 1e-5));
-  EXPECT_TRUE(near(r.final_state, t("recurrent_state"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(r.output, t("recurrent_output"), 1e-5));
+  EXPECT_TRUE(hp_test::near_relative(r.final_state, t("recurrent_state"), 1e-5));
 }
 
 TEST(HFGatedDeltaRule, CausalConvMatchesTransformersPrefillAndDecode) {
@@ -53,10 +41,10 @@ TEST(HFGatedDeltaRule, CausalConvMatchesTransformersPrefillAndDecode) {
   const std::string d = ref + "/gated_delta_rule";
   auto t = [&](const char* name) { return hp_test::hf_expected(d, name); };
   const auto prefill = fn::causal_conv1d(t("conv_x"), t("conv_weight"));
-  EXPECT_TRUE(near(prefill.output, t("conv_output"), 1e-6));
+  EXPECT_TRUE(hp_test::near_relative(prefill.output, t("conv_output"), 1e-6));
   EXPECT_TRUE(at::equal(prefill.final_state, t("conv_prefill_state"))) << "the cached pre-conv inputs";
   const auto step = fn::causal_conv1d(t("conv_next_x"), t("conv_weight"), prefill.final_state);
-  EXPECT_TRUE(near(step.output, t("conv_next_output"), 1e-6));
+  EXPECT_TRUE(hp_test::near_relative(step.output, t("conv_next_output"), 1e-6));
   EXPECT_TRUE(at::equal(step.final_state, t("conv_next_state")));
 }
 

@@ -87,6 +87,15 @@ inline qwen3::Config layer_config(const Shape& m, int64_t layers) {
   return c;
 }
 
+/// The ranks that hold different tokens at this rank's tp coordinate of a [dp, ep, tp] mesh (dp x ep).
+inline hp::Group data_group(const hp::DeviceMesh& mesh) {
+  std::vector<int64_t> ranks;
+  const int64_t t = mesh.get_local_rank(2);
+  for (int64_t d = 0; d < mesh.size(0); ++d)
+    for (int64_t e = 0; e < mesh.size(1); ++e) ranks.push_back((d * mesh.size(1) + e) * mesh.size(2) + t);
+  return hp::new_group(ranks);
+}
+
 /// A DTensor's whole value, or a plain tensor.
 inline at::Tensor whole(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t).full_tensor() : t; }
 

@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/nn/moe.h>
+#include <hyper_parallel/models/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
 
@@ -102,13 +103,9 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
 };
 HP_MODULE(Attention);
 
-class MlpImpl : public hnn::ModuleBase<MlpImpl> {
- public:
-  explicit MlpImpl(const Config& c);
-  at::Tensor forward(const at::Tensor& x);
-  hnn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-};
-HP_MODULE(Mlp);
+/// The SwiGLU MLP (gate_proj, up_proj, down_proj).
+using MlpImpl = hyper_parallel::models::SwiGLUMlpImpl;
+using Mlp = hyper_parallel::models::SwiGLUMlp;
 
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:

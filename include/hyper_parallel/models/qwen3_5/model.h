@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/gated_delta_net.h>
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/models/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
 
@@ -75,13 +76,9 @@ class LinearAttentionImpl : public hnn::ModuleBase<LinearAttentionImpl> {
 };
 HP_MODULE(LinearAttention);
 
-class MlpImpl : public hnn::ModuleBase<MlpImpl> {
- public:
-  explicit MlpImpl(const Config& c);
-  at::Tensor forward(const at::Tensor& x);
-  hnn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-};
-HP_MODULE(Mlp);
+/// The SwiGLU MLP (gate_proj, up_proj, down_proj), as Qwen3's.
+using MlpImpl = hyper_parallel::models::SwiGLUMlpImpl;
+using Mlp = hyper_parallel::models::SwiGLUMlp;
 
 /// Pre-norm residual layer: `self_attn` (full attention) or `linear_attn`, then the MLP.
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
