@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 
 #include "checkpoint_files.h"
@@ -101,7 +102,8 @@ struct Load {
 };
 
 // Everything checked on this rank; every problem found goes into one message.
-std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, const Checkpoint& ck, const HFLoadOptions& options) {
+std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, const Checkpoint& ck, const HFLoadOptions& options,
+                             int64_t& ignored) {
   std::vector<Load> loads;
   std::vector<std::string> missing, mismatched;
   std::set<std::string> claimed;
@@ -202,10 +204,21 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
       untiled.push_back("'" + name + "' (" + std::to_string(shape.empty() ? 0 : shape[0]) + " rows; the parameters take " + list + ")");
     }
   }
+  std::vector<std::regex> ignore;
+  for (const auto& pattern : options.ignore) {
+    try {
+      ignore.emplace_back(pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      HP_CHECK_T(c10::ValueError, false, "hyper_parallel::load_hf_checkpoint: the ignore pattern '", pattern, "' is not a regular expression (",
+                 e.what(), ")");
+    }
+  }
   std::vector<std::string> unexpected;
-  if (options.strict)
-    for (const auto& [name, f] : ck.where)
-      if (!claimed.count(name)) unexpected.push_back("'" + name + "'");
+  for (const auto& [name, f] : ck.where) {
+    if (claimed.count(name)) continue;
+    if (std::any_of(ignore.begin(), ignore.end(), [&](const std::regex& r) { return std::regex_search(name, r); })) ++ignored;
+    else if (options.strict) unexpected.push_back("'" + name + "'");
+  }
   std::string why;
   if (!missing.empty()) why += "the checkpoint lacks " + listed(missing) + "; ";
   if (!mismatched.empty()) why += "shapes or dtypes differ: " + listed(mismatched) + "; ";
@@ -224,9 +237,10 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
   Checkpoint ck;
   std::vector<Load> loads;
   std::string err;
+  int64_t ignored = 0;
   try {
     ck = open_checkpoint(path);
-    loads = plan_loads(entries, ck, options);
+    loads = plan_loads(entries, ck, options, ignored);
   } catch (const std::exception& e) {
     err = checkpoint_layout::message_of(e);
   }
@@ -240,6 +254,7 @@ HFLoadReport load_hf_checkpoint(torch::nn::Module& model, const std::string& pat
     HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }
   HFLoadReport report;
+  report.ignored = ignored;
   for (const auto& f : ck.files) report.files.push_back(f->path());
   // File by file, each in the order of its bytes: reads run forward through the page cache.
   std::map<const SafetensorsFile*, size_t> file_index;

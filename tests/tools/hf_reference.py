@@ -419,6 +419,29 @@ def make_qwen3_5(out):
             tensors["grad." + n] = p.grad
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
         print(f"{name}: {sorted(os.listdir(d))}")
+    make_qwen3_5_vl_layout(out)
+
+
+# The fp32 checkpoint laid out as the published vision-language ones are: the text model under
+# model.language_model., a vision tower and an MTP head beside it, config.json with text_config.
+def make_qwen3_5_vl_layout(out):
+    import json
+    import shutil
+    src, d = os.path.join(out, "qwen3_5_fp32"), os.path.join(out, "qwen3_5_vl_layout")
+    os.makedirs(d, exist_ok=True)
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(3)
+    tensors["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, generator=g)
+    tensors["mtp.fc.weight"] = torch.randn(4, 4, generator=g)
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        text = json.load(f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
+                   "text_config": text}, f, indent=2)
+    shutil.copy(os.path.join(src, "expected.safetensors"), d)
+    print(f"qwen3_5_vl_layout: {sorted(os.listdir(d))}")
 
 
 def make(out):

@@ -31,6 +31,11 @@ struct HFLoadOptions {
   CheckpointKeyMap key_map;
   /// Tensors in the checkpoint that no parameter claims are an error (true) or skipped (false).
   bool strict = true;
+  /// Regular expressions (ECMAScript, searched in the name, as transformers'
+  /// `_keys_to_ignore_on_load_unexpected`): tensors that no parameter claims and whose name matches
+  /// one are skipped, and counted in HFLoadReport::ignored, even when strict (a vision-language
+  /// checkpoint's vision tower read into its text model: {"^model\\.visual\\.", "^mtp\\."}).
+  std::vector<std::string> ignore;
   /// A load that takes more than a second prints its progress on rank 0's stderr, at most once a
   /// second ("files, GB done, GB/s"; this rank's bytes), and a last line when done.
   bool progress = true;
@@ -41,6 +46,7 @@ struct HFLoadReport {
   int64_t tensors = 0;      // parameters loaded (tied ones once)
   int64_t bytes_read = 0;   // bytes of this rank's slices in the files (in the files' dtypes)
   int64_t local_bytes = 0;  // bytes of this rank's local shards (in the model's dtypes)
+  int64_t ignored = 0;      // checkpoint tensors skipped by HFLoadOptions::ignore
   std::vector<std::string> files;
 };
 

@@ -125,5 +125,12 @@ CheckpointKeyMap hf_key_map(const Config& config) {
   };
 }
 
+HFLoadOptions hf_load_options(const Config& config) {
+  HFLoadOptions options;
+  options.key_map = hf_key_map(config);
+  options.ignore = {"^model\\.visual\\.", "^mtp\\.", "^model\\.mtp\\."};
+  return options;
+}
+
 }  // namespace qwen3_5
 }  // namespace hyper_parallel

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/init_parameters.h>
 
 #include <fstream>
@@ -43,7 +44,7 @@ q35::CausalLM loaded(const std::string& dir, const std::function<void(q35::Causa
   }
   if (split) split(*model);
   hp::to_empty(*model, "cpu");
-  hp::load_hf_checkpoint(*model, dir, {q35::hf_key_map(c)});
+  hp::load_hf_checkpoint(*model, dir, q35::hf_load_options(c));
   return model;
 }
 
@@ -99,17 +100,19 @@ TEST(HFQwen3_5, LogitsAndEveryGradientMatchTransformers) {
   const int64_t ws = hp::get_world_size();
   if (ws > 2) GTEST_SKIP() << "the reference model's 2 key heads split over 2 ranks at most";
   struct Case {
-    bool sp, loss_parallel;
+    bool sp, loss_parallel, checkpointing;
   };
-  const std::vector<Case> cases = ws == 1 ? std::vector<Case>{{false, false}} : std::vector<Case>{{false, false}, {true, false}, {true, true}};
+  const std::vector<Case> cases = ws == 1 ? std::vector<Case>{{false, false, false}, {false, false, true}}
+                                          : std::vector<Case>{{false, false, false}, {true, false, false}, {true, true, false}, {true, false, true}};
   for (const Case& layout : cases)
   for (const char* variant : kVariants) {
     SCOPED_TRACE(std::string(variant) + " at " + std::to_string(ws) + " ranks" + (layout.sp ? ", sequence parallel" : "") +
-                 (layout.loss_parallel ? ", loss parallel" : ""));
+                 (layout.loss_parallel ? ", loss parallel" : "") + (layout.checkpointing ? ", full activation checkpointing" : ""));
     const std::string d = ref + "/" + variant;
-    std::function<void(q35::CausalLMImpl&)> split;
-    if (ws > 1)
-      split = [&](q35::CausalLMImpl& m) { q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), layout.sp, layout.loss_parallel); };
+    std::function<void(q35::CausalLMImpl&)> split = [&](q35::CausalLMImpl& m) {
+      if (ws > 1) q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), layout.sp, layout.loss_parallel);
+      if (layout.checkpointing) hp::apply_activation_checkpointing(m, hp::ActivationCheckpointPolicy::full());
+    };
     auto model = loaded(d, split);
     if (ws > 1)
       for (const auto& p : model->named_parameters()) EXPECT_TRUE(hp::is_dtensor(p.value())) << p.key() << " is not a DTensor";
@@ -142,6 +145,38 @@ TEST(HFQwen3_5, LogitsAndEveryGradientMatchTransformers) {
     }
     EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
   }
+}
+
+// The published layout: text model under model.language_model., the vision tower and the MTP head
+// skipped by name (counted), the logits transformers' text model gives.
+TEST(HFQwen3_5, VisionLanguageCheckpointLoadsItsTextModel) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_vl_layout");
+  const std::string d = ref + "/qwen3_5_vl_layout";
+  const q35::Config c = q35::load_config(d + "/config.json");
+  ASSERT_TRUE(c.vision_language);
+  auto build = [&] {
+    q35::CausalLM model{nullptr};
+    {
+      hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+      model = q35::CausalLM(c);
+    }
+    if (hp::get_world_size() <= 2 && hp::get_world_size() > 1) q35::parallelize_qwen3_5_tp(*model, hp_test::world_mesh(), false);
+    hp::to_empty(*model, "cpu");
+    return model;
+  };
+  auto model = build();
+  const hp::HFLoadReport report = hp::load_hf_checkpoint(*model, d, q35::hf_load_options(c));
+  EXPECT_EQ(report.ignored, 2) << "model.visual.patch_embed.proj.weight and mtp.fc.weight";
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(hp_test::near_relative(model(hp_test::hf_expected(d, "input_ids")), hp_test::hf_expected(d, "logits"), 1e-4));
+  // Without the ignore patterns the vision tower is named as unclaimed, on every rank.
+  auto strict = build();
+  const std::string msg = hp_test::error_message([&] { hp::load_hf_checkpoint(*strict, d, {q35::hf_key_map(c)}); });
+  EXPECT_NE(msg.find("no parameter takes 'model.visual.patch_embed.proj.weight'"), std::string::npos) << msg;
+  hp::HFLoadOptions bad = q35::hf_load_options(c);
+  bad.ignore.push_back("(unclosed");
+  const std::string regex_msg = hp_test::error_message([&] { hp::load_hf_checkpoint(*strict, d, bad); });
+  EXPECT_NE(regex_msg.find("the ignore pattern '(unclosed' is not a regular expression"), std::string::npos) << regex_msg;
 }
 
 TEST(HFQwen3_5, PlanRefusesSizesThatDoNotDivideByName) {

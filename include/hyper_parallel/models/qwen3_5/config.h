@@ -28,5 +28,11 @@ Config load_config(const std::string& path);
 /// e.g. `hp::load_hf_checkpoint(*model, dir, {qwen3_5::hf_key_map(config)});`
 CheckpointKeyMap hf_key_map(const Config& config);
 
+/// What loading the text model reads and skips: hf_key_map, and the published checkpoints'
+/// vision tower and multi-token-prediction head ignored (`model.visual.*`, `mtp.*`, `model.mtp.*`),
+/// as transformers' Qwen3_5ForCausalLM ignores them.
+/// e.g. `auto report = hp::load_hf_checkpoint(*model, dir, qwen3_5::hf_load_options(config));`
+HFLoadOptions hf_load_options(const Config& config);
+
 }  // namespace qwen3_5
 }  // namespace hyper_parallel
