@@ -7,8 +7,8 @@
 // which every replicated parameter must be bitwise equal on the ranks that hold it.
 //
 // Layouts, at the world sizes where they exist:
-// - Qwen3-MoE (normalised top-2 of 4 experts, a dense first layer; unnormalised top-2 of 8 experts
-//   from bf16 sharded files, loaded in float32): one process; attention TP with the experts split
+// - Qwen3-MoE (unnormalised top-2 of 4 experts, a dense first layer; normalised top-2 of 8 experts
+//   with a dense second layer, from bf16 sharded files loaded in float32): one process; attention TP with the experts split
 //   over the same ranks, which hold the same tokens (ExpertParallel "all_reduce", from_pretrained's
 //   layout), with and without activation checkpointing; attention TP with expert TensorParallel;
 //   ExpertParallel "all_to_all" over data ranks (fully_shard over them); ep x tp = 2 x 2
