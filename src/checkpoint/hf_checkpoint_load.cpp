@@ -189,20 +189,10 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
     auto it = ck.where.find(name);
     if (it == ck.where.end()) continue;  // reported as missing
     const auto& shape = it->second->find(name)->shape;
-    std::sort(ranges.begin(), ranges.end());
-    int64_t next = 0;
-    bool tiled = !shape.empty();
-    for (const auto& [b, e] : ranges) {
-      tiled = tiled && b == next;
-      next = e;
-    }
-    tiled = tiled && next == shape[0];
-    if (tiled) claimed.insert(name);
-    else {
-      std::string list;
-      for (const auto& [b, e] : ranges) list += (list.empty() ? "" : ", ") + std::to_string(b) + ":" + std::to_string(e);
-      untiled.push_back("'" + name + "' (" + std::to_string(shape.empty() ? 0 : shape[0]) + " rows; the parameters take " + list + ")");
-    }
+    const int64_t rows = shape.empty() ? 0 : shape[0];
+    const hf_entries::RowTiling tiling = hf_entries::row_tiling(ranges, rows);
+    if (tiling.tiled && !shape.empty()) claimed.insert(name);
+    else untiled.push_back("'" + name + "' (" + std::to_string(rows) + " rows; the parameters take " + tiling.listed + ")");
   }
   std::vector<std::regex> ignore;
   for (const auto& pattern : options.ignore) {

@@ -43,7 +43,7 @@ struct PlannedTensor {
   int64_t begin = 0, end = 0;  // in the data buffer
   int64_t stack_index = -1;    // a stacked key's tensor: index `stack_index` of the value's dim 0
   // A tensor that several values share by row ranges: (entry, first row) of each; empty: `entry`'s alone.
-  std::vector<std::pair<size_t, int64_t>> row_parts;
+  std::vector<std::pair<size_t, int64_t>> row_parts = {};
 };
 
 struct PlannedFile {
@@ -113,16 +113,8 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
     PlannedTensor& t = all[index];
     std::vector<std::pair<int64_t, int64_t>> ranges;
     for (const auto& [entry, begin] : t.row_parts) ranges.emplace_back(begin, begin + entries[entry].value.size(0));
-    std::sort(ranges.begin(), ranges.end());
-    int64_t next = 0;
-    std::string list;
-    bool tiled = true;
-    for (const auto& [b, e] : ranges) {
-      tiled = tiled && b == next;
-      next = e;
-      list += (list.empty() ? "" : ", ") + std::to_string(b) + ":" + std::to_string(e);
-    }
-    HP_CHECK_T(c10::ValueError, tiled, "hyper_parallel::save_hf_checkpoint: the row ranges of '", name, "' (", list,
+    const hf_entries::RowTiling tiling = hf_entries::row_tiling(ranges, t.shape[0]);
+    HP_CHECK_T(c10::ValueError, tiling.tiled, "hyper_parallel::save_hf_checkpoint: the row ranges of '", name, "' (", tiling.listed,
                ") do not cover rows 0:", t.shape[0], " once each");
   }
   // Files filled in the model's order, as transformers splits a state dict.

@@ -55,6 +55,20 @@ RowRange row_range(const std::string& key) {
   return r;
 }
 
+RowTiling row_tiling(std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t rows) {
+  std::sort(ranges.begin(), ranges.end());
+  RowTiling t;
+  int64_t next = 0;
+  bool contiguous = true;
+  for (const auto& [b, e] : ranges) {
+    contiguous = contiguous && b == next;
+    next = e;
+    t.listed += (t.listed.empty() ? "" : ", ") + std::to_string(b) + ":" + std::to_string(e);
+  }
+  t.tiled = contiguous && next == rows;
+  return t;
+}
+
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map) {
   std::vector<Entry> out;
   std::map<const c10::TensorImpl*, size_t> seen;

@@ -35,6 +35,14 @@ struct RowRange {
 };
 RowRange row_range(const std::string& key);
 
+// Whether the row ranges [begin, end) cover rows [0, rows) once each (sorted in place), and the
+// ranges as "a:b, c:d" for a message.
+struct RowTiling {
+  bool tiled = false;
+  std::string listed;
+};
+RowTiling row_tiling(std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t rows);
+
 std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& key_map);
 
 // Whether any entry is a DTensor: only then are load and save collective.

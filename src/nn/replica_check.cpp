@@ -7,6 +7,8 @@
 #include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include "../runtime/fnv1a.h"
+
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -15,15 +17,9 @@
 namespace hyper_parallel {
 namespace {
 
-constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+using detail::fnv1a;
 
-uint64_t fnv(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
-  return h;
-}
-
-uint64_t fnv(uint64_t h, const std::vector<int64_t>& v) { return fnv(h, v.data(), v.size() * sizeof(int64_t)); }
+uint64_t fnv1a(const std::vector<int64_t>& v, uint64_t h) { return fnv1a(v.data(), v.size() * sizeof(int64_t), h); }
 
 // One piece of a parameter this rank holds: which elements (the key) and their bytes (the hash).
 struct Piece {
@@ -53,12 +49,12 @@ std::vector<Piece> pieces_of(const torch::nn::Module& module) {
       local = p;
     }
     if (local.numel() == 0) continue;
-    uint64_t key = fnv(kFnvBasis, piece.name.data(), piece.name.size());
-    key = fnv(fnv(key, piece.offset), piece.sizes);
+    uint64_t key = fnv1a(piece.name.data(), piece.name.size());
+    key = fnv1a(piece.sizes, fnv1a(piece.offset, key));
     const int8_t dtype = static_cast<int8_t>(local.scalar_type());
-    piece.key = fnv(key, &dtype, 1);
+    piece.key = fnv1a(&dtype, 1, key);
     const at::Tensor bytes = local.detach().cpu().contiguous();
-    piece.bytes = fnv(kFnvBasis, bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size());
+    piece.bytes = fnv1a(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size());
     out.push_back(std::move(piece));
   }
   return out;

@@ -4,13 +4,14 @@
 
 #include <c10/util/ArrayRef.h>
 
+#include "fnv1a.h"
+
 namespace hyper_parallel {
 
 void check_agreement(const Group& group, const std::string& what, const std::string& description) {
   TORCH_CHECK(group.defined(), "hyper_parallel::check_agreement: the group is undefined");
   if (group.size() == 1) return;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : description) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = detail::fnv1a(description.data(), description.size());
   const auto all = control_all_gather(group, {static_cast<int64_t>(h)});
   std::vector<int64_t> differ;
   for (int64_t r = 1; r < group.size(); ++r)

@@ -6,6 +6,8 @@
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include "../rotary.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -14,21 +16,6 @@ namespace qwen3 {
 namespace hp = hyper_parallel;
 
 namespace {
-// cos/sin of the rotary embedding at `positions` [B or 1, S]: [B or 1, 1, S, head_dim], computed
-// in float32 as transformers does (one product per angle, then cos and sin) and cast to `dtype`.
-std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor& positions, int64_t head_dim, double theta, at::ScalarType dtype) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(positions.device());
-  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
-  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
-}
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  auto halves = x.chunk(2, -1);
-  return at::cat({-halves[1], halves[0]}, -1);
-}
-
 // Whether `proj` holds replicated KV heads (parallelize_qwen3_tp with tp > num_key_value_heads):
 // its weight lives on the (kv, kv_replica) view of the tp ranks.
 bool replicated_heads(const hnn::LinearImpl& proj) {
@@ -58,7 +45,7 @@ LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t
   const at::Tensor positions = context && context->position_ids.defined()
                                    ? context->position_ids.to(device)
                                    : at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-  std::tie(in.cos, in.sin) = rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
+  std::tie(in.cos, in.sin) = models::rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
   if (!needs_mask(context)) return in;
   // Query i sits at cache position past + i: it sees keys up to there, and no padding.
   const int64_t t = in.past + s;
@@ -128,8 +115,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
     cos = own.cos;
     sin = own.sin;
   }
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  q = models::apply_rotary(q, cos, sin);
+  k = models::apply_rotary(k, cos, sin);
   const ForwardContext* ctx = inputs ? inputs->context : nullptr;
   if (ctx && ctx->cache) {
     KVCache& cache = *ctx->cache;

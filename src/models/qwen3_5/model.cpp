@@ -5,6 +5,8 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include "../rotary.h"
+
 namespace hyper_parallel {
 namespace qwen3_5 {
 namespace hp = hyper_parallel;
@@ -17,23 +19,10 @@ hnn::RMSNorm zero_centered_norm(int64_t dim, double eps) {
   return hnn::RMSNorm(hnn::RMSNormOptions(dim).eps(eps).zero_centered(true));
 }
 
-// cos/sin [1, 1, S, rotary_dim] of positions 0..S-1, in float32 as transformers computes them,
-// cast to `dtype`. Text positions are alike on the three mRoPE axes, so this is plain RoPE.
+// cos/sin [1, 1, S, rotary_dim] of positions 0..S-1. Text positions are alike on mRoPE's three
+// axes, so this is plain RoPE.
 std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t s, int64_t rotary_dim, double theta, at::ScalarType dtype, const at::Device& device) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  const at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, rotary_dim, 2, f32) / static_cast<double>(rotary_dim));
-  const at::Tensor freqs = at::arange(s, f32).unsqueeze(-1) * inv_freq;
-  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(0).unsqueeze(0);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
-}
-
-// The first rotary_dim dims of each head rotate (pairs i, i + rotary_dim/2); the rest pass.
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t rd = cos.size(-1);
-  const at::Tensor rot = x.narrow(-1, 0, rd);
-  const auto halves = rot.chunk(2, -1);
-  const at::Tensor rotated = rot * cos + at::cat({-halves[1], halves[0]}, -1) * sin;
-  return rd == x.size(-1) ? rotated : at::cat({rotated, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
+  return models::rotary_tables(at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0), rotary_dim, theta, dtype);
 }
 
 }  // namespace
@@ -66,8 +55,8 @@ at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwar
   at::Tensor q = q_norm(qg[0]).transpose(1, 2);
   at::Tensor k = k_norm(k_proj(hidden).view({b, s, -1, d})).transpose(1, 2);
   const at::Tensor v = v_proj(hidden).view({b, s, -1, d}).transpose(1, 2);
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  q = models::apply_rotary(q, cos, sin);
+  k = models::apply_rotary(k, cos, sin);
   const at::Tensor out = sdpa(q, k, v).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out * at::sigmoid(gate));
 }
