@@ -379,14 +379,16 @@ def make_gated_delta_net(out):
     print("gated_delta_net: one layer, its gradients, a cached prefill and decode")
 
 
-# Qwen3.5 text checkpoints (Qwen3_5ForCausalLM): 4 layers [linear, linear, linear, full], 2 key heads
-# serving 4 value heads with dk = 16 != dv = 8, gated attention with 4 query heads over 2 KV heads,
-# partial rotary (8 of 32 dims). Every 1-D weight is random (the norms' (1 + w) and w conventions,
-# A_log and dt_bias would hide behind their initial values). The logits of 2 rows of 70 tokens (two
-# GDN chunks, the second padded) and every parameter's gradient of transformers' loss, under HF's names.
+# Qwen3.5 text checkpoints (Qwen3_5ForCausalLM): 4 layers [linear, linear, linear, full], 4 key heads
+# serving 8 value heads with dk = 16 != dv = 8, gated attention with 4 query heads over 2 KV heads
+# (tp = 4 splits every head count but replicates the KV heads), partial rotary (8 of 32 dims). Every
+# 1-D weight is random (the norms' (1 + w) and w conventions, A_log and dt_bias would hide behind
+# their initial values). The logits of 2 rows of 70 tokens (two GDN chunks, the second padded) and
+# every parameter's gradient of transformers' loss, under HF's names; transformers' greedy
+# generation from 3 left-padded prompts (70, 45 and 9 tokens), its tokens and each step's logits.
 # name: (dtype of the files, tied embeddings, max_shard_size or None)
 QWEN3_5 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               num_key_value_heads=2, head_dim=32, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=16,
                linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
@@ -417,9 +419,32 @@ def make_qwen3_5(out):
         tensors = {"input_ids": ids, "logits": o.logits.detach(), "loss": o.loss.detach().reshape(1)}
         for n, p in ref.named_parameters():
             tensors["grad." + n] = p.grad
+        tensors.update(qwen3_5_generation(ref))
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
         print(f"{name}: {sorted(os.listdir(d))}")
     make_qwen3_5_vl_layout(out)
+
+
+# transformers' greedy tokens from left-padded prompts whose top-2 logit margin is at least 1e-3 at
+# every step (a closer call could flip on rounding): the prompts, their mask, the new tokens and
+# each step's logits [steps, B, V].
+def qwen3_5_generation(model, lengths=(70, 45, 9), new_tokens=8):
+    longest = max(lengths)
+    for seed in range(100):
+        g = torch.Generator().manual_seed(100 + seed)
+        ids = torch.zeros(len(lengths), longest, dtype=torch.long)
+        mask = torch.zeros(len(lengths), longest, dtype=torch.long)
+        for b, n in enumerate(lengths):
+            ids[b, longest - n:] = torch.randint(1, QWEN3_5["vocab_size"], (n,), generator=g)
+            mask[b, longest - n:] = 1
+        with torch.no_grad():
+            o = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                               output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+        logits = torch.stack(o.logits).float()
+        top2 = logits.topk(2, -1).values
+        if (top2[..., 0] - top2[..., 1]).min().item() >= 1e-3:
+            return {"gen.prompt_ids": ids, "gen.attention_mask": mask, "gen.tokens": o.sequences[:, longest:], "gen.logits": logits}
+    raise RuntimeError("no prompts with a top-2 margin of 1e-3 at every step")
 
 
 # The fp32 checkpoint laid out as the published vision-language ones are: the text model under

@@ -6,6 +6,8 @@
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include "../attention_mask.h"
+#include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
 #include <algorithm>
@@ -16,22 +18,6 @@ namespace qwen3 {
 namespace hp = hyper_parallel;
 
 namespace {
-// Whether `proj` holds replicated KV heads (parallelize_qwen3_tp with tp > num_key_value_heads):
-// its weight lives on the (kv, kv_replica) view of the tp ranks.
-bool replicated_heads(const hnn::LinearImpl& proj) {
-  const at::Tensor& w = proj.weight();
-  return hp::is_dtensor(w) && hp::DTensor(w).device_mesh().ndim() == 2;
-}
-
-// The projection of a replicated KV head, on local tensors. Only this rank's query heads use its
-// copy of the head, so the input's gradient through it is a partial sum over the tp ranks (as
-// through a Colwise projection), and the weight's a partial sum over the head's replicas, which
-// the weight's gradient hook (distribute_module) reduces.
-at::Tensor replicated_head_projection(const hnn::LinearImpl& proj, const at::Tensor& x) {
-  const at::Tensor x_local = hp::is_dtensor(x) ? hp::DTensor(x).to_local(hp::Placements{hp::Partial()}) : x;
-  return at::linear(x_local, hp::DTensor(proj.weight()).to_local(hp::Placements{hp::Shard(0), hp::Partial()}));
-}
-
 // Whether attention needs an explicit mask: keys in a cache, or padding. Otherwise it is causal
 // over the new positions, which the sdpa module does itself (and context parallelism takes over).
 bool needs_mask(const ForwardContext* context) { return context && (context->cache || context->key_mask.defined()); }
@@ -47,11 +33,7 @@ LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t
                                    : at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
   std::tie(in.cos, in.sin) = models::rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
   if (!needs_mask(context)) return in;
-  // Query i sits at cache position past + i: it sees keys up to there, and no padding.
-  const int64_t t = in.past + s;
-  in.blocked = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device)).triu(in.past + 1);
-  if (context && context->key_mask.defined())
-    in.blocked = in.blocked.logical_or(context->key_mask.to(device).logical_not().view({batch, 1, 1, t}));
+  in.blocked = models::blocked_keys(in.past, s, context->key_mask, device);
   return in;
 }
 
@@ -88,14 +70,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden) { return forward(hid
 at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads.
-  at::Tensor q = q_proj(hidden), k, v;
-  if (replicated_heads(*k_proj)) {
-    k = replicated_head_projection(*k_proj, hidden);
-    v = replicated_head_projection(*v_proj, hidden);
-  } else {
-    k = k_proj(hidden);
-    v = v_proj(hidden);
-  }
+  at::Tensor q = q_proj(hidden), k = models::kv_projection(k_proj, hidden), v = models::kv_projection(v_proj, hidden);
   const int64_t b = q.size(0), s = q.size(1);
   // (B, S, heads, D): the q/k norms act per head over D.
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);

@@ -2,30 +2,11 @@
 
 #include <memory>
 
+#include "../replicated_kv_heads.h"
+
 namespace hyper_parallel {
 namespace qwen3 {
 namespace hp = hyper_parallel;
-
-namespace {
-
-// k/v_proj of every layer as DTensors on the tp ranks viewed as (kv, kv_replica): rank r holds
-// rows of KV head floor(r * kv / tp). distribute_module gives each weight the hook that reduces
-// its Partial gradient over the replicas (AttentionImpl::forward computes them locally).
-void replicate_kv_heads(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh) {
-  const int64_t kv = model.config.num_kv_heads, tp = tp_mesh.size(0);
-  const hp::DeviceMesh kv_mesh = tp_mesh.unflatten(0, {kv, tp / kv}, {"kv", "kv_replica"});
-  auto by_head = [](const std::string&, torch::nn::Module& m, const hp::DeviceMesh& mesh) {
-    for (const auto& p : m.named_parameters(/*recurse=*/false))
-      hnn::replace_parameter(m, p.key(), hp::distribute_tensor(p.value().detach(), mesh, {hp::Shard(0), hp::Replicate()},
-                                                               p.value().is_meta() ? c10::nullopt : c10::optional<int64_t>(0)));
-  };
-  for (const auto& layer : *model.layers) {
-    auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
-    for (auto* proj : {attn->k_proj.get(), attn->v_proj.get()}) hp::distribute_module(*proj, kv_mesh, by_head);
-  }
-}
-
-}  // namespace
 
 void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bool sequence_parallel, bool loss_parallel,
                           c10::optional<at::ScalarType> reduce_dtype) {
@@ -34,10 +15,7 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   // A head must not be split: the projections' widths could divide while the head counts do not.
   HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0, "hyper_parallel::qwen3::parallelize_qwen3_tp: num_attention_heads (",
              c.num_heads, ") must be divisible by the tensor-parallel size ", tp);
-  const bool replicate_kv = tp > c.num_kv_heads;
-  HP_CHECK_T(c10::ValueError, c.num_kv_heads > 0 && (replicate_kv ? tp % c.num_kv_heads == 0 : c.num_kv_heads % tp == 0),
-             "hyper_parallel::qwen3::parallelize_qwen3_tp: the tensor-parallel size ", tp, " must divide num_key_value_heads (",
-             c.num_kv_heads, "), or be a multiple of it (each KV head is then replicated on tp / num_key_value_heads ranks)");
+  const bool replicate_kv = models::kv_heads_replicated("hyper_parallel::qwen3::parallelize_qwen3_tp", c.num_kv_heads, tp);
   HP_CHECK_T(c10::ValueError, !(sequence_parallel && c.is_moe() && tp > 1), "hyper_parallel::qwen3::parallelize_qwen3_tp: sequence parallelism ",
              "with MoE layers is not supported (their blocks take the replicated stream); pass sequence_parallel=false");
   const hp::Placement seq = hp::Shard(1);
@@ -84,7 +62,13 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   for (int64_t l = model.span.first_layer; c.is_moe() && l < model.span.end_layer; ++l)
     if (!c.is_moe_layer(l)) dense_mlp("layers." + std::to_string(l) + ".mlp");
   hp::parallelize_module(model, tp_mesh, hp::ParallelizePlan(std::move(entries)));
-  if (replicate_kv) replicate_kv_heads(model, tp_mesh);
+  if (replicate_kv) {
+    std::vector<hnn::LinearImpl*> kv;
+    for (const auto& layer : *model.layers)
+      for (auto* proj : {layer->as<DecoderLayerImpl>()->self_attn->k_proj.get(), layer->as<DecoderLayerImpl>()->self_attn->v_proj.get()})
+        kv.push_back(proj);
+    models::replicate_kv_heads(kv, c.num_kv_heads, tp_mesh);
+  }
   // Both are Shard(0) over the vocabulary, so one DTensor serves both again.
   model.tie_weights();
 }

@@ -5,6 +5,8 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/runtime/errors.h>
 
+#include "../attention_mask.h"
+#include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
 namespace hyper_parallel {
@@ -19,15 +21,19 @@ hnn::RMSNorm zero_centered_norm(int64_t dim, double eps) {
   return hnn::RMSNorm(hnn::RMSNormOptions(dim).eps(eps).zero_centered(true));
 }
 
-// cos/sin [1, 1, S, rotary_dim] of positions 0..S-1. Text positions are alike on mRoPE's three
-// axes, so this is plain RoPE.
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t s, int64_t rotary_dim, double theta, at::ScalarType dtype, const at::Device& device) {
-  return models::rotary_tables(at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0), rotary_dim, theta, dtype);
+// x with its padded positions zeroed (`keep` [B, S, 1]), a plain tensor or a replicated DTensor.
+at::Tensor zero_padding(const at::Tensor& x, const at::Tensor& keep) {
+  if (!hp::is_dtensor(x)) return x * keep;
+  const hp::DTensor d(x);
+  for (const auto& p : d.placements())
+    HP_CHECK_T(c10::ValueError, p.is_replicate(), "hyper_parallel::qwen3_5::LinearAttentionImpl::forward: padded generation needs the ",
+               "layer's input replicated, got ", hp::to_string(d.placements()), " (sequence parallelism does not generate)");
+  return hp::DTensor::from_local(d.to_local() * keep, d.device_mesh(), d.placements());
 }
 
 }  // namespace
 
-GatedAttentionImpl::GatedAttentionImpl(const Config& c) : config(c) {
+GatedAttentionImpl::GatedAttentionImpl(const Config& c, int64_t layer) : config(c), layer_idx(layer) {
   const int64_t width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   q_proj = register_module("q_proj", hnn::Linear(projection(c.hidden_size, 2 * width)));
   k_proj = register_module("k_proj", hnn::Linear(projection(c.hidden_size, kv_width)));
@@ -45,23 +51,41 @@ at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwar
                "takes the rotary tables cos and sin as keywords, got '", name, "'");
     (name == "cos" ? cos : sin) = value.toTensor();
   }
-  const int64_t d = config.head_dim, b = hidden.size(0), s = hidden.size(1);
-  if (!cos.defined() || !sin.defined())
-    std::tie(cos, sin) = rotary_tables(s, config.rotary_dim(), config.rope_theta, hidden.scalar_type(), hidden.device());
-  // Per head: its query rows, then its gate rows ([q_0 | g_0 | q_1 | g_1 | ...]).
-  const auto qg = q_proj(hidden).view({b, s, -1, 2 * d}).chunk(2, -1);
+  const int64_t d = config.head_dim;
+  // Local tensors under tensor parallelism: this rank's heads. Per head: its query rows, then its
+  // gate rows ([q_0 | g_0 | q_1 | g_1 | ...]).
+  const at::Tensor qg_rows = q_proj(hidden);
+  const int64_t b = qg_rows.size(0), s = qg_rows.size(1);
+  if (!cos.defined() || !sin.defined()) {
+    const at::Tensor positions = at::arange(s, at::TensorOptions().dtype(at::kLong).device(qg_rows.device())).unsqueeze(0);
+    std::tie(cos, sin) = models::rotary_tables(positions, config.rotary_dim(), config.rope_theta, qg_rows.scalar_type());
+  }
+  const auto qg = qg_rows.view({b, s, -1, 2 * d}).chunk(2, -1);
   const int64_t heads = qg[0].size(2);
   const at::Tensor gate = qg[1].reshape({b, s, heads * d});
   at::Tensor q = q_norm(qg[0]).transpose(1, 2);
-  at::Tensor k = k_norm(k_proj(hidden).view({b, s, -1, d})).transpose(1, 2);
-  const at::Tensor v = v_proj(hidden).view({b, s, -1, d}).transpose(1, 2);
+  at::Tensor k = k_norm(models::kv_projection(k_proj, hidden).view({b, s, -1, d})).transpose(1, 2);
+  at::Tensor v = models::kv_projection(v_proj, hidden).view({b, s, -1, d}).transpose(1, 2);
   q = models::apply_rotary(q, cos, sin);
   k = models::apply_rotary(k, cos, sin);
-  const at::Tensor out = sdpa(q, k, v).transpose(1, 2).reshape({b, s, heads * d});
+  const ForwardContext* ctx = inputs ? inputs->context : nullptr;
+  if (ctx && ctx->cache) {
+    const int64_t past = inputs->past;
+    at::Tensor& keys = ctx->cache->keys.at(static_cast<size_t>(layer_idx));
+    at::Tensor& values = ctx->cache->values.at(static_cast<size_t>(layer_idx));
+    HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "hyper_parallel::qwen3_5::GatedAttentionImpl::forward: the cache holds ", keys.size(2),
+               " positions; ", past, " are filled and ", s, " more were given");
+    keys.narrow(2, past, s).copy_(k);
+    values.narrow(2, past, s).copy_(v);
+    k = keys.narrow(2, 0, past + s);
+    v = values.narrow(2, 0, past + s);
+  }
+  // Training on whole sequences is plain causal attention; generation masks the cache and padding.
+  const at::Tensor out = (inputs ? sdpa(q, k, v, inputs->blocked) : sdpa(q, k, v)).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out * at::sigmoid(gate));
 }
 
-LinearAttentionImpl::LinearAttentionImpl(const Config& c) : config(c) {
+LinearAttentionImpl::LinearAttentionImpl(const Config& c, int64_t layer) : config(c), layer_idx(layer) {
   const int64_t key_dim = c.linear_num_key_heads * c.linear_key_head_dim, value_dim = c.linear_num_value_heads * c.linear_value_head_dim;
   in_proj_q = register_module("in_proj_q", hnn::Linear(projection(c.hidden_size, key_dim)));
   in_proj_k = register_module("in_proj_k", hnn::Linear(projection(c.hidden_size, key_dim)));
@@ -78,8 +102,11 @@ LinearAttentionImpl::LinearAttentionImpl(const Config& c) : config(c) {
 
 at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
   const int64_t b = hidden.size(0), s = hidden.size(1), dv = config.linear_value_head_dim;
-  const at::Tensor o = gdn->forward(in_proj_q(hidden), in_proj_k(hidden), in_proj_v(hidden), in_proj_a(hidden), in_proj_b(hidden));
-  at::Tensor z = in_proj_z(hidden).view({b, s, -1, dv});
+  // Padding enters as zeros, which leave the conv and recurrent states as they were.
+  const at::Tensor x = inputs && inputs->keep.defined() ? zero_padding(hidden, inputs->keep) : hidden;
+  hnn::GatedDeltaNetState* state = inputs && inputs->context->cache ? &inputs->context->cache->linear.at(static_cast<size_t>(layer_idx)) : nullptr;
+  const at::Tensor o = gdn->forward(in_proj_q(x), in_proj_k(x), in_proj_v(x), in_proj_a(x), in_proj_b(x), state);
+  at::Tensor z = in_proj_z(x).view({b, s, -1, dv});
   // Under tensor parallelism the norm's weight is a Replicate DTensor over this rank's value heads
   // (its style lays out `o`, the first input); the gate joins it alike.
   const at::Tensor& w = norm->parameter("weight");
@@ -89,8 +116,8 @@ at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
 
 DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
   input_layernorm = register_module("input_layernorm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
-  if (c.full_attention.at(static_cast<size_t>(layer_idx))) self_attn = register_module("self_attn", GatedAttention(c));
-  else linear_attn = register_module("linear_attn", LinearAttention(c));
+  if (c.full_attention.at(static_cast<size_t>(layer_idx))) self_attn = register_module("self_attn", GatedAttention(c, layer_idx));
+  else linear_attn = register_module("linear_attn", LinearAttention(c, layer_idx));
   post_attention_layernorm = register_module("post_attention_layernorm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
   mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
 }
@@ -121,12 +148,62 @@ void CausalLMImpl::tie_weights() {
   if (config.tie_word_embeddings) lm_head->replace_parameter("weight", embed_tokens->weight());
 }
 
-at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) {
+Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
+  Cache cache;
+  cache.linear.resize(layers->size());
+  for (const auto& layer : *layers) {
+    const auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
+    at::Tensor keys, values;
+    if (attn) {
+      const at::Tensor w = hp::local_tensor(attn->k_proj->weight());
+      keys = at::zeros({batch, w.size(0) / config.head_dim, capacity, config.head_dim}, w.options().requires_grad(false));
+      values = at::zeros_like(keys);
+    }
+    cache.keys.push_back(keys);
+    cache.values.push_back(values);
+  }
+  return cache;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
   at::Tensor h = embed_tokens(input_ids);
+  const int64_t s = input_ids.size(1);
+  const at::Device device = input_ids.device();
+  LayerInputs in;
+  in.context = &context;
+  in.past = context.cache ? context.cache->length : 0;
+  const at::Tensor positions = context.position_ids.defined()
+                                   ? context.position_ids.to(device)
+                                   : at::arange(in.past, in.past + s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
   // The tables travel as arguments, so a checkpointed layer's recompute replays them.
-  const auto [cos, sin] = rotary_tables(input_ids.size(1), config.rotary_dim(), config.rope_theta, h.scalar_type(), h.device());
+  const auto [cos, sin] = models::rotary_tables(positions, config.rotary_dim(), config.rope_theta, h.scalar_type());
   const hnn::Kwargs rotary{{"cos", cos}, {"sin", sin}};
+  // Whole sequences from position 0 (training) need nothing more: plain causal attention.
+  const bool generating = context.cache || context.key_mask.defined();
+  if (generating) {
+    in.blocked = models::blocked_keys(in.past, s, context.key_mask, device);
+    if (context.key_mask.defined()) {
+      const at::Tensor new_keys = context.key_mask.narrow(1, in.past, s);
+      if (!new_keys.all().item<bool>()) in.keep = new_keys.to(device, h.scalar_type()).unsqueeze(-1);
+    }
+  }
+  struct Scope {
+    CausalLMImpl& model;
+    void set(const LayerInputs* to) {
+      for (const auto& layer : *model.layers) {
+        auto* l = layer->as<DecoderLayerImpl>();
+        if (l->self_attn) l->self_attn->inputs = to;
+        else l->linear_attn->inputs = to;
+      }
+    }
+    ~Scope() { set(nullptr); }
+  } scope{*this};
+  if (generating) scope.set(&in);
   for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, rotary);
+  if (context.cache) context.cache->length += s;
+  if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);
   return lm_head(norm(h));
 }
 

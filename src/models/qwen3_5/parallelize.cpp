@@ -1,5 +1,7 @@
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
 
+#include "../replicated_kv_heads.h"
+
 namespace hyper_parallel {
 namespace qwen3_5 {
 namespace hp = hyper_parallel;
@@ -10,9 +12,9 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
              "tp mesh, got a ", tp_mesh.defined() ? tp_mesh.ndim() : 0, "-D one");
   const int64_t tp = tp_mesh.size(0);
   const Config& c = model.config;
-  // A head (and a key head with the value heads it serves) must not be split.
+  // A head (and a key head with the value heads it serves) must not be split; KV heads fewer than
+  // the ranks are replicated.
   const std::vector<std::pair<const char*, int64_t>> sizes{{"num_attention_heads", c.num_heads},
-                                                          {"num_key_value_heads", c.num_kv_heads},
                                                           {"linear_num_key_heads", c.linear_num_key_heads},
                                                           {"linear_num_value_heads", c.linear_num_value_heads},
                                                           {"intermediate_size", c.intermediate_size}};
@@ -21,6 +23,7 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     if (value % tp != 0) bad.push_back(std::string(name) + " (" + std::to_string(value) + ")");
   HP_CHECK_T(c10::ValueError, bad.empty(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: ", hp::join_listed(bad),
              " must be divisible by the tensor-parallel size ", tp);
+  const bool replicate_kv = models::kv_heads_replicated("hyper_parallel::qwen3_5::parallelize_qwen3_5_tp", c.num_kv_heads, tp);
   const hp::Placement act = sequence_parallel ? hp::Placement(hp::Shard(1)) : hp::Placement(hp::Replicate());
   const bool dtensor_stream = sequence_parallel;
   auto rowwise = [&](bool reduced) {
@@ -47,7 +50,9 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     if (full) {
       const std::string a = layer + ".self_attn";
       entries.emplace_back(a, replicate_input);
-      for (const char* proj : {".q_proj", ".k_proj", ".v_proj"}) entries.emplace_back(a + proj, hp::ColwiseParallel());
+      entries.emplace_back(a + ".q_proj", hp::ColwiseParallel());
+      if (!replicate_kv)
+        for (const char* proj : {".k_proj", ".v_proj"}) entries.emplace_back(a + proj, hp::ColwiseParallel());
       entries.emplace_back(a + ".q_norm", head_norm);
       entries.emplace_back(a + ".k_norm", head_norm);
       entries.emplace_back(a + ".o_proj", rowwise(true));
@@ -68,8 +73,13 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
       hnn::replace_parameter(m, p.key(), hp::distribute_parameter(p.value(), mesh, {hp::Shard(0)},
                                                                   p.value().is_meta() ? c10::nullopt : c10::optional<int64_t>(0)));
   };
-  for (const auto& layer : *model.layers)
-    if (auto linear = layer->as<DecoderLayerImpl>()->linear_attn) hp::distribute_module(*linear->gdn.ptr(), tp_mesh, by_head);
+  std::vector<hnn::LinearImpl*> kv;
+  for (const auto& layer : *model.layers) {
+    auto* l = layer->as<DecoderLayerImpl>();
+    if (l->linear_attn) hp::distribute_module(*l->linear_attn->gdn.ptr(), tp_mesh, by_head);
+    else kv.insert(kv.end(), {l->self_attn->k_proj.get(), l->self_attn->v_proj.get()});
+  }
+  if (replicate_kv) models::replicate_kv_heads(kv, c.num_kv_heads, tp_mesh);
   model.tie_weights();
 }
 

@@ -15,6 +15,7 @@
 #include "../../common/error_message.h"
 #include "../../common/hf_reference.h"
 #include <hyper_parallel/models/qwen3_5/config.h>
+#include <hyper_parallel/models/qwen3_5/generate.h>
 #include <hyper_parallel/models/qwen3_5/model.h>
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
 #include "../../common/test_util.h"
@@ -55,8 +56,8 @@ TEST(HFQwen3_5, ConfigIsReadAsTransformersWritesIt) {
   HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
   const q35::Config c = q35::load_config(ref + "/qwen3_5_fp32/config.json");
   EXPECT_EQ(c.full_attention, (std::vector<bool>{false, false, false, true}));
-  EXPECT_EQ(c.linear_num_key_heads, 2);
-  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_EQ(c.linear_num_key_heads, 4);
+  EXPECT_EQ(c.linear_num_value_heads, 8);
   EXPECT_EQ(c.linear_key_head_dim, 16);
   EXPECT_EQ(c.linear_value_head_dim, 8);
   EXPECT_EQ(c.rotary_dim(), 8);
@@ -72,8 +73,8 @@ TEST(HFQwen3_5, ConfigIsReadAsTransformersWritesIt) {
   const q35::Config v = q35::config_from_json(vl);
   EXPECT_TRUE(v.vision_language);
   EXPECT_TRUE(v.tie_word_embeddings);
-  EXPECT_EQ(q35::hf_key_map(v)("layers.0.linear_attn.in_proj_k.weight"), "model.language_model.layers.0.linear_attn.in_proj_qkv.weight[32:64]");
-  EXPECT_EQ(q35::hf_key_map(c)("layers.2.linear_attn.gdn.conv_v"), "model.layers.2.linear_attn.conv1d.weight[64:96]");
+  EXPECT_EQ(q35::hf_key_map(v)("layers.0.linear_attn.in_proj_k.weight"), "model.language_model.layers.0.linear_attn.in_proj_qkv.weight[64:128]");
+  EXPECT_EQ(q35::hf_key_map(c)("layers.2.linear_attn.gdn.conv_v"), "model.layers.2.linear_attn.conv1d.weight[128:192]");
   EXPECT_EQ(q35::hf_key_map(c)("layers.2.linear_attn.gdn.A_log"), "model.layers.2.linear_attn.A_log");
   EXPECT_EQ(q35::hf_key_map(c)("lm_head.weight"), "lm_head.weight");
   // Refused by name.
@@ -89,21 +90,23 @@ TEST(HFQwen3_5, ConfigIsReadAsTransformersWritesIt) {
   refused("\"linear_attention\",\n    \"full_attention\"", "\"linear_attention\",\n    \"sliding_attention\"",
           "layer_types holds \"sliding_attention\"");
   refused("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", "rope_parameters.rope_type \"yarn\" is not supported");
-  refused("\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3", "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2");
+  refused("\"linear_num_value_heads\": 8", "\"linear_num_value_heads\": 6", "linear_num_value_heads 6 is not a multiple of linear_num_key_heads 4");
   refused("\"mrope_section\": [\n      2,", "\"mrope_section\": [\n      3,", "rope_parameters.mrope_section");
 }
 
-// One process, and the seed's plan at tp = world size (2) with and without sequence and loss
-// parallelism: every parameter a DTensor, the GDN's q/k/v sections and gates split by head.
+// One process, and the seed's plan at tp = world size (2, 4) with and without sequence and loss
+// parallelism: every parameter a DTensor, the GDN's q/k/v sections and gates split by head, the 2
+// KV heads replicated at tp = 4.
 TEST(HFQwen3_5, LogitsAndEveryGradientMatchTransformers) {
   HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
   const int64_t ws = hp::get_world_size();
-  if (ws > 2) GTEST_SKIP() << "the reference model's 2 key heads split over 2 ranks at most";
   struct Case {
     bool sp, loss_parallel, checkpointing;
   };
-  const std::vector<Case> cases = ws == 1 ? std::vector<Case>{{false, false, false}, {false, false, true}}
-                                          : std::vector<Case>{{false, false, false}, {true, false, false}, {true, true, false}, {true, false, true}};
+  // Sequence parallelism splits the reference's 70 tokens over 2 ranks, not 4.
+  const std::vector<Case> cases = ws == 1   ? std::vector<Case>{{false, false, false}, {false, false, true}}
+                                  : ws == 2 ? std::vector<Case>{{false, false, false}, {true, false, false}, {true, true, false}, {true, false, true}}
+                                            : std::vector<Case>{{false, false, false}, {false, true, false}, {false, false, true}};
   for (const Case& layout : cases)
   for (const char* variant : kVariants) {
     SCOPED_TRACE(std::string(variant) + " at " + std::to_string(ws) + " ranks" + (layout.sp ? ", sequence parallel" : "") +
@@ -160,7 +163,7 @@ TEST(HFQwen3_5, VisionLanguageCheckpointLoadsItsTextModel) {
       hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
       model = q35::CausalLM(c);
     }
-    if (hp::get_world_size() <= 2 && hp::get_world_size() > 1) q35::parallelize_qwen3_5_tp(*model, hp_test::world_mesh(), false);
+    if (hp::get_world_size() > 1) q35::parallelize_qwen3_5_tp(*model, hp_test::world_mesh(), false);
     hp::to_empty(*model, "cpu");
     return model;
   };
@@ -195,6 +198,60 @@ TEST(HFQwen3_5, PlanRefusesSizesThatDoNotDivideByName) {
   EXPECT_NE(msg.find("linear_num_key_heads (3)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("must be divisible by the tensor-parallel size"), std::string::npos) << msg;
   for (const auto& p : model->parameters()) EXPECT_FALSE(hp::is_dtensor(p)) << "the model changed";
+  // A tp that neither divides the KV heads nor is a multiple of them.
+  q35::Config kv = q35::load_config(ref + "/qwen3_5_fp32/config.json");
+  kv.num_kv_heads = 3;
+  kv.num_heads = 12;
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
+    model = q35::CausalLM(kv);
+  }
+  const std::string kv_msg = hp_test::error_message([&] { q35::parallelize_qwen3_5_tp(*model, hp_test::world_mesh()); });
+  EXPECT_NE(kv_msg.find("hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: the tensor-parallel size " + std::to_string(hp::get_world_size()) +
+                        " must divide num_key_value_heads (3)"),
+            std::string::npos)
+      << kv_msg;
+  for (const auto& p : model->parameters()) EXPECT_FALSE(hp::is_dtensor(p)) << "the model changed";
+}
+
+// transformers' greedy generation from 3 left-padded prompts (70, 45 and 9 tokens; the longest
+// prefills two GDN chunks): the same tokens and each step's logits within 1e-4 of the largest,
+// in one process and at tp = world size (2, 4: KV heads replicated). The cache itself: the longest
+// prompt's steps equal one full forward over the prompt and the tokens generated.
+TEST(HFQwen3_5, GreedyGenerationMatchesTransformers) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  for (const char* variant : kVariants) {
+    SCOPED_TRACE(variant);
+    const std::string d = ref + "/" + variant;
+    auto model = loaded(d, [](q35::CausalLMImpl& m) {
+      if (hp::get_world_size() > 1) q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), /*sequence_parallel=*/false);
+    });
+    const at::Tensor ids = hp_test::hf_expected(d, "gen.prompt_ids"), mask = hp_test::hf_expected(d, "gen.attention_mask");
+    const at::Tensor want_tokens = hp_test::hf_expected(d, "gen.tokens"), want_logits = hp_test::hf_expected(d, "gen.logits");
+    std::vector<std::vector<int64_t>> prompts;
+    for (int64_t b = 0; b < ids.size(0); ++b) {
+      const int64_t n = mask[b].sum().item<int64_t>();
+      const at::Tensor row = ids[b].narrow(0, ids.size(1) - n, n).contiguous();
+      prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + n);
+    }
+    hp::models::GenerationConfig g;
+    g.max_new_tokens = want_tokens.size(1);
+    g.output_logits = true;
+    const auto out = q35::generate(*model, prompts, g);
+    ASSERT_EQ(out.logits.size(), static_cast<size_t>(g.max_new_tokens));
+    for (int64_t b = 0; b < ids.size(0); ++b) {
+      const at::Tensor row = want_tokens[b].contiguous();
+      EXPECT_EQ(out.tokens[static_cast<size_t>(b)], std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel())) << "prompt " << b;
+    }
+    for (int64_t step = 0; step < g.max_new_tokens; ++step)
+      EXPECT_TRUE(hp_test::near_relative(out.logits[static_cast<size_t>(step)], want_logits[step], 1e-4)) << "step " << step;
+    // The longest prompt (no padding): its cached steps against one forward over everything.
+    at::NoGradGuard no_grad;
+    const at::Tensor all = at::cat({ids[0], want_tokens[0].narrow(0, 0, g.max_new_tokens - 1)}).unsqueeze(0);
+    const at::Tensor full = hp::local_tensor(model(all))[0].narrow(0, ids.size(1) - 1, g.max_new_tokens);
+    for (int64_t step = 0; step < g.max_new_tokens; ++step)
+      EXPECT_TRUE(hp_test::near_relative(out.logits[static_cast<size_t>(step)][0], full[step], 1e-5)) << "full forward, step " << step;
+  }
 }
 
 }  // namespace t_dist_models_hf_qwen3_5_test

@@ -47,14 +47,46 @@ struct Config {
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
 };
 
+/// Generation state of one model, per layer: a full-attention layer's cached keys and values
+/// [B, kv_heads, capacity, head_dim] (this rank's KV heads), a linear-attention layer's conv and
+/// recurrent state (nn::GatedDeltaNetState); `length` positions filled.
+struct Cache {
+  std::vector<at::Tensor> keys, values;  // undefined at linear-attention layers
+  std::vector<hnn::GatedDeltaNetState> linear;
+  int64_t length = 0;
+};
+
+/// What a forward pass of generation adds to whole-sequence training: the positions of the new
+/// tokens [B, S] (rotary angles), which keys are real tokens ([B, cached + S], false at padding:
+/// linear attention zeroes their inputs, as transformers' apply_mask_to_padding_states, and full
+/// attention masks them), the cache the new tokens are appended to, and whether only the last
+/// position's logits are wanted.
+struct ForwardContext {
+  at::Tensor position_ids;
+  at::Tensor key_mask;
+  Cache* cache = nullptr;
+  bool last_position_only = false;
+};
+
+/// What every layer of one forward pass with a context shares (set by CausalLM::forward for the
+/// call; the styles' hooks pass tensors only).
+struct LayerInputs {
+  const ForwardContext* context = nullptr;
+  at::Tensor blocked;  // [B, 1, S, cached + S]: keys full attention may not see
+  at::Tensor keep;     // [B, S, 1] in the activations' dtype: 0 at padding; undefined without padding
+  int64_t past = 0;    // positions already in the cache
+};
+
 /// Gated full attention (transformers' Qwen3_5Attention). q_proj [nh·2·hd, H] holds per head its
 /// query rows then its gate rows; the output of the heads is scaled by sigmoid(gate) before o_proj.
 /// forward(hidden [B, S, H], {"cos", "sin"} rotary tables [1, 1, S, rotary_dim]).
 class GatedAttentionImpl : public hnn::ModuleBase<GatedAttentionImpl> {
  public:
-  explicit GatedAttentionImpl(const Config& c);
+  GatedAttentionImpl(const Config& c, int64_t layer_idx);
   at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
   Config config;
+  int64_t layer_idx;
+  const LayerInputs* inputs = nullptr;  // this call's generation inputs, if any
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   hnn::ScaledDotProductAttention sdpa{nullptr};
@@ -66,9 +98,11 @@ HP_MODULE(GatedAttention);
 /// each value head, out_proj. forward(hidden [B, S, H]) -> [B, S, H].
 class LinearAttentionImpl : public hnn::ModuleBase<LinearAttentionImpl> {
  public:
-  explicit LinearAttentionImpl(const Config& c);
+  LinearAttentionImpl(const Config& c, int64_t layer_idx);
   at::Tensor forward(const at::Tensor& hidden);
   Config config;
+  int64_t layer_idx;
+  const LayerInputs* inputs = nullptr;  // this call's generation inputs, if any
   hnn::Linear in_proj_q{nullptr}, in_proj_k{nullptr}, in_proj_v{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr},
       out_proj{nullptr};
   hnn::GatedDeltaNet gdn{nullptr};
@@ -92,11 +126,16 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
 };
 HP_MODULE(DecoderLayer);
 
-/// Token ids [B, S] -> logits [B, S, vocab], causal.
+/// Token ids [B, S] -> logits [B, S, vocab], causal; with a context, the next tokens of a
+/// generation (positions, padding, the cache).
 class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
  public:
   explicit CausalLMImpl(const Config& c);
   at::Tensor forward(const at::Tensor& input_ids);
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
+  /// An empty cache for `batch` sequences of up to `capacity` positions, sized from this rank's
+  /// k_proj (its local KV heads).
+  Cache make_cache(int64_t batch, int64_t capacity) const;
   /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor).
   void tie_weights();
   Config config;

@@ -20,9 +20,12 @@ namespace qwen3_5 {
 /// - the GatedDeltaNet's conv_q/k/v, A_log and dt_bias Shard(0): each rank keeps whole key heads
 ///   with the value heads they serve (HF's fused in_proj_qkv and conv1d load into the q/k/v
 ///   sections through hf_key_map's row ranges);
-/// - lm_head Colwise(Shard(1) -> Replicate), or with loss_parallel -> Shard(-1) kept a DTensor.
-/// num_attention_heads, num_key_value_heads, linear_num_key_heads, linear_num_value_heads or
-/// intermediate_size not divisible by tp fails (c10::ValueError) naming them, before any change.
+/// - lm_head Colwise(Shard(1) -> Replicate), or with loss_parallel -> Shard(-1) kept a DTensor;
+/// - with tp > num_key_value_heads (a multiple of it), k/v_proj replicated by KV head on the
+///   (kv, kv_replica) view of the tp ranks, as parallelize_qwen3_tp does.
+/// num_attention_heads, linear_num_key_heads, linear_num_value_heads or intermediate_size not
+/// divisible by tp, or a tp that neither divides num_key_value_heads nor is a multiple of it,
+/// fails (c10::ValueError) naming them, before any change.
 /// e.g. `qwen3_5::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/true);`
 void parallelize_qwen3_5_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
                             bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
