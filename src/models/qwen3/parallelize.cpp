@@ -15,7 +15,7 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
   // A head must not be split: the projections' widths could divide while the head counts do not.
   HP_CHECK_T(c10::ValueError, c.num_heads % tp == 0, "hyper_parallel::qwen3::parallelize_qwen3_tp: num_attention_heads (",
              c.num_heads, ") must be divisible by the tensor-parallel size ", tp);
-  const bool replicate_kv = models::kv_heads_replicated("hyper_parallel::qwen3::parallelize_qwen3_tp", c.num_kv_heads, tp);
+  const bool replicate_kv = models::kv_heads_replicated("qwen3::parallelize_qwen3_tp", c.num_kv_heads, tp);
   HP_CHECK_T(c10::ValueError, !(sequence_parallel && c.is_moe() && tp > 1), "hyper_parallel::qwen3::parallelize_qwen3_tp: sequence parallelism ",
              "with MoE layers is not supported (their blocks take the replicated stream); pass sequence_parallel=false");
   const hp::Placement seq = hp::Shard(1);

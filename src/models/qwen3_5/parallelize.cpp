@@ -23,7 +23,7 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     if (value % tp != 0) bad.push_back(std::string(name) + " (" + std::to_string(value) + ")");
   HP_CHECK_T(c10::ValueError, bad.empty(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: ", hp::join_listed(bad),
              " must be divisible by the tensor-parallel size ", tp);
-  const bool replicate_kv = models::kv_heads_replicated("hyper_parallel::qwen3_5::parallelize_qwen3_5_tp", c.num_kv_heads, tp);
+  const bool replicate_kv = models::kv_heads_replicated("qwen3_5::parallelize_qwen3_5_tp", c.num_kv_heads, tp);
   const hp::Placement act = sequence_parallel ? hp::Placement(hp::Shard(1)) : hp::Placement(hp::Replicate());
   const bool dtensor_stream = sequence_parallel;
   auto rowwise = [&](bool reduced) {
