@@ -35,8 +35,8 @@ inline at::Tensor kv_projection(nn::Linear& proj, const at::Tensor& x) {
 inline bool kv_heads_replicated(const char* caller, int64_t kv_heads, int64_t tp) {
   const bool replicate = tp > kv_heads;
   HP_CHECK_T(c10::ValueError, kv_heads > 0 && (replicate ? tp % kv_heads == 0 : kv_heads % tp == 0), "hyper_parallel::", caller,
-: the tensor-parallel size ", tp,
-             " must divide num_key_value_heads (", kv_heads, "), or be a multiple of it (each KV head is then replicated on tp / num_key_value_heads ranks)");
+             ": the tensor-parallel size ", tp, " must divide num_key_value_heads (", kv_heads,
+             "), or be a multiple of it (each KV head is then replicated on tp / num_key_value_heads ranks)");
   return replicate;
 }
 
