@@ -85,6 +85,24 @@ inline nlohmann::json parse_config(const std::string& text, const std::string& o
   return j;
 }
 
+/// The name config.json gives `t` ("float32" for anything but bfloat16 and float16).
+inline const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+/// Writes eos_token_id (an id, or a list of several), bos_token_id and pad_token_id when known.
+inline void write_token_ids(nlohmann::json& j, const std::vector<int64_t>& eos, const c10::optional<int64_t>& bos,
+                            const c10::optional<int64_t>& pad) {
+  if (eos.size() == 1) j["eos_token_id"] = eos[0];
+  else if (!eos.empty()) j["eos_token_id"] = eos;
+  if (bos) j["bos_token_id"] = *bos;
+  if (pad) j["pad_token_id"] = *pad;
+}
+
 /// The text of config.json at `path`, or a ValueError naming `function` and the path.
 inline std::string read_config_text(const std::string& path, const char* function) {
   std::ifstream in(path);

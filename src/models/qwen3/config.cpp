@@ -16,14 +16,6 @@ using nlohmann::json;
 
 using Reader = models::HFConfigReader;
 
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return "float32";
-  }
-}
-
 }  // namespace
 
 Config config_from_json(const std::string& text, const std::string& origin) {
@@ -138,11 +130,8 @@ std::string config_to_json(const Config& c) {
   j["attention_dropout"] = c.attention_dropout;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["use_sliding_window"] = false;
-  j["torch_dtype"] = dtype_name(c.dtype);
-  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
-  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+  j["torch_dtype"] = models::dtype_name(c.dtype);
+  models::write_token_ids(j, c.eos_token_ids, c.bos_token_id, c.pad_token_id);
   return j.dump(2) + "\n";
 }
 

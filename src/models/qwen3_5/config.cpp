@@ -85,6 +85,7 @@ Config config_from_json(const std::string& text, const std::string& origin) {
     for (const auto& x : ms) {
       if (!x.is_number_integer()) r.fail("rope_parameters.mrope_section must be a list of integers");
       sum += x.get<int64_t>();
+      c.mrope_section.push_back(x.get<int64_t>());
     }
     if (2 * sum != c.rotary_dim())
       r.fail("rope_parameters.mrope_section " + ms.dump() + " covers " + std::to_string(2 * sum) + " dims, the rotary dims are " +
@@ -100,6 +101,47 @@ Config config_from_json(const std::string& text, const std::string& origin) {
 }
 
 Config load_config(const std::string& path) { return config_from_json(models::read_config_text(path, "qwen3_5::load_config"), path); }
+
+std::string config_to_json(const Config& c) {
+  json j;
+  j["architectures"] = {"Qwen3_5ForCausalLM"};
+  j["model_type"] = "qwen3_5_text";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["linear_num_key_heads"] = c.linear_num_key_heads;
+  j["linear_num_value_heads"] = c.linear_num_value_heads;
+  j["linear_key_head_dim"] = c.linear_key_head_dim;
+  j["linear_value_head_dim"] = c.linear_value_head_dim;
+  j["linear_conv_kernel_dim"] = c.linear_conv_kernel_dim;
+  json types = json::array();
+  for (bool full : c.full_attention) types.push_back(full ? "full_attention" : "linear_attention");
+  j["layer_types"] = types;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  // Sections covering the rotary frequencies as the published configs split them ([11, 11, 10]
+  // of 32), when the config read had none.
+  std::vector<int64_t> sections = c.mrope_section;
+  if (sections.empty()) {
+    const int64_t n = c.rotary_dim() / 2;
+    sections = {n - 2 * (n / 3), n / 3, n / 3};
+  }
+  j["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", c.rope_theta},
+                          {"partial_rotary_factor", c.partial_rotary_factor},
+                          {"mrope_section", sections},
+                          {"mrope_interleaved", true}};
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["dtype"] = models::dtype_name(c.dtype);
+  models::write_token_ids(j, c.eos_token_ids, c.bos_token_id, c.pad_token_id);
+  return j.dump(2) + "\n";
+}
 
 CheckpointKeyMap hf_key_map(const Config& config) {
   const std::string prefix = config.vision_language ? "model.language_model." : "model.";

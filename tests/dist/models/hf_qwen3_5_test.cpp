@@ -18,6 +18,7 @@
 #include <hyper_parallel/models/qwen3_5/generate.h>
 #include <hyper_parallel/models/qwen3_5/model.h>
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
+#include <hyper_parallel/models/qwen3_5/pretrained.h>
 #include "../../common/test_util.h"
 
 namespace q35 = hyper_parallel::qwen3_5;
@@ -251,6 +252,37 @@ TEST(HFQwen3_5, GreedyGenerationMatchesTransformers) {
     const at::Tensor full = hp::local_tensor(model(all))[0].narrow(0, ids.size(1) - 1, g.max_new_tokens);
     for (int64_t step = 0; step < g.max_new_tokens; ++step)
       EXPECT_TRUE(hp_test::near_relative(out.logits[static_cast<size_t>(step)][0], full[step], 1e-5)) << "full forward, step " << step;
+  }
+}
+
+// from_pretrained at tp = world size, save_pretrained, and back: the same logits from our reload,
+// the config as it was; hf_transformers_reads_ours then loads the saved checkpoints (fp32 untied,
+// and the bf16 tied one saved in float32) with Qwen3_5ForCausalLM against its own logits.
+TEST(HFQwen3_5, SavePretrainedRoundTripsForTransformers) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  const char* out_root = std::getenv("HP_HF_OUT");
+  ASSERT_NE(out_root, nullptr) << "HP_HF_OUT names where transformers reads our checkpoints";
+  const int64_t ws = hp::get_world_size();
+  const c10::optional<hp::DeviceMesh> tp = ws > 1 ? c10::optional<hp::DeviceMesh>(hp_test::world_mesh()) : c10::nullopt;
+  for (const char* variant : {"qwen3_5_fp32", "qwen3_5_bf16_tied_sharded", "qwen3_5_vl_layout"}) {
+    SCOPED_TRACE(variant);
+    const std::string d = ref + "/" + variant;
+    auto loaded = q35::from_pretrained(d, tp, at::kFloat, "cpu", /*progress=*/false);
+    // The published layout is saved as the text model alone; its logits are the fp32 model's.
+    const std::string out = std::string(out_root) + "/np" + std::to_string(ws) + "_" + variant;
+    q35::save_pretrained(*loaded.model, out);
+    const q35::Config before = loaded.model->config, after = q35::load_config(out + "/config.json");
+    EXPECT_FALSE(after.vision_language);
+    EXPECT_EQ(after.full_attention, before.full_attention);
+    EXPECT_EQ(after.tie_word_embeddings, before.tie_word_embeddings);
+    EXPECT_EQ(after.rotary_dim(), before.rotary_dim());
+    EXPECT_EQ(after.linear_num_value_heads, before.linear_num_value_heads);
+    auto back = q35::from_pretrained(out, tp, at::kFloat, "cpu", /*progress=*/false);
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = hp_test::hf_expected(d, "input_ids");
+    const at::Tensor want = hp_test::hf_expected(d, "logits");
+    EXPECT_TRUE(hp_test::near_relative(back.model(ids), want, 1e-4));
+    EXPECT_TRUE(at::equal(back.model(ids), loaded.model(ids))) << "our reload computes what the saved model did";
   }
 }
 

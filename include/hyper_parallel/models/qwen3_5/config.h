@@ -21,6 +21,11 @@ Config config_from_json(const std::string& text, const std::string& origin = "co
 /// Reads `path` with config_from_json.
 Config load_config(const std::string& path);
 
+/// The text model's config.json as transformers writes a Qwen3_5TextConfig (model_type
+/// "qwen3_5_text", Qwen3_5ForCausalLM), whatever layout `config` was read from: what
+/// save_pretrained writes beside the text model's tensors.
+std::string config_to_json(const Config& config);
+
 /// Our parameter names to the checkpoint's, for text checkpoints ("model." prefix) or, with
 /// `vision_language`, the published ones ("model.language_model."): a linear-attention layer's
 /// in_proj_q/k/v and its GatedDeltaNet's conv_q/k/v are row ranges of HF's fused `in_proj_qkv`

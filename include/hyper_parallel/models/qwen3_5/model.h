@@ -36,6 +36,9 @@ struct Config {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 0.25;  // the share of each head's dims that rotate
+  /// mRoPE's frequencies per position axis (rope_parameters.mrope_section), kept for the config
+  /// written back; text positions are alike on every axis, so it does not change the rotation.
+  std::vector<int64_t> mrope_section;
   int64_t max_position_embeddings = 32768;
   bool tie_word_embeddings = false;
   bool vision_language = false;  // read from a "qwen3_5" config: checkpoint keys under model.language_model.
