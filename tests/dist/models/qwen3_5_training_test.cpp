@@ -1,0 +1,127 @@
+// Qwen3.5 (transformers' random-weight checkpoint: 3 Gated DeltaNet layers and 1 gated attention
+// layer, every norm weight, A_log and dt_bias random) trained for 6 AdamW steps under the seed's
+// plan, against the same 6 steps in one process: each step's loss, and every parameter after the
+// last step. Sequences of 72 tokens (two GDN chunks, the second padded; 72 divides over 2 and 4
+// ranks for sequence parallelism). Layouts: tp with and without sequence parallelism, with full
+// and selective activation checkpointing, KV heads replicated at tp = 4, and dp x tp = 2 x 2 with
+// fully_shard over dp.
+#include <gtest/gtest.h>
+
+#include <torch/optim.h>
+
+#include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/fsdp/fully_shard.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
+
+#include "../../common/hf_reference.h"
+#include "../../common/test_util.h"
+#include <hyper_parallel/models/qwen3_5/config.h>
+#include <hyper_parallel/models/qwen3_5/model.h>
+#include <hyper_parallel/models/qwen3_5/parallelize.h>
+
+namespace q35 = hyper_parallel::qwen3_5;
+namespace hp = hyper_parallel;
+namespace hnn = hyper_parallel::nn;
+
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_models_qwen3_5_training_test {
+namespace {
+
+struct Layout {
+  std::string name;
+  int64_t dp = 1, tp = 1;
+  bool sequence_parallel = false;
+  std::string checkpointing = "none";  // an ActivationCheckpointPolicy::parse text
+};
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<std::map<std::string, at::Tensor>> grads;  // each step's, whole
+  std::map<std::string, at::Tensor> params;               // whole tensors after the last step
+};
+
+at::Tensor whole(const at::Tensor& t) { return hp::is_dtensor(t) ? hp::DTensor(t.detach()).full_tensor() : t.detach().clone(); }
+
+constexpr int64_t kSteps = 6, kRows = 4, kSeq = 72;
+
+// 6 AdamW steps on `layout`, every rank training on its dp rows of the same global batches.
+Run train(const std::string& dir, const Layout& layout) {
+  const q35::Config c = q35::load_config(dir + "/config.json");
+  q35::CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    model = q35::CausalLM(c);
+  }
+  c10::optional<hp::DeviceMesh> mesh;
+  if (layout.dp > 1) mesh = hp::init_device_mesh("cpu", {layout.dp, layout.tp}, {"dp", "tp"});
+  else if (layout.tp > 1) mesh = hp::init_device_mesh("cpu", {layout.tp}, {"tp"});
+  if (layout.tp > 1) q35::parallelize_qwen3_5_tp(*model, (*mesh)["tp"], layout.sequence_parallel);
+  hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::parse(layout.checkpointing));
+  hp::to_empty(*model, "cpu");
+  hp::load_hf_checkpoint(*model, dir, q35::hf_load_options(c));
+  if (layout.dp > 1) {
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, (*mesh)["dp"]);
+    hp::fully_shard(*model, (*mesh)["dp"]);
+  }
+  const int64_t dp_rank = layout.dp > 1 ? (*mesh)["dp"].get_local_rank() : 0;
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+  Run run;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const at::Tensor ids = at::randint(c.vocab_size, {kRows, kSeq + 1}, at::detail::createCPUGenerator(500 + step % 2), at::kLong);
+    const at::Tensor rows = ids.chunk(layout.dp, 0)[dp_rank];
+    const at::Tensor x = rows.narrow(1, 0, kSeq), y = rows.narrow(1, 1, kSeq).reshape({-1});
+    const at::Tensor logits = model(x);
+    at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y);
+    opt.zero_grad();
+    loss.backward();
+    run.grads.emplace_back();
+    for (const auto& p : model->named_parameters()) run.grads.back()[p.key()] = whole(p.value().grad());
+    opt.step();
+    // The mean over dp of equal row counts is the global batch's loss.
+    at::Tensor value = loss.detach().reshape({1});
+    if (layout.dp > 1) value = hp::all_reduce(value, hp::ReduceOp::AVG, (*mesh)["dp"].get_group());
+    run.losses.push_back(value.item<double>());
+  }
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model)) << layout.name;
+  for (const auto& p : model->named_parameters())
+    run.params[p.key()] = whole(p.value());
+  return run;
+}
+
+void expect_trains_as_one_process(const std::vector<Layout>& layouts) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  const std::string d = ref + "/qwen3_5_fp32";
+  const Run one = train(d, Layout{"one process"});
+  ASSERT_GT(one.losses.front() - one.losses.back(), 0.05) << "the steps must train";
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const Run run = train(d, layout);
+    for (size_t step = 0; step < kSteps; ++step) {
+      EXPECT_NEAR(run.losses[step], one.losses[step], 1e-5) << "step " << step;
+      ASSERT_EQ(run.grads[step].size(), one.grads[step].size());
+      // From the same weights, max |g - g_ref| <= 1e-4 max |g_ref| per parameter (the criterion
+      // against transformers); after Adam steps, whose lr · m / (sqrt(v) + eps) turns rounding in
+      // gradients near zero into weight differences of a small fraction of lr, 1e-3.
+      const double rel = step == 0 ? 1e-4 : 1e-3;
+      for (const auto& [name, g] : one.grads[step]) EXPECT_TRUE(hp_test::near_relative(run.grads[step].at(name), g, rel)) << name << ", step " << step;
+    }
+    // The weights within a small fraction of lr (3e-3).
+    for (const auto& [name, value] : one.params) EXPECT_TRUE(hp_test::close(run.params.at(name), value, 1e-4, 1e-4)) << name;
+  }
+}
+
+}  // namespace
+
+TEST(HFQwen3_5Training, SixAdamWStepsUnderTensorParallelEqualOneProcess) {
+  const int64_t ws = hp::get_world_size();
+  if (ws == 1) GTEST_SKIP() << "needs ranks";
+  const std::string tp = "tp=" + std::to_string(ws);
+  std::vector<Layout> layouts{{tp, 1, ws, false, "none"},
+                              {tp + " sequence parallel", 1, ws, true, "none"},
+                              {tp + " sequence parallel, full activation checkpointing", 1, ws, true, "full"},
+                              {tp + ", selective activation checkpointing", 1, ws, false, "selective"}};
+  if (ws == 4) layouts.push_back({"dp=2 x tp=2, fully_shard over dp, sequence parallel", 2, 2, true, "none"});
+  expect_trains_as_one_process(layouts);
+}
+
+}  // namespace t_dist_models_qwen3_5_training_test
