@@ -140,20 +140,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs
 }
 
 StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
-  HP_CHECK_T(c10::ValueError, num_stages >= 1 && stage >= 0 && stage < num_stages, "hyper_parallel::qwen3::pipeline_stage_span: stage ",
-             stage, " is outside 0 .. ", num_stages - 1);
-  HP_CHECK_T(c10::ValueError, c.num_layers >= num_stages, "hyper_parallel::qwen3::pipeline_stage_span: ", c.num_layers,
-             " decoder layers cannot give each of ", num_stages, " stages at least one");
-  HP_CHECK_T(c10::ValueError, !c.tie_word_embeddings || num_stages == 1, "hyper_parallel::qwen3::pipeline_stage_span: the model ties ",
-             "lm_head to embed_tokens (tie_word_embeddings), which would live on the first and the last of ", num_stages,
-             " stages; pipeline parallelism needs untied weights");
-  const int64_t base = c.num_layers / num_stages, extra = c.num_layers % num_stages;
-  StageSpan s;
-  s.first_layer = stage * base + std::min(stage, extra);
-  s.end_layer = s.first_layer + base + (stage < extra ? 1 : 0);
-  s.embedding = stage == 0;
-  s.head = stage + 1 == num_stages;
-  return s;
+  return models::pipeline_stage_span(c.num_layers, c.tie_word_embeddings, stage, num_stages, "qwen3::pipeline_stage_span");
 }
 
 CausalLMImpl::CausalLMImpl(const Config& c, const StageSpan& stage) : config(c), span(stage) {

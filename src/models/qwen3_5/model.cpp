@@ -128,12 +128,22 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs
   return h + mlp(post_attention_layernorm(h));
 }
 
-CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
+StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
+  return models::pipeline_stage_span(c.num_layers, c.tie_word_embeddings, stage, num_stages, "qwen3_5::pipeline_stage_span");
+}
+
+CausalLMImpl::CausalLMImpl(const Config& c, const StageSpan& stage) : config(c), span(stage) {
   HP_CHECK_T(c10::ValueError, static_cast<int64_t>(c.full_attention.size()) == c.num_layers, "hyper_parallel::qwen3_5::CausalLM: the layer ",
              "schedule names ", c.full_attention.size(), " layers, the model has ", c.num_layers);
-  embed_tokens = register_module("embed_tokens", hnn::Embedding(c.vocab_size, c.hidden_size));
-  layers = register_module("layers", hnn::ModuleList(0));
-  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c, i).ptr());
+  if (span.end_layer < 0) span.end_layer = c.num_layers;
+  HP_CHECK_T(c10::ValueError, span.first_layer >= 0 && span.first_layer <= span.end_layer && span.end_layer <= c.num_layers,
+             "hyper_parallel::qwen3_5::CausalLM: layers [", span.first_layer, ", ", span.end_layer, ") are not within the model's ", c.num_layers);
+  HP_CHECK_T(c10::ValueError, !c.tie_word_embeddings || span.embedding == span.head, "hyper_parallel::qwen3_5::CausalLM: a stage with ",
+             span.embedding ? "the embedding but not lm_head" : "lm_head but not the embedding", " cannot tie them (tie_word_embeddings)");
+  if (span.embedding) embed_tokens = register_module("embed_tokens", hnn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", hnn::ModuleList(span.first_layer));
+  for (int64_t i = span.first_layer; i < span.end_layer; ++i) layers->push_back(DecoderLayer(c, i).ptr());
+  if (!span.head) return;
   norm = register_module("norm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
   {
     // A tied lm_head is embed_tokens' weight: built on meta, it allocates and draws nothing.
@@ -145,12 +155,15 @@ CausalLMImpl::CausalLMImpl(const Config& c) : config(c) {
 }
 
 void CausalLMImpl::tie_weights() {
-  if (config.tie_word_embeddings) lm_head->replace_parameter("weight", embed_tokens->weight());
+  if (config.tie_word_embeddings && embed_tokens && lm_head) lm_head->replace_parameter("weight", embed_tokens->weight());
 }
 
 Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
+  // Indexed by the layers' indices in the whole model.
   Cache cache;
-  cache.linear.resize(layers->size());
+  cache.linear.resize(static_cast<size_t>(config.num_layers));
+  cache.keys.resize(static_cast<size_t>(span.first_layer));
+  cache.values.resize(static_cast<size_t>(span.first_layer));
   for (const auto& layer : *layers) {
     const auto& attn = layer->as<DecoderLayerImpl>()->self_attn;
     at::Tensor keys, values;
@@ -168,7 +181,8 @@ Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
-  at::Tensor h = embed_tokens(input_ids);
+  // A stage without the embedding takes hidden states.
+  at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;
   const int64_t s = input_ids.size(1);
   const at::Device device = input_ids.device();
   LayerInputs in;
@@ -203,6 +217,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardConte
   if (generating) scope.set(&in);
   for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, rotary);
   if (context.cache) context.cache->length += s;
+  if (!lm_head) return h;
   if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);
   return lm_head(norm(h));
 }

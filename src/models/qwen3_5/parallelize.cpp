@@ -32,17 +32,21 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
   const hp::SequenceParallel head_norm(/*sequence_dim=*/2, /*use_local_output=*/true);
   const hp::PrepareModuleInput replicate_input(hp::Layouts{act}, hp::Layouts{hp::Replicate()});
   std::vector<hp::PlanEntry> entries{
-      {"embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream)},
-      {"lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel)},
       {"layers.*.mlp", replicate_input},
       {"layers.*.mlp.gate_proj", hp::ColwiseParallel()},
       {"layers.*.mlp.up_proj", hp::ColwiseParallel()},
   };
-  for (const char* norm : {"layers.*.input_layernorm", "layers.*.post_attention_layernorm", "norm"}) {
+  // A pipeline stage holds the embedding, the head, both or neither.
+  if (model.embed_tokens) entries.emplace_back("embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream));
+  if (model.lm_head)
+    entries.emplace_back("lm_head", hp::ColwiseParallel(act, loss_parallel ? hp::Shard(-1) : hp::Replicate(), /*use_local_output=*/!loss_parallel));
+  std::vector<const char*> norms{"layers.*.input_layernorm", "layers.*.post_attention_layernorm"};
+  if (model.norm) norms.push_back("norm");
+  for (const char* norm : norms) {
     if (sequence_parallel) entries.emplace_back(norm, hp::SequenceParallel(1));
     else entries.emplace_back(norm, hp::NoParallel());
   }
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = model.span.first_layer; l < model.span.end_layer; ++l) {
     const std::string layer = "layers." + std::to_string(l);
     const bool full = c.full_attention.at(static_cast<size_t>(l));
     // HyperParallel's training plan reduces the mixers' outputs, and a full layer's MLP, in reduce_dtype.

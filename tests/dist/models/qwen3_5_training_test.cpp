@@ -4,7 +4,8 @@
 // last step. Sequences of 72 tokens (two GDN chunks, the second padded; 72 divides over 2 and 4
 // ranks for sequence parallelism). Layouts: tp with and without sequence parallelism, with full
 // and selective activation checkpointing, KV heads replicated at tp = 4, and dp x tp = 2 x 2 with
-// fully_shard over dp.
+// fully_shard over dp. And pipeline stages that each hold layers of both kinds (pp = 2, and
+// pp x tp = 2 x 2), under 1F1B and GPipe.
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
@@ -12,6 +13,8 @@
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/nn/activation_checkpoint.h>
+#include <hyper_parallel/pipelining/schedules.h>
+#include <hyper_parallel/pipelining/stage.h>
 
 #include "../../common/hf_reference.h"
 #include "../../common/test_util.h"
@@ -110,7 +113,77 @@ void expect_trains_as_one_process(const std::vector<Layout>& layouts) {
   }
 }
 
+// The reference checkpoint's shapes with the schedule [linear, full, linear, full], so that each
+// of 2 stages holds a layer of each kind; weights drawn (1-D ones away from their init values).
+q35::CausalLM pipeline_reference(const std::string& dir) {
+  q35::Config c = q35::load_config(dir + "/config.json");
+  c.full_attention = {false, true, false, true};
+  hp_test::manual_seed(31);
+  q35::CausalLM ref(c);
+  at::NoGradGuard no_grad;
+  for (auto& p : ref->named_parameters())
+    if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
+  return ref;
+}
+
+at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+void pipeline_matches_one_process(const std::string& dir, int64_t tp, hp::ScheduleKind kind, bool sequence_parallel) {
+  const int64_t pp = 2;
+  SCOPED_TRACE(c10::str(hp::schedule_name(kind), " pp=", pp, " tp=", tp, sequence_parallel ? " sequence parallel" : ""));
+  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {pp, tp}, {"pp", "tp"});
+  q35::CausalLM ref = pipeline_reference(dir);
+  const q35::Config& c = ref->config;
+  q35::CausalLM part(c, q35::pipeline_stage_span(c, mesh.get_local_rank(0), pp));
+  {
+    at::NoGradGuard no_grad;
+    auto whole_params = ref->named_parameters();
+    for (auto& p : part->named_parameters()) p.value().copy_(whole_params[p.key()]);
+  }
+  bool kinds[2] = {false, false};
+  for (const auto& layer : *part->layers) kinds[layer->as<q35::DecoderLayerImpl>()->self_attn ? 1 : 0] = true;
+  EXPECT_TRUE(kinds[0] && kinds[1]) << "each stage holds both kinds of layer";
+  if (tp > 1) q35::parallelize_qwen3_5_tp(*part, mesh["tp"], sequence_parallel);
+  hp::PipelineStageOptions so;
+  if (tp > 1) so.device_mesh = mesh["tp"];
+  hp::PipelineStage stage(part.ptr(), mesh.get_local_rank(0), pp, mesh.get_group("pp"), so);
+  hp::PipelineSchedule schedule({&stage}, /*microbatches=*/2, lm_loss, kind);
+  torch::optim::AdamW opt(part->parameters(), torch::optim::AdamWOptions(3e-3));
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(3e-3));
+  for (int64_t step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const at::Tensor ids = at::randint(c.vocab_size, {kRows, kSeq + 1}, at::detail::createCPUGenerator(700 + step % 2), at::kLong);
+    const at::Tensor x = ids.narrow(1, 0, kSeq), y = ids.narrow(1, 1, kSeq);
+    const at::Tensor loss = schedule.step(stage.is_first() ? x : at::Tensor(), stage.is_last() ? y : at::Tensor());
+    const at::Tensor ref_loss = lm_loss(ref(x), y);
+    ref_loss.backward();
+    if (stage.is_last()) EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5);
+    auto ref_params = ref->named_parameters();
+    const double rel = step == 0 ? 1e-4 : 1e-3;  // as for the other layouts
+    for (const auto& p : part->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_TRUE(hp_test::near_relative(whole(p.value().grad()), ref_params[p.key()].grad(), rel)) << p.key();
+    }
+    opt.step();
+    ref_opt.step();
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(*part));
+}
+
 }  // namespace
+
+TEST(HFQwen3_5Training, PipelineStagesOfBothLayerKindsEqualOneProcess) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  const int64_t ws = hp::get_world_size();
+  if (ws == 1) GTEST_SKIP() << "needs ranks";
+  const int64_t tp = ws / 2;
+  for (hp::ScheduleKind kind : {hp::ScheduleKind::OneFOneB, hp::ScheduleKind::GPipe})
+    pipeline_matches_one_process(ref + "/qwen3_5_fp32", tp, kind, /*sequence_parallel=*/tp > 1 && kind == hp::ScheduleKind::GPipe);
+}
 
 TEST(HFQwen3_5Training, SixAdamWStepsUnderTensorParallelEqualOneProcess) {
   const int64_t ws = hp::get_world_size();

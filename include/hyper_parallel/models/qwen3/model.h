@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/nn/moe.h>
+#include <hyper_parallel/models/stage_span.h>
 #include <hyper_parallel/models/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
@@ -121,15 +122,8 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
 };
 HP_MODULE(DecoderLayer);
 
-/// The part of the model one pipeline stage holds: decoder layers [first_layer, end_layer), the
-/// token embedding (the first stage) and the final norm and lm_head (the last). The default is the
-/// whole model.
-struct StageSpan {
-  int64_t first_layer = 0;
-  int64_t end_layer = -1;  ///< -1: num_layers
-  bool embedding = true;
-  bool head = true;
-};
+/// The part of the model one pipeline stage holds (models/stage_span.h).
+using StageSpan = hyper_parallel::models::StageSpan;
 
 /// Stage `stage` of `num_stages`: the layers split into contiguous runs as evenly as possible
 /// (the earlier stages take one more), the embedding on stage 0, norm and lm_head on the last.

@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/gated_delta_net.h>
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/models/stage_span.h>
 #include <hyper_parallel/models/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
@@ -129,11 +130,19 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
 };
 HP_MODULE(DecoderLayer);
 
+using StageSpan = hyper_parallel::models::StageSpan;
+
+/// Stage `stage` of `num_stages` (models::pipeline_stage_span over num_layers).
+/// e.g. `qwen3_5::CausalLM stage(config, qwen3_5::pipeline_stage_span(config, pp_rank, pp));`
+StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages);
+
 /// Token ids [B, S] -> logits [B, S, vocab], causal; with a context, the next tokens of a
-/// generation (positions, padding, the cache).
+/// generation (positions, padding, the cache). Built with a StageSpan it is one pipeline stage:
+/// without the embedding it takes hidden states [B, S, hidden]; without the head it returns them;
+/// its layers keep their indices in the whole model (`layers.<i>`).
 class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
  public:
-  explicit CausalLMImpl(const Config& c);
+  explicit CausalLMImpl(const Config& c, const StageSpan& span = {});
   at::Tensor forward(const at::Tensor& input_ids);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
   /// An empty cache for `batch` sequences of up to `capacity` positions, sized from this rank's
@@ -142,10 +151,11 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor).
   void tie_weights();
   Config config;
-  hnn::Embedding embed_tokens{nullptr};
+  StageSpan span;  // end_layer resolved
+  hnn::Embedding embed_tokens{nullptr};  // empty on a stage without the embedding
   hnn::ModuleList layers;
-  hnn::RMSNorm norm{nullptr};
-  hnn::Linear lm_head{nullptr};
+  hnn::RMSNorm norm{nullptr};    // empty on a stage without the head
+  hnn::Linear lm_head{nullptr};  // empty on a stage without the head
 };
 HP_MODULE(CausalLM);
 
