@@ -5,7 +5,9 @@
 // ranks for sequence parallelism). Layouts: tp with and without sequence parallelism, with full
 // and selective activation checkpointing, KV heads replicated at tp = 4, and dp x tp = 2 x 2 with
 // fully_shard over dp. And pipeline stages that each hold layers of both kinds (pp = 2, and
-// pp x tp = 2 x 2), under 1F1B and GPipe.
+// pp x tp = 2 x 2), under 1F1B and GPipe. bf16 mixed precision (fully_shard's
+// MixedPrecisionPolicy: bf16 compute, fp32 reduction and master weights) against one process
+// computing each dp rank's rows with a bf16 copy of its fp32 master, by the README's bf16 rule.
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
@@ -174,7 +176,89 @@ void pipeline_matches_one_process(const std::string& dir, int64_t tp, hp::Schedu
   EXPECT_TRUE(hp_test::replicas_bitwise_equal(*part));
 }
 
+// 10 AdamW steps of `dp` x `tp` with fully_shard's bf16 mixed precision: the global batch's loss
+// each step.
+std::vector<double> train_mixed_precision(const std::string& dir, int64_t dp, int64_t tp) {
+  const q35::Config c = q35::load_config(dir + "/config.json");
+  q35::CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    model = q35::CausalLM(c);
+  }
+  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
+  if (tp > 1) q35::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/true);
+  hp::to_empty(*model, "cpu");
+  hp::load_hf_checkpoint(*model, dir, q35::hf_load_options(c));
+  hp::FullyShardOptions o;
+  o.mp_policy = hp::MixedPrecisionPolicy{at::kBFloat16, at::kFloat, c10::nullopt, true};
+  for (const auto& layer : *model->layers) hp::fully_shard(*layer, mesh["dp"], o);
+  hp::fully_shard(*model, mesh["dp"], o);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < 10; ++step) {
+    const at::Tensor ids = at::randint(c.vocab_size, {kRows, kSeq + 1}, at::detail::createCPUGenerator(900 + step % 2), at::kLong);
+    const at::Tensor rows = ids.chunk(dp, 0)[mesh["dp"].get_local_rank()];
+    at::Tensor loss = lm_loss(model(rows.narrow(1, 0, kSeq)).to(at::kFloat), rows.narrow(1, 1, kSeq));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    losses.push_back(hp::all_reduce(loss.detach().reshape({1}), hp::ReduceOp::AVG, mesh["dp"].get_group())[0].item<double>());
+  }
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
+  return losses;
+}
+
+// The same in one process: each step a bf16 copy of the fp32 master computes each dp rank's rows;
+// their gradients, in float32, are averaged into the master's.
+std::vector<double> train_bf16_one_process(const std::string& dir, int64_t dp) {
+  const q35::Config c = q35::load_config(dir + "/config.json");
+  q35::CausalLM master(c), compute(c);
+  hp::load_hf_checkpoint(*master, dir, q35::hf_load_options(c));
+  compute->to(at::kBFloat16);
+  torch::optim::AdamW opt(master->parameters(), torch::optim::AdamWOptions(3e-3));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < 10; ++step) {
+    const at::Tensor ids = at::randint(c.vocab_size, {kRows, kSeq + 1}, at::detail::createCPUGenerator(900 + step % 2), at::kLong);
+    {
+      at::NoGradGuard no_grad;
+      auto mp = master->named_parameters();
+      for (auto& p : compute->named_parameters()) p.value().copy_(mp[p.key()]);
+    }
+    double loss = 0;
+    std::map<std::string, at::Tensor> sum;
+    for (int64_t r = 0; r < dp; ++r) {
+      const at::Tensor rows = ids.chunk(dp, 0)[r];
+      for (auto& p : compute->parameters()) p.mutable_grad() = at::Tensor();
+      const at::Tensor l = lm_loss(compute(rows.narrow(1, 0, kSeq)).to(at::kFloat), rows.narrow(1, 1, kSeq));
+      l.backward();
+      loss += l.item<double>() / static_cast<double>(dp);
+      for (const auto& p : compute->named_parameters()) {
+        const at::Tensor g = p.value().grad().to(at::kFloat) / static_cast<double>(dp);
+        sum[p.key()] = sum.count(p.key()) ? sum[p.key()] + g : g;
+      }
+    }
+    auto mp = master->named_parameters();
+    for (auto& [name, g] : sum) mp[name].mutable_grad() = g;
+    opt.step();
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
 }  // namespace
+
+TEST(HFQwen3_5Training, Bf16MixedPrecisionFollowsOneProcessInBf16) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  const int64_t ws = hp::get_world_size();
+  if (ws == 1) GTEST_SKIP() << "needs ranks";
+  const std::string d = ref + "/qwen3_5_fp32";
+  const int64_t dp = 2, tp = ws / 2;
+  SCOPED_TRACE(c10::str("dp=", dp, " x tp=", tp));
+  const auto mp = train_mixed_precision(d, dp, tp), one = train_bf16_one_process(d, dp);
+  for (size_t i = 0; i < mp.size(); ++i) EXPECT_NEAR(mp[i], one[i], 1e-2) << "step " << i;
+  EXPECT_NEAR(mp.back(), one.back(), 0.05 * one.back()) << "the final loss";
+  EXPECT_GT(one.front() - one.back(), 0.05) << "the steps must train";
+}
 
 TEST(HFQwen3_5Training, PipelineStagesOfBothLayerKindsEqualOneProcess) {
   HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
