@@ -1,4 +1,4 @@
-// The main demo: trains the Qwen3-style model with tensor parallelism (run it under hprun), then
+// The main demo: trains a Qwen3 (or, with --model qwen3_5, a Qwen3.5) model with tensor parallelism (run it under hprun), then
 // the same training in one process from the same seed, and compares the two loss curves. Then it
 // saves the trained model as a Hugging Face checkpoint (safetensors, config.json, a byte-level
 // tokenizer.json), loads it back with another TP layout, generates a continuation of a prompt, and
@@ -21,154 +21,19 @@
 #include <sstream>
 #include <string>
 
-#include <hyper_parallel/models/qwen3/generate.h>
-#include <hyper_parallel/models/qwen3/model.h>
-#include <hyper_parallel/models/qwen3/parallelize.h>
-#include <hyper_parallel/models/qwen3/pretrained.h>
 #include <hyper_parallel/models/qwen3/tokenizer.h>
+
+#include "families.h"
+#include "train_args.h"
 
 namespace qwen3 = hyper_parallel::qwen3;
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
+using demo::Args;
+using demo::usage;
 
 namespace {
-
-struct Args {
-  qwen3::Config config;
-  // Enough to learn the text's most repeated phrase in about 20 s on two CPU cores.
-  int64_t steps = 300, batch = 8, seq = 128, seed = 1234;
-  double lr = 1e-2;
-  bool sequence_parallel = true, loss_parallel = false;
-  std::string text = "/usr/share/common-licenses/GPL-3";
-  std::string csv = "qwen3_losses.csv";
-  std::string device = "cpu";
-  std::string save = "qwen3_demo_model";
-  std::string prompt = "the GNU General Public";
-  int64_t new_tokens = 8;
-  // The canonical mesh's degrees (mesh/parallel_dims.h): tp takes the rest of the world.
-  hp::ParallelDims dims;
-  std::string mixed_precision = "none";  // or bf16: bf16 gathers and compute, fp32 master and reduction
-  hp::ActivationCheckpointPolicy ac = hp::ActivationCheckpointPolicy::none();
-  double clip_grad_norm = 0.0;  // 0: no clipping
-  // Pipeline (--pp N): the schedule and how many microbatches a data-parallel rank's rows split into.
-  std::string schedule = "1f1b";
-  int64_t microbatches = 0;  // 0: 2 * pp
-  // Context parallelism (--cp N): each sequence split over N ranks, head-tail load-balanced.
-  std::string cp_mode = "ring";
-};
-
-[[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "qwen3_train: " << msg << "\n"
-            << "flags: --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
-            << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
-            << "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
-            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
-            << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
-            << "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
-            << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
-            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
-            << "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n";
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string f = argv[i];
-    if (i + 1 >= argc) usage("flag " + f + " needs a value");
-    const std::string v = argv[i + 1];
-    auto num = [&] {
-      try {
-        return std::stoll(v);
-      } catch (...) {
-        usage("flag " + f + " needs an integer, got '" + v + "'");
-      }
-    };
-    if (f == "--steps") a.steps = num();
-    else if (f == "--batch") a.batch = num();
-    else if (f == "--seq") a.seq = num();
-    else if (f == "--layers") a.config.num_layers = num();
-    else if (f == "--hidden") a.config.hidden_size = num();
-    else if (f == "--intermediate") a.config.intermediate_size = num();
-    else if (f == "--heads") a.config.num_heads = num();
-    else if (f == "--kv-heads") a.config.num_kv_heads = num();
-    else if (f == "--head-dim") a.config.head_dim = num();
-    else if (f == "--seed") a.seed = num();
-    else if (f == "--lr") a.lr = std::stod(v);
-    else if (f == "--dropout") {
-      try {
-        a.config.attention_dropout = std::stod(v);
-      } catch (...) {
-        usage("flag --dropout needs a number, got '" + v + "'");
-      }
-      if (!(a.config.attention_dropout >= 0.0 && a.config.attention_dropout < 1.0)) usage("--dropout must be in [0, 1)");
-    }
-    else if (f == "--sequence-parallel") a.sequence_parallel = num() != 0;
-    else if (f == "--loss-parallel") a.loss_parallel = num() != 0;
-    else if (f == "--text") a.text = v;
-    else if (f == "--csv") a.csv = v;
-    else if (f == "--device") a.device = v;
-    else if (f == "--save") a.save = v;
-    else if (f == "--prompt") a.prompt = v;
-    else if (f == "--new-tokens") a.new_tokens = num();
-    else if (f == "--dp") a.dims.dp_shard = num();
-    else if (f == "--pp") a.dims.pp = num();
-    else if (f == "--cp") a.dims.cp = num();
-    else if (f == "--cp-mode") {
-      if (v != "ring" && v != "ulysses" && v != "allgather_kv") usage("--cp-mode is ring, ulysses or allgather_kv, got '" + v + "'");
-      a.cp_mode = v;
-    }
-    else if (f == "--microbatches") a.microbatches = num();
-    else if (f == "--schedule") {
-      if (v != "gpipe" && v != "1f1b") usage("--schedule is gpipe or 1f1b, got '" + v + "'");
-      a.schedule = v;
-    }
-    else if (f == "--dp-replicate") a.dims.dp_replicate = num();
-    else if (f == "--mixed-precision") {
-      if (v != "none" && v != "bf16") usage("--mixed-precision is none or bf16, got '" + v + "'");
-      a.mixed_precision = v;
-    } else if (f == "--activation-checkpointing") {
-      try {
-        a.ac = hp::ActivationCheckpointPolicy::parse(v);
-      } catch (const c10::ValueError&) {
-        usage("--activation-checkpointing is none, selective, full or full:N, got '" + v + "'");
-      }
-    } else if (f == "--clip-grad-norm") {
-      try {
-        a.clip_grad_norm = std::stod(v);
-      } catch (...) {
-        usage("flag --clip-grad-norm needs a number, got '" + v + "'");
-      }
-      if (!(a.clip_grad_norm >= 0.0)) usage("--clip-grad-norm must be >= 0");
-    }
-    else usage("unknown flag " + f);
-  }
-  return a;
-}
-
-at::Tensor load_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) usage("cannot read the text file " + path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kLong);
-  auto* p = t.data_ptr<int64_t>();
-  for (size_t i = 0; i < s.size(); ++i) p[i] = static_cast<unsigned char>(s[i]);
-  return t;
-}
-
-// Batch `step`: the same windows of the text on every rank and in the single-process run.
-std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step, const Args& a) {
-  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(a.seed + step));
-  at::Tensor starts = at::randint(data.numel() - a.seq - 1, {a.batch}, gen, at::kLong);
-  std::vector<at::Tensor> xs, ys;
-  for (int64_t b = 0; b < a.batch; ++b) {
-    const int64_t s = starts[b].item<int64_t>();
-    xs.push_back(data.narrow(0, s, a.seq));
-    ys.push_back(data.narrow(0, s + 1, a.seq));
-  }
-  return {at::stack(xs), at::stack(ys)};
-}
 
 int64_t dp_degree(const Args& a) { return a.dims.dp_replicate * a.dims.dp_shard; }
 
@@ -178,22 +43,23 @@ int64_t dp_degree(const Args& a) { return a.dims.dp_replicate * a.dims.dp_shard;
 // With pipeline stages, this rank's stage holds the whole model's values for its FQNs (copied
 // from the whole model, built eagerly: the demo's model is small), so that it trains from the
 // weights of the one-process run; init_parameters on a stage draws other values.
-qwen3::CausalLM parallel_model(const Args& a, const hp::DeviceMesh& mesh) {
-  qwen3::CausalLM model{nullptr};
+template <class F>
+typename F::CausalLM parallel_model(const Args& a, const typename F::Config& cfg, const hp::DeviceMesh& mesh) {
+  typename F::CausalLM model{nullptr};
   const bool pipeline = a.dims.pp > 1;
   if (pipeline) {
-    const qwen3::CausalLM whole(a.config);
-    model = qwen3::CausalLM(a.config, qwen3::pipeline_stage_span(a.config, mesh.get_local_rank(0), a.dims.pp));
+    const typename F::CausalLM whole(cfg);
+    model = F::stage(cfg, mesh.get_local_rank(0), a.dims.pp);
     at::NoGradGuard no_grad;
     auto values = whole->named_parameters();
     for (auto& p : model->named_parameters()) p.value().copy_(values[p.key()]);
   } else {
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
-    model = qwen3::CausalLM(a.config);
+    model = typename F::CausalLM(cfg);
   }
   hp::apply_activation_checkpointing(*model, a.ac);
-  if (a.dims.tp > 1) qwen3::parallelize_qwen3_tp(*model, mesh["tp"], a.sequence_parallel, a.loss_parallel);
-  if (a.dims.cp > 1) qwen3::parallelize_qwen3_cp(*model, mesh["cp"], a.cp_mode, /*load_balance=*/true);
+  if (a.dims.tp > 1) F::parallelize_tp(*model, mesh["tp"], a.sequence_parallel, a.loss_parallel);
+  if (a.dims.cp > 1) F::parallelize_cp(*model, mesh["cp"], a.cp_mode);
   if (a.dims.dp_enabled()) {
     hp::FullyShardOptions o;
     if (a.mixed_precision == "bf16") o.mp_policy = {at::kBFloat16, at::kFloat, c10::nullopt, true};
@@ -209,18 +75,19 @@ qwen3::CausalLM parallel_model(const Args& a, const hp::DeviceMesh& mesh) {
 // Runs the training; with `mesh` as the job's plan, else as one process doing the same
 // arithmetic: every data-parallel rank's rows in turn (with mixed precision, on a bfloat16 copy
 // of the float32 weights), the gradients averaged in float32.
-std::vector<double> train(const Args& a, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& mesh, bool verbose,
-                          qwen3::CausalLM* trained = nullptr) {
+template <class F>
+std::vector<double> train(const Args& a, const typename F::Config& cfg, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& mesh,
+                          bool verbose, typename F::CausalLM* trained = nullptr) {
   at::manual_seed(a.seed);
   // The weights and the dropout masks: the same draws in both runs, at any layout.
   hp::manual_seed(static_cast<uint64_t>(a.seed));
   const at::Device device(a.device);  // an accelerator's current device: init_process_group chose it
-  qwen3::CausalLM model{nullptr};
+  typename F::CausalLM model{nullptr};
   if (mesh) {
-    model = parallel_model(a, *mesh);
+    model = parallel_model<F>(a, cfg, *mesh);
   } else {
     hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
-    model = qwen3::CausalLM(a.config);
+    model = typename F::CausalLM(cfg);
   }
   if (!mesh) {
     hp::apply_activation_checkpointing(*model, a.ac);
@@ -245,7 +112,7 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
   }
   std::vector<double> losses;
   for (int64_t step = 0; step < a.steps; ++step) {
-    auto [x_host, y_host] = batch_at(data, step, a);
+    auto [x_host, y_host] = demo::batch_at(data, step, a);
     const at::Tensor x = x_host.to(device), y = y_host.to(device);
     hp::CommDebugMode comm;
     const auto t0 = std::chrono::steady_clock::now();
@@ -283,11 +150,11 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
     } else {
       std::map<std::string, at::Tensor> grads;
       for (int64_t r = 0; r < dp; ++r) {
-        qwen3::CausalLM compute = model;
+        typename F::CausalLM compute = model;
         if (bf16) {
           {
             hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
-            compute = qwen3::CausalLM(a.config);
+            compute = typename F::CausalLM(cfg);
           }
           hp::to_empty(*compute, device);  // no draws: the copy of the weights fills it
           at::NoGradGuard no_grad;
@@ -334,26 +201,23 @@ std::vector<double> train(const Args& a, const at::Tensor& data, const c10::opti
   return losses;
 }
 
+template <class F>
 std::vector<int64_t> generated(const std::string& dir, const Args& a, const c10::optional<hp::DeviceMesh>& tp,
                                const std::vector<int64_t>& prompt, bool verbose) {
-  auto loaded = qwen3::from_pretrained(dir, tp, at::kFloat, a.device);
-  qwen3::GenerationConfig g;
-  g.max_new_tokens = a.new_tokens;
-  const auto r = qwen3::generate(*loaded.model, {prompt}, g);
+  hp::HFLoadReport load;
+  const auto r = F::generate(dir, tp, a.device, prompt, a.new_tokens, load);
   if (verbose)
     std::printf("[%s] read %.1f KB of the checkpoint for %.1f KB of shards; prefill %.0f tokens/s, decode %.1f tokens/s\n",
-                tp ? "tp" : "single", loaded.load.bytes_read / 1e3, loaded.load.local_bytes / 1e3, r.prefill_tokens / r.prefill_seconds,
+                tp ? "tp" : "single", load.bytes_read / 1e3, load.local_bytes / 1e3, r.prefill_tokens / r.prefill_seconds,
                 r.decode_steps / r.decode_seconds);
   return r.tokens[0];
 }
 
 }  // namespace
 
-int run(int argc, char** argv) {
-  Args a = parse(argc, argv);
-  hp::InitOptions init;
-  init.device_type = a.device;
-  hp::init_process_group(init);
+template <class F>
+int run_family(Args a) {
+  const typename F::Config cfg = F::config(a.config);
   const bool chief = hp::get_rank() == 0;
   // Every rank checks the same flags and stops the same way (none waits for another).
   try {
@@ -361,6 +225,8 @@ int run(int argc, char** argv) {
   } catch (const c10::ValueError& e) {
     usage(e.what());
   }
+  if (a.model == "qwen3_5" && a.config.attention_dropout > 0) usage("--dropout: Qwen3.5's attention has no dropout");
+  if (a.model == "qwen3_5" && a.dims.cp > 1) usage("--cp with --model qwen3_5: context parallelism of the Gated DeltaNet is not built yet");
   if (a.config.attention_dropout > 0 && dp_degree(a) > 1)
     usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks");
   if (a.batch % dp_degree(a) != 0) usage("--batch must be divisible by the data-parallel degree");
@@ -372,25 +238,24 @@ int run(int argc, char** argv) {
   if (a.dims.cp > 1 && a.config.attention_dropout > 0) usage("--dropout with --cp: context parallelism does not draw attention dropout");
   if (a.dims.cp > 1 && a.dims.pp > 1) usage("--cp with --pp is not supported yet");
   auto mesh = a.dims.build_mesh(a.device);
-  at::Tensor data = load_bytes(a.text);
+  at::Tensor data = demo::load_bytes(a.text);
   if (chief)
-    std::printf("qwen3: %lld layers, hidden %lld, heads %lld/%lld kv, %lld parameters; text %s (%lld bytes); %s, "
+    std::printf("%s, %lld parameters; text %s (%lld bytes); %s, "
                 "sequence_parallel=%d, dropout=%g, mixed precision %s, activation checkpointing %s, clip-grad-norm %g\n",
-                static_cast<long long>(a.config.num_layers), static_cast<long long>(a.config.hidden_size),
-                static_cast<long long>(a.config.num_heads), static_cast<long long>(a.config.num_kv_heads),
+                F::describe(cfg).c_str(),
                 static_cast<long long>([&] {
                   hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta));
                   int64_t n = 0;
-                  for (const auto& p : hp::unique_parameters(*qwen3::CausalLM(a.config))) n += p.numel();
+                  for (const auto& p : hp::unique_parameters(*typename F::CausalLM(cfg))) n += p.numel();
                   return n;
                 }()),
                 a.text.c_str(), static_cast<long long>(data.numel()), a.dims.to_string().c_str(), a.sequence_parallel,
                 a.config.attention_dropout, a.mixed_precision.c_str(), a.ac.to_string().c_str(), a.clip_grad_norm);
   const hp::DeviceMesh tp = mesh["tp"];
-  qwen3::CausalLM tp_model{nullptr};
-  const std::vector<double> tp_losses = train(a, data, mesh, chief, &tp_model);
+  typename F::CausalLM tp_model{nullptr};
+  const std::vector<double> tp_losses = train<F>(a, cfg, data, mesh, chief, &tp_model);
   std::vector<double> single;
-  if (chief) single = train(a, data, c10::nullopt, true);
+  if (chief) single = train<F>(a, cfg, data, c10::nullopt, true);
   hp::barrier(hp::world_group());
   int rc = 0;
   if (chief) {
@@ -440,17 +305,24 @@ int run(int argc, char** argv) {
   }
   // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
   // parallelism now: decoding goes one position at a time), and in one process.
-  const auto saved = qwen3::save_pretrained(*tp_model, a.save, qwen3::byte_tokenizer_json());
+  const auto saved = F::save(*tp_model, a.save, qwen3::byte_tokenizer_json());
   const auto tok = qwen3::Tokenizer::from_file(a.save + "/tokenizer.json");
   const std::vector<int64_t> prompt = tok.encode(a.prompt);
   if (chief)
     std::printf("saved %s (%zu file(s), each rank wrote its own shards: rank 0 %.1f KB)\n", a.save.c_str(), saved.files.size(),
                 saved.bytes_written / 1e3);
-  const auto tp_tokens = generated(a.save, a, tp, prompt, chief);
+  const auto tp_tokens = generated<F>(a.save, a, tp, prompt, chief);
   if (chief) {
-    const auto single_tokens = generated(a.save, a, c10::nullopt, prompt, true);
+    const auto single_tokens = generated<F>(a.save, a, c10::nullopt, prompt, true);
     std::printf("prompt: \"%s\"\n[tp]     %s\n[single] %s\n", a.prompt.c_str(), tok.decode(tp_tokens).c_str(),
                 tok.decode(single_tokens).c_str());
+    // The ids as well, for a check with another library (tests/tools/demo_vs_transformers.sh).
+    auto ids = [](const std::vector<int64_t>& v) {
+      std::string s;
+      for (int64_t t : v) s += (s.empty() ? "" : ",") + std::to_string(t);
+      return s;
+    };
+    std::printf("prompt ids: %s\ngenerated ids: %s\n", ids(prompt).c_str(), ids(tp_tokens).c_str());
     const bool same = tp_tokens == single_tokens;
     std::printf("generated tokens: tp and one process %s\n", same ? "agree" : "DIFFER");
     if (!same) rc = 1;
@@ -458,6 +330,14 @@ int run(int argc, char** argv) {
   hp::barrier(hp::world_group());
   hp::destroy_process_group();
   return rc;
+}
+
+int run(int argc, char** argv) {
+  const Args a = demo::parse(argc, argv);
+  hp::InitOptions init;
+  init.device_type = a.device;
+  hp::init_process_group(init);
+  return a.model == "qwen3_5" ? run_family<demo::Qwen3_5Family>(a) : run_family<demo::Qwen3Family>(a);
 }
 
 int main(int argc, char** argv) {

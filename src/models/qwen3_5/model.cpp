@@ -180,6 +180,16 @@ Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }
 
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const hnn::Kwargs& kwargs) {
+  ForwardContext context;
+  for (const auto& [name, value] : kwargs) {
+    HP_CHECK_T(c10::ValueError, name == "position_ids" && value.isTensor(), "hyper_parallel::qwen3_5::CausalLM::forward: takes the ",
+               "keyword position_ids (a tensor) only, got '", name, "'");
+    context.position_ids = value.toTensor();
+  }
+  return forward(input_ids, context);
+}
+
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
   // A stage without the embedding takes hidden states.
   at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;

@@ -145,6 +145,9 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   explicit CausalLMImpl(const Config& c, const StageSpan& span = {});
   at::Tensor forward(const at::Tensor& input_ids);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& context);
+  /// HF's keyword form, through the module's hooks: `model(ids, hnn::Kwargs{{"position_ids", p}})`
+  /// with positions [B or 1, S] for the rotary angles of shards of sequences. Other names are refused.
+  at::Tensor forward(const at::Tensor& input_ids, const hnn::Kwargs& kwargs);
   /// An empty cache for `batch` sequences of up to `capacity` positions, sized from this rank's
   /// k_proj (its local KV heads).
   Cache make_cache(int64_t batch, int64_t capacity) const;

@@ -1,0 +1,167 @@
+#pragma once
+// The demo's command line (qwen3_train --help lists it) and its data: byte-level tokens of a text
+// file, the same windows on every rank and in the one-process run.
+#include <ATen/ATen.h>
+
+#include <hyper_parallel/hyper_parallel.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <hyper_parallel/models/qwen3/model.h>
+
+namespace demo {
+namespace hp = hyper_parallel;
+namespace qwen3 = hyper_parallel::qwen3;
+
+struct Args {
+  std::string model = "qwen3";  // or qwen3_5: the hybrid Gated DeltaNet + gated attention family
+  bool layers_given = false;
+  // The sizes of either family (Qwen3_5Family::config maps them onto Qwen3.5's hybrid layers).
+  qwen3::Config config;
+  // Enough to learn the text's most repeated phrase in about 20 s on two CPU cores.
+  int64_t steps = 300, batch = 8, seq = 128, seed = 1234;
+  double lr = 1e-2;
+  bool sequence_parallel = true, loss_parallel = false;
+  std::string text = "/usr/share/common-licenses/GPL-3";
+  std::string csv = "qwen3_losses.csv";
+  std::string device = "cpu";
+  std::string save = "qwen3_demo_model";
+  std::string prompt = "the GNU General Public";
+  int64_t new_tokens = 8;
+  // The canonical mesh's degrees (mesh/parallel_dims.h): tp takes the rest of the world.
+  hp::ParallelDims dims;
+  std::string mixed_precision = "none";  // or bf16: bf16 gathers and compute, fp32 master and reduction
+  hp::ActivationCheckpointPolicy ac = hp::ActivationCheckpointPolicy::none();
+  double clip_grad_norm = 0.0;  // 0: no clipping
+  // Pipeline (--pp N): the schedule and how many microbatches a data-parallel rank's rows split into.
+  std::string schedule = "1f1b";
+  int64_t microbatches = 0;  // 0: 2 * pp
+  // Context parallelism (--cp N): each sequence split over N ranks, head-tail load-balanced.
+  std::string cp_mode = "ring";
+};
+
+[[noreturn]] inline void usage(const std::string& msg) {
+  std::cerr << "qwen3_train: " << msg << "\n"
+            << "flags: --model qwen3|qwen3_5 (qwen3_5: every 4th layer gated attention, the others Gated DeltaNet)\n"
+            << "       --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
+            << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
+            << "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
+            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
+            << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
+            << "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
+            << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
+            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
+            << "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n";
+  std::exit(2);
+}
+
+inline Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string f = argv[i];
+    if (i + 1 >= argc) usage("flag " + f + " needs a value");
+    const std::string v = argv[i + 1];
+    auto num = [&] {
+      try {
+        return std::stoll(v);
+      } catch (...) {
+        usage("flag " + f + " needs an integer, got '" + v + "'");
+      }
+    };
+    if (f == "--steps") a.steps = num();
+    else if (f == "--batch") a.batch = num();
+    else if (f == "--seq") a.seq = num();
+    else if (f == "--layers") {
+      a.config.num_layers = num();
+      a.layers_given = true;
+    } else if (f == "--model") {
+      if (v != "qwen3" && v != "qwen3_5") usage("--model is qwen3 or qwen3_5, got '" + v + "'");
+      a.model = v;
+    }
+    else if (f == "--hidden") a.config.hidden_size = num();
+    else if (f == "--intermediate") a.config.intermediate_size = num();
+    else if (f == "--heads") a.config.num_heads = num();
+    else if (f == "--kv-heads") a.config.num_kv_heads = num();
+    else if (f == "--head-dim") a.config.head_dim = num();
+    else if (f == "--seed") a.seed = num();
+    else if (f == "--lr") a.lr = std::stod(v);
+    else if (f == "--dropout") {
+      try {
+        a.config.attention_dropout = std::stod(v);
+      } catch (...) {
+        usage("flag --dropout needs a number, got '" + v + "'");
+      }
+      if (!(a.config.attention_dropout >= 0.0 && a.config.attention_dropout < 1.0)) usage("--dropout must be in [0, 1)");
+    }
+    else if (f == "--sequence-parallel") a.sequence_parallel = num() != 0;
+    else if (f == "--loss-parallel") a.loss_parallel = num() != 0;
+    else if (f == "--text") a.text = v;
+    else if (f == "--csv") a.csv = v;
+    else if (f == "--device") a.device = v;
+    else if (f == "--save") a.save = v;
+    else if (f == "--prompt") a.prompt = v;
+    else if (f == "--new-tokens") a.new_tokens = num();
+    else if (f == "--dp") a.dims.dp_shard = num();
+    else if (f == "--pp") a.dims.pp = num();
+    else if (f == "--cp") a.dims.cp = num();
+    else if (f == "--cp-mode") {
+      if (v != "ring" && v != "ulysses" && v != "allgather_kv") usage("--cp-mode is ring, ulysses or allgather_kv, got '" + v + "'");
+      a.cp_mode = v;
+    }
+    else if (f == "--microbatches") a.microbatches = num();
+    else if (f == "--schedule") {
+      if (v != "gpipe" && v != "1f1b") usage("--schedule is gpipe or 1f1b, got '" + v + "'");
+      a.schedule = v;
+    }
+    else if (f == "--dp-replicate") a.dims.dp_replicate = num();
+    else if (f == "--mixed-precision") {
+      if (v != "none" && v != "bf16") usage("--mixed-precision is none or bf16, got '" + v + "'");
+      a.mixed_precision = v;
+    } else if (f == "--activation-checkpointing") {
+      try {
+        a.ac = hp::ActivationCheckpointPolicy::parse(v);
+      } catch (const c10::ValueError&) {
+        usage("--activation-checkpointing is none, selective, full or full:N, got '" + v + "'");
+      }
+    } else if (f == "--clip-grad-norm") {
+      try {
+        a.clip_grad_norm = std::stod(v);
+      } catch (...) {
+        usage("flag --clip-grad-norm needs a number, got '" + v + "'");
+      }
+      if (!(a.clip_grad_norm >= 0.0)) usage("--clip-grad-norm must be >= 0");
+    }
+    else usage("unknown flag " + f);
+  }
+  // Qwen3.5's published schedule needs 4 layers to hold both kinds.
+  if (a.model == "qwen3_5" && !a.layers_given) a.config.num_layers = 4;
+  return a;
+}
+
+inline at::Tensor load_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) usage("cannot read the text file " + path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kLong);
+  auto* p = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < s.size(); ++i) p[i] = static_cast<unsigned char>(s[i]);
+  return t;
+}
+
+// Batch `step`: the same windows of the text on every rank and in the single-process run.
+inline std::pair<at::Tensor, at::Tensor> batch_at(const at::Tensor& data, int64_t step, const Args& a) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(a.seed + step));
+  at::Tensor starts = at::randint(data.numel() - a.seq - 1, {a.batch}, gen, at::kLong);
+  std::vector<at::Tensor> xs, ys;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t s = starts[b].item<int64_t>();
+    xs.push_back(data.narrow(0, s, a.seq));
+    ys.push_back(data.narrow(0, s + 1, a.seq));
+  }
+  return {at::stack(xs), at::stack(ys)};
+}
+
+}  // namespace demo
