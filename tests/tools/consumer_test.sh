@@ -2,7 +2,7 @@
 # Installs the built tree into a scratch prefix, then configures, builds and runs a consumer
 # project that uses find_package(HyperParallel).
 set -eu
-BUILD=$1; SRC=$2; HPRUN=$3; CHECKPOINT=${4:-}
+BUILD=$1; SRC=$2; HPRUN=$3; CHECKPOINT=${4:-}; QWEN3_5=${5:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cmake --install "$BUILD" --prefix "$WORK/prefix" >/dev/null
@@ -11,7 +11,7 @@ cmake -S "$SRC/tests/consumer" -B "$WORK/build" -G Ninja -DCMAKE_PREFIX_PATH="$W
 cmake --build "$WORK/build" >/dev/null
 # With a transformers checkpoint: the installed models library loads it, generates, and compares.
 if [ -n "$CHECKPOINT" ] && [ -f "$CHECKPOINT/expected.safetensors" ]; then
-  "$HPRUN" --nproc-per-node 2 "$WORK/build/consumer" "$CHECKPOINT"
+  "$HPRUN" --nproc-per-node 2 "$WORK/build/consumer" "$CHECKPOINT" $QWEN3_5
 else
   echo "consumer: no transformers checkpoint at '$CHECKPOINT'; the models part is not run"
   "$HPRUN" --nproc-per-node 2 "$WORK/build/consumer"

@@ -2,7 +2,7 @@
 # Every program ends bad input with one line "error: <message>" per rank and exit status 1: no
 # abort, no C++ stack dump (unless TORCH_SHOW_CPP_STACKTRACES=1), and only valid UTF-8 in what it
 # prints, even when the message quotes bytes of a corrupt file.
-#   programs_fail_cleanly.sh HPRUN QWEN3_GENERATE HP_PLAN HF_REF WORKDIR
+#   programs_fail_cleanly.sh HPRUN HP_GENERATE HP_PLAN HF_REF WORKDIR
 set -u
 hprun=$1 generate=$2 plan=$3 ref=$4 work=$5
 rm -rf "$work" && mkdir -p "$work"
@@ -58,6 +58,10 @@ PY
   echo '{"hidden_size": "wide"' >"$work/badconfig/config.json"
   case_ "generate: config.json that is not JSON" "config.json" \
     "$hprun" --nproc-per-node 2 "$generate" --model "$work/badconfig" --prompt-ids 1,2 --max-new-tokens 2
+  bad_checkpoint othermodel
+  echo '{"model_type": "llama"}' >"$work/othermodel/config.json"
+  case_ "generate: a model family it does not run" "model_type is \"llama\"" \
+    "$hprun" --nproc-per-node 2 "$generate" --model "$work/othermodel" --prompt-ids 1,2 --max-new-tokens 2
 else
   echo "skipped the checkpoint cases: no transformers references in $ref"
 fi

@@ -1,5 +1,6 @@
-// Generates text from an HF Qwen3 checkpoint, with tensor parallelism under hprun:
-//   build/tools/hprun/hprun --nproc-per-node 2 build/tools/qwen3_generate/qwen3_generate --model DIR
+// Generates text from an HF checkpoint of Qwen3, Qwen3-MoE or Qwen3.5 (config.json's model_type
+// decides), with tensor parallelism under hprun:
+//   build/tools/hprun/hprun --nproc-per-node 2 build/tools/hp_generate/hp_generate --model DIR
 //       --prompt "Hello" --max-new-tokens 32 [--temperature 0.7 --top-k 50 --top-p 0.9 --seed 1] [--check] [--quiet]
 // --prompt may repeat (a batch of prompts of different lengths); --prompt-ids 1,2,3 gives ids.
 // --check repeats the generation in one process and exits 1 when the tokens differ.
@@ -14,11 +15,18 @@
 #include <sstream>
 #include <string>
 
+#include <functional>
+#include <memory>
+
+#include <hyper_parallel/models/hf_model_type.h>
 #include <hyper_parallel/models/qwen3/generate.h>
 #include <hyper_parallel/models/qwen3/pretrained.h>
 #include <hyper_parallel/models/qwen3/tokenizer.h>
+#include <hyper_parallel/models/qwen3_5/generate.h>
+#include <hyper_parallel/models/qwen3_5/pretrained.h>
 
 namespace qwen3 = hyper_parallel::qwen3;
+namespace qwen3_5 = hyper_parallel::qwen3_5;
 
 namespace hp = hyper_parallel;
 
@@ -34,7 +42,7 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "qwen3_generate: " << msg << "\n"
+  std::cerr << "hp_generate: " << msg << "\n"
             << "flags: --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... --max-new-tokens N [--temperature X --top-k N\n"
             << "       --top-p X --seed N] [--dtype float32|bfloat16] [--device cpu|cuda] [--check] [--quiet]\n";
   std::exit(2);
@@ -91,6 +99,51 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// A loaded model of either family, behind what generation needs of it.
+struct Loaded {
+  std::function<hp::models::GenerationResult(const std::vector<std::vector<int64_t>>&, const hp::models::GenerationConfig&)> generate;
+  hp::HFLoadReport load;
+  std::vector<int64_t> eos;
+  int64_t pad = 0;
+  std::string layout;  // what the ranks hold, for the summary line
+};
+
+Loaded load(const std::string& dir, const c10::optional<hp::DeviceMesh>& tp, at::ScalarType dtype, const std::string& device, bool progress) {
+  const std::string type = hp::models::hf_model_type(dir);
+  Loaded out;
+  if (type == "qwen3_5" || type == "qwen3_5_text") {
+    auto p = std::make_shared<qwen3_5::Pretrained>(qwen3_5::from_pretrained(dir, tp, dtype, device, progress));
+    out.generate = [p](const auto& prompts, const auto& g) { return qwen3_5::generate(*p->model, prompts, g); };
+    out.load = p->load;
+    out.eos = p->model->config.eos_token_ids;
+    out.pad = p->model->config.pad_token_id.value_or(0);
+    int64_t full = 0;
+    for (bool f : p->model->config.full_attention) full += f ? 1 : 0;
+    out.layout = "Qwen3.5, " + std::to_string(p->model->config.num_layers - full) + " Gated DeltaNet and " + std::to_string(full) +
+                 " gated attention layers";
+    return out;
+  }
+  HP_CHECK_T(c10::ValueError, type == "qwen3" || type == "qwen3_moe", "hyper_parallel::hp_generate: ", dir, "/config.json: model_type is \"", type,
+             "\"; hp_generate runs \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\" and \"qwen3_5\"");
+  auto p = std::make_shared<qwen3::Pretrained>(qwen3::from_pretrained(dir, tp, dtype, device, progress));
+  out.generate = [p](const auto& prompts, const auto& g) { return qwen3::generate(*p->model, prompts, g); };
+  out.load = p->load;
+  out.eos = p->model->config.eos_token_ids;
+  out.pad = p->model->config.pad_token_id.value_or(0);
+  out.layout = type == "qwen3" ? "Qwen3" : "Qwen3-MoE";
+  // A Qwen3-MoE model's experts, as from_pretrained laid them out.
+  for (const auto& layer : *p->model->layers) {
+    const auto& moe = layer->as<qwen3::DecoderLayerImpl>()->moe;
+    if (!moe) continue;
+    const hp::nn::ExpertPlacement& pl = moe->experts->placement;
+    out.layout += ", " + std::to_string(moe->options.num_experts()) + " experts" +
+                  (pl.ep.defined() ? " over ep=" + std::to_string(pl.ep.size())
+                   : pl.tp.defined() ? " split by columns over tp=" + std::to_string(pl.tp.size()) : std::string());
+    break;
+  }
+  return out;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -109,29 +162,19 @@ int run(int argc, char** argv) {
   const std::string tok_path = a.model + "/tokenizer.json";
   if (std::filesystem::exists(tok_path)) tok = qwen3::Tokenizer::from_file(tok_path);
   if (!a.prompts.empty()) {
-    HP_CHECK_T(c10::ValueError, tok.has_value(), "qwen3_generate: --prompt needs ", tok_path, "; give --prompt-ids instead");
+    HP_CHECK_T(c10::ValueError, tok.has_value(), "hyper_parallel::hp_generate: --prompt needs ", tok_path, "; give --prompt-ids instead");
     for (const auto& p : a.prompts) prompts.push_back(tok->encode(p));
   }
-  auto loaded = qwen3::from_pretrained(a.model, tp, dtype, a.device, /*progress=*/!a.quiet);
+  const Loaded loaded = load(a.model, tp, dtype, a.device, /*progress=*/!a.quiet);
   qwen3::GenerationConfig g = a.gen;
-  g.eos_token_ids = loaded.model->config.eos_token_ids;
-  g.pad_token_id = loaded.model->config.pad_token_id.value_or(0);
-  const auto result = qwen3::generate(*loaded.model, prompts, g);
+  g.eos_token_ids = loaded.eos;
+  g.pad_token_id = loaded.pad;
+  const auto result = loaded.generate(prompts, g);
   int rc = 0;
   if (chief) {
-    // A Qwen3-MoE model's experts, as from_pretrained laid them out.
-    std::string experts;
-    for (const auto& layer : *loaded.model->layers) {
-      const auto& moe = layer->as<qwen3::DecoderLayerImpl>()->moe;
-      if (!moe) continue;
-      const hp::nn::ExpertPlacement& pl = moe->experts->placement;
-      experts = ", " + std::to_string(moe->options.num_experts()) + " experts" +
-                (pl.ep.defined() ? " over ep=" + std::to_string(pl.ep.size())
-                 : pl.tp.defined() ? " split by columns over tp=" + std::to_string(pl.tp.size()) : std::string());
-      break;
-    }
-    std::printf("qwen3_generate: %s, tp=%lld%s, %s; each rank read %.2f MB of the checkpoint for %.2f MB of local shards\n",
-                a.model.c_str(), static_cast<long long>(world), experts.c_str(), a.dtype.c_str(), loaded.load.bytes_read / 1e6, loaded.load.local_bytes / 1e6);
+    std::printf("hp_generate: %s (%s), tp=%lld, %s; each rank read %.2f MB of the checkpoint for %.2f MB of local shards\n",
+                a.model.c_str(), loaded.layout.c_str(), static_cast<long long>(world), a.dtype.c_str(), loaded.load.bytes_read / 1e6,
+                loaded.load.local_bytes / 1e6);
     for (size_t b = 0; b < prompts.size(); ++b) {
       if (tok) std::printf("[%zu] %s%s\n", b, a.prompts.empty() ? "" : a.prompts[b].c_str(), tok->decode(result.tokens[b], true).c_str());
       std::printf("[%zu] tokens:", b);
@@ -146,8 +189,7 @@ int run(int argc, char** argv) {
   if (a.check) {
     // The same generation in one process, without DTensors: rank 0 compares the tokens.
     if (chief) {
-      auto single = qwen3::from_pretrained(a.model, c10::nullopt, dtype, a.device, /*progress=*/!a.quiet);
-      const auto ref = qwen3::generate(*single.model, prompts, g);
+      const auto ref = load(a.model, c10::nullopt, dtype, a.device, /*progress=*/!a.quiet).generate(prompts, g);
       const bool same = ref.tokens == result.tokens;
       std::printf("--check: one process %s the tokens of tp=%lld\n", same ? "gives" : "DOES NOT give", static_cast<long long>(world));
       rc = same ? 0 : 1;

@@ -1,0 +1,16 @@
+#pragma once
+// Which model family an HF checkpoint holds: its config.json's model_type, as transformers'
+// AutoConfig dispatches on it.
+#include <string>
+
+namespace hyper_parallel {
+namespace models {
+
+/// The "model_type" of `dir`/config.json (e.g. "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5").
+/// A missing or unreadable file, text that is not a JSON object, or a missing or non-string
+/// model_type raise c10::ValueError naming the file.
+/// e.g. `if (models::hf_model_type(dir) == "qwen3_5_text") ...`
+std::string hf_model_type(const std::string& dir);
+
+}  // namespace models
+}  // namespace hyper_parallel
