@@ -3,7 +3,7 @@
 // non-empty lines one by one, and a checksum of the ids (bench/tokenizer_vs_hf.py compares all
 // of it with the tokenizers library in the same run).
 //   hp_tokenizer_bench TOKENIZER_JSON TEXT_FILE [REPEATS]
-#include <hyper_parallel/models/qwen3/tokenizer.h>
+#include <hyper_parallel/models/tokenizer.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-namespace qwen3 = hyper_parallel::qwen3;
 
 namespace {
 
@@ -50,10 +49,10 @@ int main(int argc, char** argv) {
     double load = 1e30;
     for (int r = 0; r < repeats; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto tok = qwen3::Tokenizer::from_file(argv[1]);
+      auto tok = hyper_parallel::models::Tokenizer::from_file(argv[1]);
       load = std::min(load, seconds_since(t0));
     }
-    const auto tok = qwen3::Tokenizer::from_file(argv[1]);
+    const auto tok = hyper_parallel::models::Tokenizer::from_file(argv[1]);
     double long_s = 1e30, short_s = 1e30;
     size_t tokens = 0, short_tokens = 0;
     int64_t checksum = 0;

@@ -21,7 +21,7 @@
 #include <sstream>
 #include <string>
 
-#include <hyper_parallel/models/qwen3/tokenizer.h>
+#include <hyper_parallel/models/tokenizer.h>
 
 #include "families.h"
 #include "train_args.h"
@@ -305,8 +305,8 @@ int run_family(Args a) {
   }
   // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
   // parallelism now: decoding goes one position at a time), and in one process.
-  const auto saved = F::save(*tp_model, a.save, qwen3::byte_tokenizer_json());
-  const auto tok = qwen3::Tokenizer::from_file(a.save + "/tokenizer.json");
+  const auto saved = F::save(*tp_model, a.save, hyper_parallel::models::byte_tokenizer_json());
+  const auto tok = hyper_parallel::models::Tokenizer::from_file(a.save + "/tokenizer.json");
   const std::vector<int64_t> prompt = tok.encode(a.prompt);
   if (chief)
     std::printf("saved %s (%zu file(s), each rank wrote its own shards: rank 0 %.1f KB)\n", a.save.c_str(), saved.files.size(),

@@ -21,7 +21,7 @@
 #include <hyper_parallel/models/hf_model_type.h>
 #include <hyper_parallel/models/qwen3/generate.h>
 #include <hyper_parallel/models/qwen3/pretrained.h>
-#include <hyper_parallel/models/qwen3/tokenizer.h>
+#include <hyper_parallel/models/tokenizer.h>
 #include <hyper_parallel/models/qwen3_5/generate.h>
 #include <hyper_parallel/models/qwen3_5/pretrained.h>
 
@@ -158,9 +158,9 @@ int run(int argc, char** argv) {
   if (world > 1) tp = hp::init_device_mesh(a.device, {world}, {"tp"});
 
   std::vector<std::vector<int64_t>> prompts = a.prompt_ids;
-  c10::optional<qwen3::Tokenizer> tok;
+  c10::optional<hyper_parallel::models::Tokenizer> tok;
   const std::string tok_path = a.model + "/tokenizer.json";
-  if (std::filesystem::exists(tok_path)) tok = qwen3::Tokenizer::from_file(tok_path);
+  if (std::filesystem::exists(tok_path)) tok = hyper_parallel::models::Tokenizer::from_file(tok_path);
   if (!a.prompts.empty()) {
     HP_CHECK_T(c10::ValueError, tok.has_value(), "hyper_parallel::hp_generate: --prompt needs ", tok_path, "; give --prompt-ids instead");
     for (const auto& p : a.prompts) prompts.push_back(tok->encode(p));

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include <hyper_parallel/models/qwen3/tokenizer.h>
+#include <hyper_parallel/models/tokenizer.h>
 
 namespace qwen3 = hyper_parallel::qwen3;
 
@@ -26,7 +26,7 @@ std::string tokenizer_dir(const std::string& name = "tokenizer") {
 
 // Every case of `dir`'s cases.json (texts with the ids and decodings the tokenizers library gave
 // on the same tokenizer.json) through ours; the number of tokens compared.
-size_t expect_cases_match(const qwen3::Tokenizer& tok, const std::string& dir, size_t min_cases) {
+size_t expect_cases_match(const hyper_parallel::models::Tokenizer& tok, const std::string& dir, size_t min_cases) {
   std::ifstream in(dir + "/cases.json");
   const auto cases = nlohmann::json::parse(in);
   EXPECT_GE(cases.size(), min_cases);
@@ -47,7 +47,7 @@ size_t expect_cases_match(const qwen3::Tokenizer& tok, const std::string& dir, s
 TEST(HFTokenizer, EncodeAndDecodeMatchTheTokenizersLibrary) {
   const std::string dir = tokenizer_dir();
   if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
-  const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+  const auto tok = hyper_parallel::models::Tokenizer::from_file(dir + "/tokenizer.json");
   EXPECT_GT(expect_cases_match(tok, dir, 11), 500u);
   EXPECT_EQ(tok.token_to_id("<|im_end|>"), std::optional<int64_t>(2));
   EXPECT_EQ(tok.vocab_size(), 800);
@@ -62,7 +62,7 @@ TEST(HFTokenizer, AnySplitPatternOfTheFileIsHonoured) {
   for (const char* name : {"tokenizer_qwen2_pattern_random", "tokenizer_o200k_pattern_random"}) {
     const std::string dir = tokenizer_dir(name);
     if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
-    const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+    const auto tok = hyper_parallel::models::Tokenizer::from_file(dir + "/tokenizer.json");
     EXPECT_GT(expect_cases_match(tok, dir, 400), 3000u) << name;
   }
 }
@@ -79,7 +79,7 @@ TEST(HFTokenizer, QwenVocabulariesMatchTheTokenizersLibrary) {
   for (const Vocabulary& v : {Vocabulary{"tokenizer_qwen2", 151851, 151645}, Vocabulary{"tokenizer_qwen3_5", 248077, 248046}}) {
     const std::string dir = tokenizer_dir(v.name);
     if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
-    const auto tok = qwen3::Tokenizer::from_file(dir + "/tokenizer.json");
+    const auto tok = hyper_parallel::models::Tokenizer::from_file(dir + "/tokenizer.json");
     EXPECT_GT(expect_cases_match(tok, dir, 320), 5000u) << v.name;
     EXPECT_EQ(tok.vocab_size(), v.size) << v.name;
     EXPECT_EQ(tok.token_to_id("<|im_end|>"), std::optional<int64_t>(v.im_end)) << v.name;
@@ -91,7 +91,7 @@ TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
   if (dir.empty()) GTEST_SKIP() << "no tokenizers references (HP_HF_REF unset or empty: transformers is not installed)";
   std::ifstream in(dir + "/tokenizer.json");
   const auto good = nlohmann::json::parse(in);
-  const auto tok = qwen3::Tokenizer::from_json(good.dump());
+  const auto tok = hyper_parallel::models::Tokenizer::from_json(good.dump());
   EXPECT_THROW(tok.encode("bad \xff utf-8"), c10::ValueError);
   EXPECT_THROW(tok.decode({100000}), c10::ValueError);
   // Half of a two-byte character decodes to U+FFFD, as the library's lossy decoding gives.
@@ -102,7 +102,7 @@ TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
     nlohmann::json j = good;
     edit(j);
     try {
-      qwen3::Tokenizer::from_json(j.dump(), "edited.json");
+      hyper_parallel::models::Tokenizer::from_json(j.dump(), "edited.json");
       ADD_FAILURE() << needle << ": accepted";
     } catch (const c10::ValueError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -120,7 +120,7 @@ TEST(HFTokenizer, BadInputAndUnsupportedFilesAreRefusedByName) {
   refused([](auto& j) { j["model"]["merges"][0] = 5; }, "merge 5");
   refused([](auto& j) { j["model"]["vocab"] = 3; }, "model.vocab");
   try {
-    qwen3::Tokenizer::from_json("{not json");
+    hyper_parallel::models::Tokenizer::from_json("{not json");
     ADD_FAILURE() << "bad JSON accepted";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos);
