@@ -37,6 +37,10 @@ struct FSDPParam {
   int64_t offset = 0;                          // of the padded piece in the group's flat row
   c10::optional<DeviceMesh> tp_mesh;           // the compute tensor is a DTensor on it, else plain
   Placements tp_placements;
+  // With tp_mesh: the root the sharded parameter lives on (dp's, or that root with the tp
+  // dimension unflattened), and dp's (last) dimension in it.
+  c10::optional<DeviceMesh> shard_root;
+  int64_t dp_dim_in_root = -1;
   std::vector<int64_t> global_shape;
   at::Tensor unsharded;                        // persistent compute-local storage (freed when resharded)
 

@@ -25,7 +25,7 @@ using fsdp::FSDPParamGroup;
 bool already_sharded(const at::Tensor& param, const DeviceMesh& dp_mesh, const DeviceMesh& root) {
   if (!is_dtensor(param)) return false;
   const DeviceMesh& m = DTensor(param).device_mesh();
-  return m == dp_mesh || (root.ndim() > 1 && m == root);
+  return m == dp_mesh || (root.ndim() > 1 && (m == root || m.refines(root).has_value()));
 }
 
 // How `param` is sharded over dp (fills everything but `sharded` and `offset`).
@@ -40,15 +40,23 @@ FSDPParam plan_param(const at::Tensor& param, const std::string& fqn, const Devi
     const DTensor d(param);
     const DeviceMesh& tp = d.device_mesh();
     // TP (or expert) dimensions of the same root that dp does not use, e.g. mesh["tp"] or
-    // mesh[{"ep", "tp"}] beside mesh["dp"].
-    bool sibling = tp.root_mesh() == root && (tp.ndim() > 1 || tp.dim_in_root().has_value());
+    // mesh[{"ep", "tp"}] beside mesh["dp"]; or of that root with the tp dimension unflattened
+    // (KV heads replicated over (kv, kv_replica)), where dp's dimensions sit elsewhere.
+    const DeviceMesh tp_root = tp.root_mesh();
+    const c10::optional<std::vector<int64_t>> refined = tp_root == root ? c10::nullopt : tp_root.refines(root);
+    std::vector<int64_t> dp_dims = dp_root_dims;
+    if (refined)
+      for (int64_t& d : dp_dims) d = (*refined)[static_cast<size_t>(d)];
+    bool sibling = (tp_root == root || refined.has_value()) && (tp.ndim() > 1 || tp.dim_in_root().has_value());
     if (sibling)
-      for (int64_t dim : tp.dims_in_root()) sibling = sibling && std::find(dp_root_dims.begin(), dp_root_dims.end(), dim) == dp_root_dims.end();
+      for (int64_t dim : tp.dims_in_root()) sibling = sibling && std::find(dp_dims.begin(), dp_dims.end(), dim) == dp_dims.end();
     HP_CHECK_T(c10::ValueError, sibling,
                "hyper_parallel::fully_shard: parameter '", fqn, "' lives on ", tp.to_string(), ", which is not made of other dimensions of the root mesh of ",
                dp_mesh.to_string(), " (apply parallelize_module on mesh[\"tp\"] and fully_shard on mesh[\"dp\"] of one mesh)");
     p.tp_mesh = tp;
     p.tp_placements = d.placements();
+    p.shard_root = tp_root;
+    p.dp_dim_in_root = dp_dims.back();
     // The first dim TP leaves whole: sharding it over dp nests correctly under any mesh order.
     for (int64_t k = 0; k < d.dim() && p.dp_dim < 0; ++k) {
       bool whole = true;
@@ -81,11 +89,11 @@ at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const Devic
   Placements pl(static_cast<size_t>(dp_mesh.ndim()), Replicate());
   pl.back() = Shard(0);
   if (p.tp_mesh) {
-    mesh = dp_mesh.root_mesh();
+    mesh = *p.shard_root;
     pl.assign(static_cast<size_t>(mesh.ndim()), Replicate());
     const std::vector<int64_t> tp_dims = p.tp_mesh->dims_in_root();
     for (size_t i = 0; i < tp_dims.size(); ++i) pl[static_cast<size_t>(tp_dims[i])] = p.tp_placements[i];
-    pl[static_cast<size_t>(dp_mesh.dims_in_root().back())] = p.dp_dim >= 0 ? Shard(p.dp_dim) : Replicate();
+    pl[static_cast<size_t>(p.dp_dim_in_root)] = p.dp_dim >= 0 ? Shard(p.dp_dim) : Replicate();
   }
   return DTensor::from_local(local.clone(at::MemoryFormat::Contiguous), mesh, pl, false, c10::IntArrayRef(p.global_shape))
       .detach();

@@ -21,6 +21,9 @@ struct DeviceMesh::Impl {
   std::shared_ptr<const Impl> root;  // the mesh this one was sliced from, if any
   int64_t root_dim = -1;             // a 1-D slice's dimension in root
   std::vector<int64_t> root_dims;    // a slice's dimensions in root
+  // A root made by unflattening dimension refined_dim of the root `refined` into refined_count.
+  std::shared_ptr<const Impl> refined;
+  int64_t refined_dim = -1, refined_count = 0;
 };
 
 namespace {
@@ -182,7 +185,46 @@ DeviceMesh DeviceMesh::unflatten(int64_t dim, const std::vector<int64_t>& sizes,
   out->ranks = m.ranks;
   out->seed = m.seed;
   place_and_group(*out, (*m.coordinate)[0]);
+  if (!m.root || m.root_dims.size() != 1) return DeviceMesh(std::move(out));
+  // A slice of a root: the root with that dimension split, whose other dimensions keep their
+  // groups, and the result a slice of it.
+  const Impl& r = *m.root;
+  const size_t t = static_cast<size_t>(m.root_dims[0]), k = sizes.size();
+  auto root = std::make_shared<Impl>();
+  root->device_type = r.device_type;
+  root->ranks = r.ranks;
+  root->seed = r.seed;
+  root->refined = m.root;
+  root->refined_dim = static_cast<int64_t>(t);
+  root->refined_count = static_cast<int64_t>(k);
+  std::vector<int64_t> coord;
+  for (size_t d = 0; d < r.shape.size(); ++d) {
+    if (d != t) {
+      root->shape.push_back(r.shape[d]);
+      root->dim_names.push_back(r.dim_names[d]);
+      coord.push_back((*r.coordinate)[d]);
+      root->groups.push_back(r.groups[d]);
+      continue;
+    }
+    for (size_t i = 0; i < k; ++i) {
+      root->shape.push_back(sizes[i]);
+      root->dim_names.push_back(names[i]);
+      coord.push_back((*out->coordinate)[i]);
+      root->groups.push_back(out->groups[i]);
+    }
+  }
+  root->coordinate = coord;
+  out->root = root;
+  for (size_t i = 0; i < k; ++i) out->root_dims.push_back(static_cast<int64_t>(t + i));
   return DeviceMesh(std::move(out));
+}
+
+c10::optional<std::vector<int64_t>> DeviceMesh::refines(const DeviceMesh& other) const {
+  const auto& m = get(impl_);
+  if (!m.refined || !(DeviceMesh(m.refined) == other)) return c10::nullopt;
+  std::vector<int64_t> at;
+  for (int64_t d = 0; d < other.ndim(); ++d) at.push_back(d <= m.refined_dim ? d : d + m.refined_count - 1);
+  return at;
 }
 
 DeviceMesh DeviceMesh::root_mesh() const {

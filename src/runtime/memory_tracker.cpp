@@ -81,6 +81,9 @@ class CountingAllocator final : public c10::Allocator {
 #endif
     c10::DataPtr got = inner->allocate(n);
     void* data = got.get();
+    // Nothing allocated (zero bytes): nothing to count, and raw_allocate's callers (LAPACK's
+    // work buffers) need the pointer and the context alike.
+    if (n == 0) return got;
     const c10::Device where = got.device();
     auto* b = new Block{std::move(got), state, 0, static_cast<int64_t>(n)};
     {

@@ -1,8 +1,9 @@
-// hp_plan: plans a Qwen3 training job of any size on this machine. It plays one rank of a fake
+// hp_plan: plans a Qwen3, Qwen3-MoE or Qwen3.5 training job of any size on this machine (the
+// config's model_type decides). It plays one rank of a fake
 // world, runs the demo's plan (TP over "tp", fully_shard over "dp") on the meta device, and prints
 // what that rank holds and sends in one step.
 //
-//   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]
+//   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--loss-parallel] [--batch B] [--seq S] [--json]
 //           [--schedule gpipe|1f1b] [--microbatches M]   with a pp dimension, e.g. --mesh pp=8,dp=16,tp=8
 //           [--cp-mode auto|ulysses|allgather_kv|ring]     with a cp dimension, e.g. --mesh dp=8,cp=4,tp=8 --seq 32768
 //           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
@@ -21,10 +22,13 @@
 #include <iostream>
 #include <string>
 
+#include <hyper_parallel/models/hf_model_type.h>
+#include <hyper_parallel/models/plan.h>
 #include <hyper_parallel/models/qwen3/config.h>
-#include <hyper_parallel/models/qwen3/plan.h>
+#include <hyper_parallel/models/qwen3_5/config.h>
 
 namespace qwen3 = hyper_parallel::qwen3;
+namespace models = hyper_parallel::models;
 
 namespace {
 
@@ -57,7 +61,7 @@ int64_t positive(const std::string& flag, const std::string& v) {
 }  // namespace
 
 int run(int argc, char** argv) {
-  qwen3::PlanOptions o;
+  models::PlanOptions o;
   std::string config, mesh;
   int64_t world = 0, dp = 1, dp_replicate = 1;
   bool json = false, measure = false;
@@ -70,6 +74,7 @@ int run(int argc, char** argv) {
     if (f == "--config") config = value();
     else if (f == "--mesh") mesh = value();
     else if (f == "--sp") o.sequence_parallel = true;
+    else if (f == "--loss-parallel") o.loss_parallel = true;
     else if (f == "--batch") o.batch = positive(f, value());
     else if (f == "--seq") o.seq = positive(f, value());
     else if (f == "--rank") o.rank = positive(f, value());
@@ -91,24 +96,26 @@ int run(int argc, char** argv) {
       const std::string v = value();
       if (v != "float32" && v != "bfloat16") usage("--optimizer-dtype is float32 or bfloat16, got '" + v + "'");
       o.optimizer_dtype = v == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    } else if (f == "--help" || f == "-h") usage("plans one training step of a Qwen3 model on a mesh");
+    } else if (f == "--help" || f == "-h") usage("plans one training step of a Qwen3, Qwen3-MoE or Qwen3.5 model on a mesh");
     else usage("unknown argument '" + f + "'");
   }
   if (config.empty()) usage("--config is required");
   if (mesh.empty() == (world == 0)) usage("give the mesh either as --mesh or as --world (with --dp, --dp-replicate)");
   // A plan that fails raises the error the real job would, and run_program prints it.
-  o.config = qwen3::load_config(config);
-  o.mesh = mesh.empty() ? qwen3::mesh_from_degrees(world, dp_replicate, dp) : qwen3::parse_mesh(mesh);
+  const std::string type = models::hf_model_type(config);
+  if (type == "qwen3_5" || type == "qwen3_5_text") o.qwen3_5 = hyper_parallel::qwen3_5::load_config(config);
+  else o.config = qwen3::load_config(config);
+  o.mesh = mesh.empty() ? models::mesh_from_degrees(world, dp_replicate, dp) : models::parse_mesh(mesh);
   if (measure) {
     at::set_num_threads(1);
     hyper_parallel::init_process_group();
     o.device_type = "cpu";
-    const qwen3::PlanReport r = qwen3::measure_training(o);
+    const models::PlanReport r = models::measure_training(o);
     if (hyper_parallel::get_rank() == 0) std::cout << (json ? r.to_json() + "\n" : r.to_table());
     hyper_parallel::destroy_process_group();
     return 0;
   }
-  const qwen3::PlanReport r = qwen3::plan_training(o);
+  const models::PlanReport r = models::plan_training(o);
   std::cout << (json ? r.to_json() + "\n" : r.to_table());
   return 0;
 }

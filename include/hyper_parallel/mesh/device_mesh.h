@@ -54,7 +54,9 @@ class DeviceMesh {
   }
   /// The same ranks with dimension `dim` split into `sizes` (row-major), named `names`, and a
   /// process group per new dimension (PyTorch's DeviceMesh._unflatten). Collective over this
-  /// mesh's ranks. The result is a root mesh of its own. Only a 1-D mesh can be unflattened now
+  /// mesh's ranks. The result is a root mesh of its own; unflattening a 1-D slice of an N-D root
+  /// (mesh["tp"]) gives a slice of that root with the dimension split (see refines), so that
+  /// fully_shard on mesh["dp"] composes with it. Only a 1-D mesh can be unflattened now
   /// (c10::NotImplementedError otherwise); c10::ValueError when the sizes' product differs from
   /// the dimension's size. e.g. tp = 8 ranks viewed as (kv=4, kv_replica=2):
   /// `auto kv = tp.unflatten(0, {4, 2}, {"kv", "kv_replica"});`
@@ -65,6 +67,9 @@ class DeviceMesh {
   c10::optional<int64_t> dim_in_root() const;
   /// The dimensions of root_mesh() this mesh spans, in order (0..ndim-1 for a root).
   std::vector<int64_t> dims_in_root() const;
+  /// For a root made by unflattening a slice of the root `other`: where each dimension of `other`
+  /// lies in this one (a split dimension: at its first part); nullopt otherwise.
+  c10::optional<std::vector<int64_t>> refines(const DeviceMesh& other) const;
   /// The seed every rank of the mesh shares (rank 0's CPU generator seed at mesh creation). Random
   /// ops on DTensors do not use it: they draw from hyper_parallel::manual_seed's counter-based
   /// generator (dtensor/random.h), the same values whatever the mesh.

@@ -6,11 +6,12 @@
 namespace hyper_parallel {
 namespace models {
 
-/// The "model_type" of `dir`/config.json (e.g. "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5").
+/// The "model_type" of `path`: a checkpoint directory (its config.json) or a config.json itself
+/// (e.g. "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5").
 /// A missing or unreadable file, text that is not a JSON object, or a missing or non-string
 /// model_type raise c10::ValueError naming the file.
 /// e.g. `if (models::hf_model_type(dir) == "qwen3_5_text") ...`
-std::string hf_model_type(const std::string& dir);
+std::string hf_model_type(const std::string& path);
 
 }  // namespace models
 }  // namespace hyper_parallel

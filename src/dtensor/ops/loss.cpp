@@ -22,7 +22,8 @@ std::pair<int64_t, int64_t> class_range(const OpInfo& info, const DTensorSpec& s
 
 // Targets outside [begin, begin + size), and ignored ones, become -1, the local ignore_index.
 at::Tensor local_targets(const at::Tensor& target, int64_t begin, int64_t size, int64_t ignore_index) {
-  at::Tensor outside = (target < begin).logical_or_(target >= begin + size).logical_or_(target == ignore_index);
+  // bitwise_or: it has a meta kernel (logical_or has none in C++), the same on bools.
+  at::Tensor outside = (target < begin).bitwise_or_(target >= begin + size).bitwise_or_(target == ignore_index);
   return (target - begin).masked_fill_(outside, -1);
 }
 

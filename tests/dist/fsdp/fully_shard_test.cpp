@@ -85,12 +85,14 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardMlp) {
 }
 
 // Also with lm_head tied to embed_tokens: one parameter, sharded and gathered once, whose gradient
-// sums both uses as in one process.
+// sums both uses as in one process. And with one KV head on the 2 tp ranks: k/v_proj replicated
+// on mesh["tp"] unflattened to (kv, kv_replica), which fully_shard takes over on (dp, kv,
+// kv_replica), the replicas' partial gradients summed.
 TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   ASSERT_EQ(hp::get_world_size(), 4);
   auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  for (const bool tied : {false, true}) {
-  SCOPED_TRACE(tied ? "tied embeddings" : "untied");
+  for (const auto& [tied, kv_heads] : std::vector<std::pair<bool, int64_t>>{{false, 2}, {true, 2}, {false, 1}}) {
+  SCOPED_TRACE(std::string(tied ? "tied embeddings" : "untied") + ", " + std::to_string(kv_heads) + " KV heads");
   qwen3::Config c;
   c.tie_word_embeddings = tied;
   c.vocab_size = 64;
@@ -98,7 +100,7 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   c.intermediate_size = 32;
   c.num_layers = 2;
   c.num_heads = 4;
-  c.num_kv_heads = 2;
+  c.num_kv_heads = kv_heads;
   c.head_dim = 8;
   hp_test::manual_seed(62);
   qwen3::CausalLM model(c);
@@ -124,6 +126,10 @@ TEST(FullyShardDist, C15_TensorParallelThenFullyShardQwen3) {
   opt.step();
   ref_opt.step();
   expect_params_match(*model, *ref, "after a step");
+  if (kv_heads == 1) {
+    const auto& names = hp::DTensor(model->layers[0]->as<qwen3::DecoderLayerImpl>()->self_attn->k_proj->weight()).device_mesh().mesh_dim_names();
+    EXPECT_EQ(names, (std::vector<std::string>{"dp", "kv", "kv_replica"}));
+  }
   if (tied) {
     EXPECT_TRUE(model->lm_head->weight().is_same(model->embed_tokens->weight()));
     EXPECT_EQ(model->parameters().size(), ref->parameters().size());

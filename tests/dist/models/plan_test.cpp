@@ -27,6 +27,7 @@
 #include <hyper_parallel/models/qwen3/plan.h>
 #include "../../common/error_message.h"
 #include "../nn/training_util.h"
+#include "plan_util.h"
 
 namespace qwen3 = hyper_parallel::qwen3;
 namespace hp = hyper_parallel;
@@ -36,15 +37,12 @@ namespace t_dist_models_plan_test {
 namespace {
 
 using qwen3::Config;
+using plan_util::env;
+using plan_util::real_run;
+using plan_util::repo_file;
+using plan_util::run;
 using qwen3::PlanOptions;
 using qwen3::PlanReport;
-
-// Paths from CTest's environment (tests/CMakeLists.txt).
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : v;
-}
-std::string repo_file(const std::string& rel) { return env("HP_SOURCE_DIR") + "/" + rel; }
 
 Config small_config() {
   Config c;
@@ -89,27 +87,10 @@ qwen3::CommEntry entry(const PlanReport& r, const std::string& dim, const std::s
 
 int64_t elem(const Config& c) { return static_cast<int64_t>(c10::elementSize(c.dtype)); }
 
-std::string run(const std::string& command) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen((command + " 2>&1").c_str(), "r"), pclose);
-  if (!p) return "popen failed";
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p.get())) out.append(buf.data(), n);
-  return out;
-}
-
 std::string write_config(const Config& c, const std::string& name) {
   const std::string path = env("HP_TEST_TMP") + "/" + name;
   std::ofstream(path) << qwen3::config_to_json(c);
   return path;
-}
-
-// The same step run for real: hp_plan --measure in a job of `nproc` ranks; rank 0's JSON.
-std::string real_run(const std::string& config, const std::string& mesh, int nproc, bool sp, int64_t batch, int64_t seq,
-                     const std::string& extra = "") {
-  return run(env("HPRUN_BIN") + " --nproc-per-node " + std::to_string(nproc) + " " + env("HP_PLAN_BIN") +
-             " --measure --json --config " + config + " --mesh " + mesh + (sp ? " --sp" : "") + " --batch " +
-             std::to_string(batch) + " --seq " + std::to_string(seq) + " " + extra);
 }
 
 
@@ -268,20 +249,8 @@ TEST(PlanReportMeasured, ARealRunCountsWhatThePlanCounts) {
     const PlanReport fake = qwen3::plan_training(o);
     std::string out = real_run(config, k.mesh, k.nproc, k.sp, 2, 32,
                                "--activation-checkpointing " + k.ac + (k.bf16 ? " --mixed-precision bf16" : ""));
-    // hprun prefixes each line with its rank; rank 0 prints the JSON.
-    std::string json;
-    for (size_t at = 0; at < out.size();) {
-      const size_t end = std::min(out.find('\n', at), out.size());
-      std::string line = out.substr(at, end - at);
-      if (line.rfind("[rank0]: ", 0) == 0) json += line.substr(9) + "\n";
-      at = end + 1;
-    }
     nlohmann::json real;
-    try {
-      real = nlohmann::json::parse(json);
-    } catch (const std::exception&) {
-      FAIL() << k.mesh << ": no JSON from the real run:\n" << out;
-    }
+    ASSERT_TRUE(plan_util::rank0_json(out, real)) << k.mesh << ": no JSON from the real run:\n" << out;
     EXPECT_TRUE(real["measured"].get<bool>());
     EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes) << k.mesh;
     EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes) << k.mesh;

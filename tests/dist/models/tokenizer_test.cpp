@@ -11,7 +11,6 @@
 
 #include <hyper_parallel/models/tokenizer.h>
 
-namespace qwen3 = hyper_parallel::qwen3;
 
 // Its own namespace: the test units are compiled in unity batches, where files share a scope.
 namespace t_dist_models_tokenizer_test {

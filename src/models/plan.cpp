@@ -1,4 +1,4 @@
-#include <hyper_parallel/models/qwen3/plan.h>
+#include <hyper_parallel/models/plan.h>
 
 #include <hyper_parallel/hyper_parallel.h>
 
@@ -7,29 +7,20 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include <hyper_parallel/models/qwen3/parallelize.h>
+#include <hyper_parallel/models/qwen3_5/parallelize.h>
 
 namespace hp = hyper_parallel;
 namespace hnn = hyper_parallel::nn;
 
 namespace hyper_parallel {
-namespace qwen3 {
+namespace models {
 namespace {
 
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
-// HF's torch_dtype names.
-std::string dtype_label(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return c10::toString(t);
-  }
-}
 
 // Tears down the fake world however planning ends.
 struct FakeWorld {
@@ -40,16 +31,6 @@ struct FakeWorld {
   }
   ~FakeWorld() { hp::destroy_process_group(); }
 };
-
-std::string human(int64_t b) {
-  char buf[32];
-  const double v = static_cast<double>(b);
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else if (b < (int64_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024);
-  else if (b < (int64_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1 << 30));
-  return buf;
-}
 
 }  // namespace
 
@@ -71,7 +52,7 @@ std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text)
   std::string item;
   while (std::getline(ss, item, ',')) {
     const size_t eq = item.find('=');
-    HP_CHECK_T(c10::ValueError, eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "hyper_parallel::qwen3::parse_mesh: --mesh '", text,
+    HP_CHECK_T(c10::ValueError, eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "hyper_parallel::models::parse_mesh: --mesh '", text,
                "': each dimension is name=size, e.g. dp=16,tp=8");
     size_t used = 0;
     int64_t n = 0;
@@ -80,11 +61,11 @@ std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& text)
     } catch (const std::exception&) {
       used = 0;
     }
-    HP_CHECK_T(c10::ValueError, used == item.size() - eq - 1 && n > 0, "hyper_parallel::qwen3::parse_mesh: --mesh '", text, "': the size of '",
+    HP_CHECK_T(c10::ValueError, used == item.size() - eq - 1 && n > 0, "hyper_parallel::models::parse_mesh: --mesh '", text, "': the size of '",
                item.substr(0, eq), "' must be a positive integer");
     out.emplace_back(item.substr(0, eq), n);
   }
-  HP_CHECK_T(c10::ValueError, !out.empty(), "hyper_parallel::qwen3::parse_mesh: --mesh is empty; e.g. dp=16,tp=8");
+  HP_CHECK_T(c10::ValueError, !out.empty(), "hyper_parallel::models::parse_mesh: --mesh is empty; e.g. dp=16,tp=8");
   return out;
 }
 
@@ -99,7 +80,7 @@ struct MeshShape {
   std::string cp_mode;
 };
 
-// `what`: the function's name below hyper_parallel:: ("qwen3::plan_training").
+// `what`: the function's name below hyper_parallel:: ("models::plan_training").
 MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   HP_CHECK_T(c10::ValueError, options.batch > 0 && options.seq > 0, "hyper_parallel::", what, ": batch ", options.batch, " and seq ",
              options.seq, " must be positive");
@@ -136,9 +117,15 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
                ": interleaved_1f1b (virtual stages) is not planned yet; plan gpipe or 1f1b");
     HP_CHECK_T(c10::ValueError, options.microbatches >= 1 && options.batch % options.microbatches == 0, "hyper_parallel::", what, ": batch ",
                options.batch, " does not split into ", options.microbatches, " microbatches");
-    HP_CHECK_T(c10::ValueError, !options.config.is_moe(), "hyper_parallel::", what, ": pipeline stages of MoE models are not planned yet");
-    pipeline_stage_span(options.config, 0, m.pp);  // enough layers, untied
+    if (options.qwen3_5) {
+      qwen3_5::pipeline_stage_span(*options.qwen3_5, 0, m.pp);  // enough layers, untied
+    } else {
+      HP_CHECK_T(c10::ValueError, !options.config.is_moe(), "hyper_parallel::", what, ": pipeline stages of MoE models are not planned yet");
+      qwen3::pipeline_stage_span(options.config, 0, m.pp);
+    }
   }
+  HP_CHECK_T(c10::ValueError, !options.qwen3_5 || (m.cp == 1 && m.ep == 1), "hyper_parallel::", what,
+             ": Qwen3.5's context parallelism (its Gated DeltaNet's state passed along the ranks) and experts are not planned yet");
   if (m.cp > 1) {
     HP_CHECK_T(c10::ValueError, m.pp == 1 && m.ep == 1 && m.dp_replicate == 1, "hyper_parallel::", what,
                ": context parallelism with pipeline stages, experts or HSDP is not planned yet (plan dp, cp and tp)");
@@ -182,49 +169,101 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
   return m;
 }
 
+at::ScalarType config_dtype(const PlanOptions& o) { return o.qwen3_5 ? o.qwen3_5->dtype : o.config.dtype; }
+
+// One family's model of the plan (this rank's pipeline stage), laid out by the demo's plan up to
+// fully_shard over the data ranks, which run_step applies to `layers` and `root` alike.
+struct Built {
+  std::shared_ptr<torch::nn::Module> root;
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  bool embedding = true, head = true;
+  int64_t vocab_size = 0, hidden_size = 0;
+  hp::DeviceMesh cp_mesh;
+  std::function<at::Tensor(const at::Tensor&, const hnn::Kwargs&)> forward;
+};
+
+template <class Holder>
+void describe(Built& b, Holder model) {
+  b.root = model.ptr();
+  for (const auto& layer : *model->layers) b.layers.push_back(layer);
+  b.embedding = static_cast<bool>(model->embed_tokens);
+  b.head = static_cast<bool>(model->lm_head);
+  b.forward = [model](const at::Tensor& x, const hnn::Kwargs& kw) mutable { return kw.empty() ? model(x) : model(x, kw); };
+}
+
+Built build_qwen3(const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh, const std::string& device, at::ScalarType dtype) {
+  using namespace hyper_parallel::qwen3;
+  CausalLM model{nullptr};
+  {
+    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(dtype));
+    if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
+    model = CausalLM(options.config, m.pp > 1 ? pipeline_stage_span(options.config, mesh.get_local_rank(0), m.pp) : StageSpan{});
+  }
+  hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
+  if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel, options.loss_parallel);
+  Built b;
+  if (m.ep > 1) {
+    // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
+    // every data rank divided by their number; the rest over dp x ep (HSDP: replicated over dp).
+    parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
+    hp::FullyShardOptions eo;
+    if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+    eo.gradient_divide_factor = static_cast<double>(m.dp * m.ep);
+    for (const auto& layer : *model->layers)
+      if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
+  }
+  if (m.cp > 1) {
+    b.cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
+    parallelize_qwen3_cp(*model, b.cp_mesh, m.cp_mode, /*load_balance=*/true);
+  }
+  describe(b, model);
+  b.vocab_size = options.config.vocab_size;
+  b.hidden_size = options.config.hidden_size;
+  return b;
+}
+
+Built build_qwen3_5(const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh, const std::string& device, at::ScalarType dtype) {
+  using namespace hyper_parallel::qwen3_5;
+  const Config& c = *options.qwen3_5;
+  CausalLM model{nullptr};
+  {
+    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(dtype));
+    if (device != "meta") hp::manual_seed(0);
+    model = CausalLM(c, m.pp > 1 ? pipeline_stage_span(c, mesh.get_local_rank(0), m.pp) : StageSpan{});
+  }
+  hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
+  if (m.tp > 1) parallelize_qwen3_5_tp(*model, mesh["tp"], options.sequence_parallel, options.loss_parallel);
+  Built b;
+  describe(b, model);
+  b.vocab_size = c.vocab_size;
+  b.hidden_size = c.hidden_size;
+  return b;
+}
+
 // One training step of the demo's plan in the current world, with tensors on `device` ("meta":
 // shapes only; "cpu": real values), measured.
 PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::string& device) {
   const auto start = std::chrono::steady_clock::now();
   const hp::DeviceMesh mesh = hp::init_device_mesh(options.device_type, m.shape, m.names);
-  CausalLM model{nullptr};
-  {
-    // With mixed precision the sharded parameters are the float32 master; fully_shard gathers
-    // them in the compute dtype.
-    const hnn::ParameterScope scope(at::TensorOptions().device(device).dtype(options.mixed_precision ? at::kFloat : options.config.dtype));
-    if (device != "meta") hp::manual_seed(0);  // the same weights on every rank of a real run
-    model = CausalLM(options.config, m.pp > 1 ? pipeline_stage_span(options.config, mesh.get_local_rank(0), m.pp) : StageSpan{});
-  }
-  hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
-  if (m.tp > 1) parallelize_qwen3_tp(*model, mesh["tp"], options.sequence_parallel);
+  // With mixed precision the sharded parameters are the float32 master; fully_shard gathers
+  // them in the compute dtype.
+  const at::ScalarType param_dtype = options.mixed_precision ? at::kFloat : config_dtype(options);
+  Built model = options.qwen3_5 ? build_qwen3_5(options, m, mesh, device, param_dtype) : build_qwen3(options, m, mesh, device, param_dtype);
+  const hp::DeviceMesh& cp_mesh = model.cp_mesh;
   hp::FullyShardOptions o;
   if (options.mixed_precision) o.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
-  if (m.ep > 1) {
-    // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
-    // every data rank divided by their number; the rest below over dp x ep (HSDP: replicated over dp).
-    parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
-    hp::FullyShardOptions eo = o;
-    eo.gradient_divide_factor = static_cast<double>(m.dp * m.ep);
-    for (const auto& layer : *model->layers)
-      if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
-  }
-  hp::DeviceMesh cp_mesh;
-  if (m.cp > 1) {
-    cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
-    parallelize_qwen3_cp(*model, cp_mesh, m.cp_mode, /*load_balance=*/true);
-  }
   if (m.cp > 1 || m.dp * m.dp_replicate * m.ep > 1) {
     // The data ranks: dp x cp (one "dp_cp" dimension) with context parallelism, dp (HSDP:
     // dp_replicate x dp), or dp x ep with experts.
     const hp::DeviceMesh data = m.cp > 1 ? mesh["dp_cp"]
                                 : m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
                                 : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, data, o);
+    for (const auto& layer : model.layers) hp::fully_shard(*layer, data, o);
     // The logits in float32 for the loss; a stage without the head hands on the compute dtype.
-    if (options.mixed_precision && model->lm_head) o.mp_policy.output_dtype = at::kFloat;
-    hp::fully_shard(*model, data, o);
+    if (options.mixed_precision && model.head) o.mp_policy.output_dtype = at::kFloat;
+    hp::fully_shard(*model.root, data, o);
   }
-  model->train();
+  model.root->train();
 
   PlanReport r;
   r.options = options;
@@ -232,7 +271,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   r.measured = device != "meta";
   r.cp = m.cp;
   r.cp_mode = m.cp_mode;
-  const std::vector<at::Tensor> params = hp::unique_parameters(*model);  // tied weights count once
+  const std::vector<at::Tensor> params = hp::unique_parameters(*model.root);  // tied weights count once
   int64_t elements = 0;
   for (const at::Tensor& p : params) {
     const at::Tensor l = hp::local_tensor(p);
@@ -252,14 +291,14 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   // With context parallelism each rank holds seq / cp positions (their positions drive rotary).
   const int64_t local_seq = options.seq / m.cp;
   const at::Tensor ids = device == "meta" ? at::empty({rows, local_seq}, ids_options)
-                                          : at::randint(options.config.vocab_size, {rows, local_seq}, ids_options);
+                                          : at::randint(model.vocab_size, {rows, local_seq}, ids_options);
   hnn::Kwargs positions;
   if (m.cp > 1) positions.emplace_back("position_ids", hp::context_parallel_positions(options.seq, cp_mesh, true).unsqueeze(0).to(device));
   at::Tensor input = ids;
-  if (!model->embed_tokens) {
-    const at::ScalarType act = options.mixed_precision ? *options.mixed_precision : options.config.dtype;
+  if (!model.embedding) {
+    const at::ScalarType act = options.mixed_precision ? *options.mixed_precision : config_dtype(options);
     const bool sharded = options.sequence_parallel && m.tp > 1;
-    const at::Tensor local = at::randn({rows, sharded ? options.seq / m.tp : options.seq, options.config.hidden_size},
+    const at::Tensor local = at::randn({rows, sharded ? options.seq / m.tp : options.seq, model.hidden_size},
                                        at::TensorOptions().dtype(act).device(device));
     input = sharded ? hp::DTensor::from_local(local, mesh["tp"], {hp::Shard(1)}) : local;
     input.requires_grad_(true);
@@ -269,10 +308,10 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   int64_t transient = 0, peak = 0;
   {
     hp::MemoryTracker mem(device);
-    const at::Tensor out = m.cp > 1 ? model(input, positions) : model(input);
+    const at::Tensor out = model.forward(input, positions);
     r.microbatch_saved_bytes = mem.live_bytes();
-    if (model->lm_head) {
-      causal_lm_loss(out, ids).backward();
+    if (model.head) {
+      qwen3::causal_lm_loss(out, ids).backward();
     } else {
       r.p2p_bytes_per_microbatch = bytes_of(hp::local_tensor(out));
       torch::autograd::backward({out}, {at::ones_like(out)});
@@ -301,6 +340,14 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   std::map<std::vector<int64_t>, std::string> dim_of;
   for (int64_t d = 0; d < mesh.ndim(); ++d) dim_of[mesh.get_group(d).ranks()] = m.names[static_cast<size_t>(d)];
   if (m.cp > 1) dim_of[cp_mesh.get_group(0).ranks()] = "cp";
+  // Replicated KV heads: their gradients summed over the replicas of a head.
+  for (const at::Tensor& p : params)
+    if (hp::is_dtensor(p)) {
+      const hp::DeviceMesh& pm = hp::DTensor(p).device_mesh();
+      const auto& names = pm.mesh_dim_names();
+      const auto at = std::find(names.begin(), names.end(), "kv_replica");
+      if (at != names.end()) dim_of[pm.get_group(at - names.begin()).ranks()] = "kv_replica";
+    }
   for (const auto& [ranks, phases] : comm.get_comm_group_stats()) {
     const auto it = dim_of.find(ranks);
     const std::string dim = it != dim_of.end()                               ? it->second
@@ -338,114 +385,21 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
 }  // namespace
 
 PlanReport plan_training(const PlanOptions& options) {
-  HP_CHECK_T(c10::ValueError, !hp::is_initialized(), "hyper_parallel::qwen3::plan_training: a process group exists already; the plan ",
+  HP_CHECK_T(c10::ValueError, !hp::is_initialized(), "hyper_parallel::models::plan_training: a process group exists already; the plan ",
              "runs in a fake world of its own");
-  const MeshShape m = mesh_shape_of(options, "qwen3::plan_training");
+  const MeshShape m = mesh_shape_of(options, "models::plan_training");
   const FakeWorld fake(m.world, options.rank, options.device_type);
   return run_step(options, m, "meta");
 }
 
 PlanReport measure_training(const PlanOptions& options) {
-  const MeshShape m = mesh_shape_of(options, "qwen3::measure_training");
+  const MeshShape m = mesh_shape_of(options, "models::measure_training");
   HP_CHECK_T(c10::ValueError, hp::is_initialized() && !hp::is_fake_world() && hp::get_world_size() == m.world,
-             "hyper_parallel::qwen3::measure_training: it runs in a real job of ", m.world, " ranks (init_process_group under hprun)");
+             "hyper_parallel::models::measure_training: it runs in a real job of ", m.world, " ranks (init_process_group under hprun)");
   PlanOptions o = options;
   o.rank = hp::get_rank();
   return run_step(o, m, "cpu");
 }
 
-std::string PlanReport::to_table() const {
-  std::ostringstream os;
-  const Config& c = options.config;
-  os << "plan: Qwen3" << (c.is_moe() ? "-MoE " : " ") << c.num_layers << " layers, hidden " << c.hidden_size << ", " << c.num_heads << "/" << c.num_kv_heads
-     << " heads, ";
-  if (c.is_moe()) os << c.num_experts << " experts (top-" << c.num_experts_per_tok << ", " << c.moe_intermediate_size << " wide), ";
-  os << dtype_label(c.dtype) << "; mesh";
-  for (const auto& [n, s] : options.mesh) os << " " << n << "=" << s;
-  os << " (" << world_size << " ranks)" << (options.sequence_parallel ? ", sequence parallel" : "")
-     << (options.mixed_precision ? ", mixed precision " + dtype_label(*options.mixed_precision) + "/float32" : std::string())
-     << ", activation checkpointing " << options.activation_checkpointing.to_string() << "; batch "
-     << options.batch << " x seq " << options.seq << " per dp rank; rank " << options.rank << "\n";
-  char line[160];
-  const auto row = [&](const char* what, int64_t b) {
-    std::snprintf(line, sizeof line, "  %-24s %14s  (%lld)\n", what, human(b).c_str(), static_cast<long long>(b));
-    os << line;
-  };
-  if (num_stages > 1) {
-    std::snprintf(line, sizeof line, "pipeline: stage %lld of %lld, %s, %lld microbatches (%lld in flight here), bubble %.4f\n",
-                  static_cast<long long>(stage), static_cast<long long>(num_stages), options.schedule.c_str(),
-                  static_cast<long long>(options.microbatches), static_cast<long long>(microbatches_in_flight), bubble_fraction);
-    os << line;
-  }
-  if (cp > 1) {
-    std::snprintf(line, sizeof line, "context parallel: cp %lld, %s attention, %lld of %lld positions per rank (head-tail)\n",
-                  static_cast<long long>(cp), cp_mode.c_str(), static_cast<long long>(options.seq / cp), static_cast<long long>(options.seq));
-    os << line;
-  }
-  os << "memory per rank:\n";
-  row("parameters", param_bytes);
-  if (kv_replica_bytes > 0) row("  of which KV replicas", kv_replica_bytes);
-  row("gradients", grad_bytes);
-  row(optimizer_dtype_row().c_str(), optimizer_bytes);
-  if (num_stages > 1) {
-    row("saved per microbatch", microbatch_saved_bytes);
-    row("p2p per microbatch", p2p_bytes_per_microbatch);
-  }
-  row("activation peak", activation_peak_bytes);
-  row("step peak (all of it)", step_peak_bytes);
-  os << "communication per step:\n";
-  std::snprintf(line, sizeof line, "  %-10s %-16s %-9s %6s %14s %14s\n", "mesh_dim", "collective", "phase", "count", "bytes",
-                "full_bytes");
-  os << line;
-  for (const CommEntry& e : comm) {
-    std::snprintf(line, sizeof line, "  %-10s %-16s %-9s %6lld %14s %14s\n", e.mesh_dim.c_str(), e.collective.c_str(),
-                  e.phase.c_str(), static_cast<long long>(e.count), human(e.bytes).c_str(), human(e.full_bytes).c_str());
-    os << line;
-  }
-  std::snprintf(line, sizeof line, "%s in %.2f s\n", measured ? "measured (a real run on the CPU)" : "planned", seconds);
-  os << line;
-  return os.str();
-}
-
-std::string PlanReport::optimizer_dtype_row() const {
-  return "optimizer (Adam, " + dtype_label(options.optimizer_dtype) + ")";
-}
-
-std::string PlanReport::to_json() const {
-  nlohmann::json j;
-  j["world_size"] = world_size;
-  j["rank"] = options.rank;
-  nlohmann::json mesh = nlohmann::json::object();
-  for (const auto& [n, s] : options.mesh) mesh[n] = s;
-  j["mesh"] = mesh;
-  j["sequence_parallel"] = options.sequence_parallel;
-  j["mixed_precision"] = options.mixed_precision ? dtype_label(*options.mixed_precision) : "none";
-  j["activation_checkpointing"] = options.activation_checkpointing.to_string();
-  j["batch"] = options.batch;
-  j["seq"] = options.seq;
-  j["dtype"] = dtype_label(options.config.dtype);
-  j["optimizer_dtype"] = dtype_label(options.optimizer_dtype);
-  j["param_bytes"] = param_bytes;
-  j["kv_replica_bytes"] = kv_replica_bytes;
-  j["grad_bytes"] = grad_bytes;
-  j["optimizer_bytes"] = optimizer_bytes;
-  j["activation_peak_bytes"] = activation_peak_bytes;
-  j["step_peak_bytes"] = step_peak_bytes;
-  nlohmann::json list = nlohmann::json::array();
-  for (const CommEntry& e : comm)
-    list.push_back({{"mesh_dim", e.mesh_dim}, {"collective", e.collective}, {"phase", e.phase}, {"count", e.count},
-                    {"bytes", e.bytes}, {"full_bytes", e.full_bytes}});
-  j["comm"] = list;
-  if (num_stages > 1) {
-    j["pipeline"] = {{"stage", stage}, {"num_stages", num_stages}, {"schedule", options.schedule}, {"microbatches", options.microbatches},
-                     {"microbatches_in_flight", microbatches_in_flight}, {"microbatch_saved_bytes", microbatch_saved_bytes},
-                     {"p2p_bytes_per_microbatch", p2p_bytes_per_microbatch}, {"bubble_fraction", bubble_fraction}};
-  }
-  if (cp > 1) j["context_parallel"] = {{"cp", cp}, {"mode", cp_mode}, {"positions_per_rank", options.seq / cp}};
-  j["seconds"] = seconds;
-  j["measured"] = measured;
-  return j.dump(2);
-}
-
-}  // namespace qwen3
+}  // namespace models
 }  // namespace hyper_parallel
