@@ -55,7 +55,7 @@ void convolution_meta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const size_t n = stack->size();
   const at::Tensor input = (*stack)[n - 9].toTensor(), weight = (*stack)[n - 8].toTensor();
   const auto stride = (*stack)[n - 6].toIntVector(), padding = (*stack)[n - 5].toIntVector(), dilation = (*stack)[n - 4].toIntVector();
-  HP_CHECK_T(c10::NotImplementedError, !(*stack)[n - 3].toBool(), "hyper_parallel: the meta device's convolution_overrideable does ",
+  HP_CHECK_T(c10::NotImplementedError, !(*stack)[n - 3].toBool(), "hyper_parallel::convolution_meta: the meta device's convolution_overrideable does ",
              "not do transposed convolutions");
   std::vector<int64_t> shape{input.size(0), weight.size(0)};
   for (int64_t d = 2; d < input.dim(); ++d) {

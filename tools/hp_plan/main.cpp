@@ -102,7 +102,12 @@ int run(int argc, char** argv) {
   if (config.empty()) usage("--config is required");
   if (mesh.empty() == (world == 0)) usage("give the mesh either as --mesh or as --world (with --dp, --dp-replicate)");
   // A plan that fails raises the error the real job would, and run_program prints it.
-  const std::string type = models::hf_model_type(config);
+  // Without a readable model_type the config is read as Qwen3's, whose reader names what is wrong.
+  std::string type;
+  try {
+    type = models::hf_model_type(config);
+  } catch (const c10::ValueError&) {
+  }
   if (type == "qwen3_5" || type == "qwen3_5_text") o.qwen3_5 = hyper_parallel::qwen3_5::load_config(config);
   else o.config = qwen3::load_config(config);
   o.mesh = mesh.empty() ? models::mesh_from_degrees(world, dp_replicate, dp) : models::parse_mesh(mesh);

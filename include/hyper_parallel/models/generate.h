@@ -39,6 +39,18 @@ struct GenerationResult {
   double decode_seconds = 0;
 };
 
+/// What a forward pass of generation adds to whole-sequence training, for a family whose cache is
+/// `CacheT`: the positions of the new tokens [B, S] (rotary angles), which keys are real tokens
+/// ([B, cached + S], false at padding), the cache the new tokens are appended to, and whether only
+/// the last position's logits are wanted.
+template <class CacheT>
+struct ForwardContext {
+  at::Tensor position_ids;
+  at::Tensor key_mask;
+  CacheT* cache = nullptr;
+  bool last_position_only = false;
+};
+
 /// What generate() needs of a model: its sizes, and one forward over new tokens that appends them
 /// to the model's cache. A model family implements it over its own cache (Qwen3's K/V; Qwen3.5's
 /// K/V and its linear layers' conv and recurrent states).

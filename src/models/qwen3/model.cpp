@@ -7,6 +7,7 @@
 #include <hyper_parallel/runtime/errors.h>
 
 #include "../attention_mask.h"
+#include "../keywords.h"
 #include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
@@ -196,11 +197,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(i
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const hnn::Kwargs& kwargs) {
   ForwardContext context;
-  for (const auto& [name, value] : kwargs) {
-    HP_CHECK_T(c10::ValueError, name == "position_ids" && value.isTensor(), "hyper_parallel::qwen3::CausalLM::forward: takes the ",
-               "keyword position_ids (a tensor) only, got '", name, "'");
-    context.position_ids = value.toTensor();
-  }
+  context.position_ids = models::position_ids_keyword(kwargs, "qwen3::CausalLM::forward");
   return forward(input_ids, context);
 }
 

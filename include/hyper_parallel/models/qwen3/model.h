@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/nn/moe.h>
+#include <hyper_parallel/models/generate.h>
 #include <hyper_parallel/models/stage_span.h>
 #include <hyper_parallel/models/swiglu_mlp.h>
 
@@ -59,16 +60,8 @@ struct KVCache {
   int64_t length = 0;
 };
 
-/// What a forward pass attends with when it is not training on whole sequences: the positions of
-/// the new tokens [B, S] (rotary angles), which keys are real tokens ([B, cached + S], false for
-/// padding), the cache the new keys and values are appended to, and whether only the last
-/// position's logits are wanted.
-struct ForwardContext {
-  at::Tensor position_ids;
-  at::Tensor key_mask;
-  KVCache* cache = nullptr;
-  bool last_position_only = false;
-};
+/// A forward pass of generation over the KV cache (models/generate.h).
+using ForwardContext = hyper_parallel::models::ForwardContext<KVCache>;
 
 /// What every attention layer of one forward pass shares: the rotary tables [B or 1, 1, S, D],
 /// the positions the queries may not see with a cache or padding ([S, T], or [B, 1, S, T]; undefined

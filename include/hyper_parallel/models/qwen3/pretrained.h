@@ -4,6 +4,7 @@
 // only its shards.
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/models/pretrained.h>
 
 #include <string>
 
@@ -12,10 +13,7 @@
 namespace hyper_parallel {
 namespace qwen3 {
 
-struct Pretrained {
-  CausalLM model{nullptr};
-  hyper_parallel::HFLoadReport load;
-};
+using Pretrained = hyper_parallel::models::Pretrained<CausalLM>;
 
 /// The model of `config` in `dtype` on the meta device (shapes only), with the Qwen TP plan
 /// without sequence parallelism when `tp_mesh` is given: ready for to_empty or init_parameters.

@@ -7,6 +7,7 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/gated_delta_net.h>
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/models/generate.h>
 #include <hyper_parallel/models/stage_span.h>
 #include <hyper_parallel/models/swiglu_mlp.h>
 
@@ -60,17 +61,10 @@ struct Cache {
   int64_t length = 0;
 };
 
-/// What a forward pass of generation adds to whole-sequence training: the positions of the new
-/// tokens [B, S] (rotary angles), which keys are real tokens ([B, cached + S], false at padding:
-/// linear attention zeroes their inputs, as transformers' apply_mask_to_padding_states, and full
-/// attention masks them), the cache the new tokens are appended to, and whether only the last
-/// position's logits are wanted.
-struct ForwardContext {
-  at::Tensor position_ids;
-  at::Tensor key_mask;
-  Cache* cache = nullptr;
-  bool last_position_only = false;
-};
+/// A forward pass of generation over the hybrid cache (models/generate.h): padded positions' keys
+/// are false in key_mask; linear attention zeroes their inputs, as transformers'
+/// apply_mask_to_padding_states, and full attention masks them.
+using ForwardContext = hyper_parallel::models::ForwardContext<Cache>;
 
 /// What every layer of one forward pass with a context shares (set by CausalLM::forward for the
 /// call; the styles' hooks pass tensors only).

@@ -5,6 +5,7 @@
 // transformers' Qwen3_5ForCausalLM loads.
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/models/pretrained.h>
 
 #include <string>
 
@@ -13,10 +14,7 @@
 namespace hyper_parallel {
 namespace qwen3_5 {
 
-struct Pretrained {
-  CausalLM model{nullptr};
-  hyper_parallel::HFLoadReport load;
-};
+using Pretrained = hyper_parallel::models::Pretrained<CausalLM>;
 
 /// The model of `config` in `dtype` on the meta device, with parallelize_qwen3_5_tp without
 /// sequence parallelism when `tp_mesh` is given: ready for to_empty or init_parameters.
