@@ -85,8 +85,10 @@ GatedDeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& query, const at::T
   // The UT transform: (I + strictly-lower(A))^-1 with A = (beta k) k^T (.) decay turns the chunk's
   // sequential writes into two products (unitriangular: A's diagonal is not used).
   const at::Tensor system = at::matmul(k_beta, k_t) * decay;
-  const at::Tensor u = at::linalg_solve_triangular(system, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  const at::Tensor w = at::linalg_solve_triangular(system, k_beta * cum.exp().unsqueeze(-1), false, true, true);
+  // One solve for both right-hand sides: [v·beta | k·beta·exp(cum)].
+  const at::Tensor uw = at::linalg_solve_triangular(system, at::cat({v_beta, k_beta * cum.exp().unsqueeze(-1)}, -1), /*upper=*/false,
+                                                    /*left=*/true, /*unitriangular=*/true);
+  const at::Tensor u = uw.narrow(-1, 0, dv), w = uw.narrow(-1, dv, dk);
   const at::Tensor intra = at::matmul(q, k_t) * decay;  // the diagonal included: a token reads its own write
   const at::Tensor q_decayed = q * cum.exp().unsqueeze(-1);
   const at::Tensor last = cum.narrow(-1, c - 1, 1);
@@ -95,10 +97,14 @@ GatedDeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& query, const at::T
   at::Tensor state = p.state;
   std::vector<at::Tensor> outs;
   outs.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const at::Tensor v_new = u.select(2, i) - at::matmul(w.select(2, i), state);
-    outs.push_back(at::matmul(q_decayed.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
-    state = state * chunk_decay.select(2, i) + at::matmul(k_decayed.select(2, i).transpose(-1, -2), v_new);
+  // The chunks as separate tensors: unbind's backward stacks the chunks' gradients once, where a
+  // select per chunk would add each into a zero tensor of the whole (quadratic in the chunks).
+  const std::vector<at::Tensor> us = u.unbind(2), ws = w.unbind(2), qs = q_decayed.unbind(2), intras = intra.unbind(2),
+                                decays = chunk_decay.unbind(2), ks = k_decayed.transpose(-1, -2).unbind(2);
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    const at::Tensor v_new = us[i] - at::matmul(ws[i], state);
+    outs.push_back(at::matmul(qs[i], state) + at::matmul(intras[i], v_new));
+    state = state * decays[i] + at::matmul(ks[i], v_new);
   }
   const at::Tensor o = at::stack(outs, 2).view({b, h, n * c, dv}).narrow(2, 0, s);
   return {o.transpose(1, 2).contiguous().to(query.scalar_type()), state};
