@@ -223,7 +223,7 @@ int run_family(Args a) {
   try {
     a.dims = hp::ParallelDims::with_tp_rest(hp::get_world_size(), a.dims);
   } catch (const c10::ValueError& e) {
-    usage(e.what());
+    usage(e.msg());  // the message alone: what() carries the C++ stack
   }
   if (a.model == "qwen3_5" && a.config.attention_dropout > 0) usage("--dropout: Qwen3.5's attention has no dropout");
   if (a.model == "qwen3_5" && a.dims.cp > 1) usage("--cp with --model qwen3_5: context parallelism of the Gated DeltaNet is not built yet");
@@ -239,6 +239,7 @@ int run_family(Args a) {
   if (a.dims.cp > 1 && a.dims.pp > 1) usage("--cp with --pp is not supported yet");
   auto mesh = a.dims.build_mesh(a.device);
   at::Tensor data = demo::load_bytes(a.text);
+  if (data.numel() < a.seq + 2) usage("--seq " + std::to_string(a.seq) + " needs a text of more bytes than " + a.text + "'s " + std::to_string(data.numel()));
   if (chief)
     std::printf("%s, %lld parameters; text %s (%lld bytes); %s, "
                 "sequence_parallel=%d, dropout=%g, mixed precision %s, activation checkpointing %s, clip-grad-norm %g\n",

@@ -5,6 +5,7 @@
 
 #include <hyper_parallel/hyper_parallel.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -43,37 +44,65 @@ struct Args {
   std::string cp_mode = "ring";
 };
 
+constexpr const char* kFlags =
+    "flags: --model qwen3|qwen3_5 (qwen3_5: every 4th layer gated attention, the others Gated DeltaNet)\n"
+    "       --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
+    "       --head-dim N (even) --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
+    "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
+    "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
+    "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
+    "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
+    "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
+    "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
+    "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n"
+    "       --help (this text)\n";
+
 [[noreturn]] inline void usage(const std::string& msg) {
-  std::cerr << "qwen3_train: " << msg << "\n"
-            << "flags: --model qwen3|qwen3_5 (qwen3_5: every 4th layer gated attention, the others Gated DeltaNet)\n"
-            << "       --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
-            << "       --head-dim N --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
-            << "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
-            << "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
-            << "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
-            << "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
-            << "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
-            << "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
-            << "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n";
+  std::cerr << "qwen3_train: " << msg << "\n" << kFlags;
   std::exit(2);
+}
+
+// The whole of `v` as an integer of at least `lo`, or the usage naming the flag.
+inline int64_t integer_flag(const std::string& f, const std::string& v, int64_t lo) {
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || x < lo) usage(f + " needs an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+  return x;
+}
+
+// The whole of `v` as a finite number, or the usage naming the flag.
+inline double number_flag(const std::string& f, const std::string& v) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || !std::isfinite(x)) usage(f + " needs a number, got '" + v + "'");
+  return x;
 }
 
 inline Args parse(int argc, char** argv) {
   Args a;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << "qwen3_train: trains a model in parallel and in one process, compares the losses, saves and generates\n" << kFlags;
+      std::exit(0);
+    }
   for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
     if (i + 1 >= argc) usage("flag " + f + " needs a value");
     const std::string v = argv[i + 1];
-    auto num = [&] {
-      try {
-        return std::stoll(v);
-      } catch (...) {
-        usage("flag " + f + " needs an integer, got '" + v + "'");
-      }
-    };
+    auto num = [&](int64_t lo = 1) { return integer_flag(f, v, lo); };
     if (f == "--steps") a.steps = num();
     else if (f == "--batch") a.batch = num();
-    else if (f == "--seq") a.seq = num();
+    else if (f == "--seq") a.seq = num(2);  // an input and its next-token target
     else if (f == "--layers") {
       a.config.num_layers = num();
       a.layers_given = true;
@@ -86,21 +115,25 @@ inline Args parse(int argc, char** argv) {
     else if (f == "--heads") a.config.num_heads = num();
     else if (f == "--kv-heads") a.config.num_kv_heads = num();
     else if (f == "--head-dim") a.config.head_dim = num();
-    else if (f == "--seed") a.seed = num();
-    else if (f == "--lr") a.lr = std::stod(v);
-    else if (f == "--dropout") {
-      try {
-        a.config.attention_dropout = std::stod(v);
-      } catch (...) {
-        usage("flag --dropout needs a number, got '" + v + "'");
-      }
-      if (!(a.config.attention_dropout >= 0.0 && a.config.attention_dropout < 1.0)) usage("--dropout must be in [0, 1)");
+    else if (f == "--seed") a.seed = num(0);
+    else if (f == "--lr") {
+      a.lr = number_flag(f, v);
+      if (!(a.lr > 0)) usage("--lr needs a positive number, got '" + v + "'");
     }
-    else if (f == "--sequence-parallel") a.sequence_parallel = num() != 0;
-    else if (f == "--loss-parallel") a.loss_parallel = num() != 0;
+    else if (f == "--dropout") {
+      a.config.attention_dropout = number_flag(f, v);
+      if (!(a.config.attention_dropout >= 0.0 && a.config.attention_dropout < 1.0)) usage("--dropout must be in [0, 1), got '" + v + "'");
+    }
+    else if (f == "--sequence-parallel" || f == "--loss-parallel") {
+      if (v != "0" && v != "1") usage(f + " is 0 or 1, got '" + v + "'");
+      (f == "--sequence-parallel" ? a.sequence_parallel : a.loss_parallel) = v == "1";
+    }
     else if (f == "--text") a.text = v;
     else if (f == "--csv") a.csv = v;
-    else if (f == "--device") a.device = v;
+    else if (f == "--device") {
+      if (v != "cpu" && v != "cuda") usage("--device is cpu or cuda, got '" + v + "'");
+      a.device = v;
+    }
     else if (f == "--save") a.save = v;
     else if (f == "--prompt") a.prompt = v;
     else if (f == "--new-tokens") a.new_tokens = num();
@@ -127,17 +160,17 @@ inline Args parse(int argc, char** argv) {
         usage("--activation-checkpointing is none, selective, full or full:N, got '" + v + "'");
       }
     } else if (f == "--clip-grad-norm") {
-      try {
-        a.clip_grad_norm = std::stod(v);
-      } catch (...) {
-        usage("flag --clip-grad-norm needs a number, got '" + v + "'");
-      }
-      if (!(a.clip_grad_norm >= 0.0)) usage("--clip-grad-norm must be >= 0");
+      a.clip_grad_norm = number_flag(f, v);
+      if (!(a.clip_grad_norm >= 0.0)) usage("--clip-grad-norm must be >= 0, got '" + v + "'");
     }
     else usage("unknown flag " + f);
   }
   // Qwen3.5's published schedule needs 4 layers to hold both kinds.
   if (a.model == "qwen3_5" && !a.layers_given) a.config.num_layers = 4;
+  // What the model needs of the sizes, before any work.
+  if (a.config.num_heads % a.config.num_kv_heads != 0)
+    usage("--heads (" + std::to_string(a.config.num_heads) + ") must be a multiple of --kv-heads (" + std::to_string(a.config.num_kv_heads) + ")");
+  if (a.config.head_dim % 2 != 0) usage("--head-dim must be even (rotary embedding pairs its dims), got " + std::to_string(a.config.head_dim));
   return a;
 }
 

@@ -2,9 +2,11 @@
 # Every program ends bad input with one line "error: <message>" per rank and exit status 1: no
 # abort, no C++ stack dump (unless TORCH_SHOW_CPP_STACKTRACES=1), and only valid UTF-8 in what it
 # prints, even when the message quotes bytes of a corrupt file.
-#   programs_fail_cleanly.sh HPRUN HP_GENERATE HP_PLAN HF_REF WORKDIR
+#   programs_fail_cleanly.sh HPRUN HP_GENERATE HP_PLAN HF_REF WORKDIR QWEN3_TRAIN
+# A bad flag is refused before any work with exit status 2, a line naming the flag and what it
+# accepts, and the usage; --help prints the usage and exits 0.
 set -u
-hprun=$1 generate=$2 plan=$3 ref=$4 work=$5
+hprun=$1 generate=$2 plan=$3 ref=$4 work=$5 train=$6
 rm -rf "$work" && mkdir -p "$work"
 failed=0
 
@@ -78,6 +80,46 @@ else
   echo "FAIL hp_plan with TORCH_SHOW_CPP_STACKTRACES=1 printed no trace:"; echo "$out" | head -5
   failed=$((failed + 1))
 fi
+
+# flag_case NAME EXPECTED-SUBSTRING COMMAND...: exit status 2, the substring, no torch message.
+flag_case() {
+  local name=$1 want=$2
+  shift 2
+  local out rc why=""
+  out=$("$@" 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] || why="exit status $rc, not 2"
+  grep -qF -- "$want" <<<"$out" || why="$why; no '$want'"
+  if grep -qE "terminate called|Exception raised from|Aborted|core dumped|frame #|stod|stoll|negative dimension|TensorList" <<<"$out"; then
+    why="$why; a crash, a stack trace or a library's message"
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL $name: ${why#; }"; echo "$out" | head -8 | sed 's/^/    /'; failed=$((failed + 1))
+  else
+    echo "ok   $name: $(grep -F -m1 -- "$want" <<<"$out")"
+  fi
+}
+for bad in "--steps 0" "--steps -5" "--batch 0" "--batch -1" "--hidden -1" "--layers 0" "--seq 1" "--new-tokens x"; do
+  flag="${bad%% *}"
+  flag_case "qwen3_train $bad" "$flag needs an integer" "$train" $bad
+done
+flag_case "qwen3_train --lr abc" "--lr needs a number, got 'abc'" "$train" --lr abc
+flag_case "qwen3_train --lr 0" "--lr needs a positive number" "$train" --lr 0
+flag_case "qwen3_train --heads 3 --kv-heads 2" "--heads (3) must be a multiple of --kv-heads (2)" "$train" --heads 3 --kv-heads 2
+flag_case "qwen3_train --sequence-parallel 2" "--sequence-parallel is 0 or 1" "$train" --sequence-parallel 2
+flag_case "qwen3_train --pp 3 on 4 ranks" "qwen3_train:" "$hprun" --nproc-per-node 4 "$train" --pp 3
+flag_case "qwen3_train --model llama" "--model is qwen3 or qwen3_5" "$train" --model llama
+flag_case "generate --max-new-tokens 0" "--max-new-tokens needs an integer >= 1" "$generate" --model "$work/missing" --prompt-ids 1 --max-new-tokens 0
+flag_case "generate --top-p 1.5" "--top-p needs a number in (0, 1]" "$generate" --model "$work/missing" --prompt-ids 1 --top-p 1.5
+flag_case "generate --seed -1" "--seed needs a number" "$generate" --model "$work/missing" --prompt-ids 1 --seed -1
+flag_case "generate --prompt-ids 1,x" "--prompt-ids takes comma-separated token ids" "$generate" --model "$work/missing" --prompt-ids 1,x
+flag_case "hprun --grace-s x" "--grace-s needs a positive number" "$hprun" --grace-s x true
+for prog in "$train" "$generate" "$plan" "$hprun"; do
+  out=$("$prog" --help 2>/dev/null)
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -qE "usage|flags" <<<"$out"; then echo "ok   $(basename "$prog") --help"; else
+    echo "FAIL $(basename "$prog") --help: exit status $rc"; echo "$out" | head -3 | sed 's/^/    /'; failed=$((failed + 1)); fi
+done
 
 echo "$failed case(s) failed"
 [ "$failed" -eq 0 ]

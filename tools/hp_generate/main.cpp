@@ -9,7 +9,9 @@
 #include <hyper_parallel/hyper_parallel.h>
 
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <type_traits>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -41,11 +43,27 @@ struct Args {
   bool quiet = false;  // no load progress
 };
 
+constexpr const char* kFlags =
+    "flags: --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... --max-new-tokens N [--temperature X --top-k N\n"
+    "       --top-p X --seed N] [--dtype float32|bfloat16] [--device cpu|cuda] [--check] [--quiet] [--help]\n";
+
 [[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "hp_generate: " << msg << "\n"
-            << "flags: --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... --max-new-tokens N [--temperature X --top-k N\n"
-            << "       --top-p X --seed N] [--dtype float32|bfloat16] [--device cpu|cuda] [--check] [--quiet]\n";
+  std::cerr << "hp_generate: " << msg << "\n" << kFlags;
   std::exit(2);
+}
+
+// The whole of `v` as a number of type T (std::stoll/stoull/stod through `parse`), or the usage.
+template <class T, class Parse>
+T whole(const std::string& f, const std::string& v, Parse parse) {
+  size_t used = 0;
+  T x{};
+  try {
+    x = parse(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || (v[0] == '-' && std::is_unsigned<T>::value)) usage(f + " needs a number, got '" + v + "'");
+  return x;
 }
 
 std::vector<int64_t> parse_ids(const std::string& v) {
@@ -53,11 +71,13 @@ std::vector<int64_t> parse_ids(const std::string& v) {
   std::stringstream ss(v);
   std::string item;
   while (std::getline(ss, item, ',')) {
+    size_t used = 0;
     try {
-      ids.push_back(std::stoll(item));
-    } catch (...) {
-      usage("--prompt-ids takes comma-separated integers, got '" + v + "'");
+      ids.push_back(std::stoll(item, &used));
+    } catch (const std::exception&) {
+      used = 0;
     }
+    if (used == 0 || used != item.size() || ids.back() < 0) usage("--prompt-ids takes comma-separated token ids (integers >= 0), got '" + v + "'");
   }
   return ids;
 }
@@ -67,6 +87,10 @@ Args parse(int argc, char** argv) {
   a.gen.max_new_tokens = 32;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      std::cout << "hp_generate: generates text from an HF Qwen3, Qwen3-MoE or Qwen3.5 checkpoint, tensor parallel under hprun\n" << kFlags;
+      std::exit(0);
+    }
     if (f == "--check") {
       a.check = true;
       continue;
@@ -77,22 +101,26 @@ Args parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) usage("flag " + f + " needs a value");
     const std::string v = argv[++i];
-    try {
-      if (f == "--model") a.model = v;
-      else if (f == "--prompt") a.prompts.push_back(v);
-      else if (f == "--prompt-ids") a.prompt_ids.push_back(parse_ids(v));
-      else if (f == "--max-new-tokens") a.gen.max_new_tokens = std::stoll(v);
-      else if (f == "--temperature") a.gen.temperature = std::stod(v);
-      else if (f == "--top-k") a.gen.top_k = std::stoll(v);
-      else if (f == "--top-p") a.gen.top_p = std::stod(v);
-      else if (f == "--seed") a.gen.seed = std::stoull(v);
-      else if (f == "--dtype") a.dtype = v;
-      else if (f == "--device") a.device = v;
-      else usage("unknown flag " + f);
-    } catch (const std::logic_error&) {
-      usage("flag " + f + " needs a number, got '" + v + "'");
-    }
+    auto ll = [](const std::string& x, size_t* n) { return std::stoll(x, n); };
+    auto dd = [](const std::string& x, size_t* n) { return std::stod(x, n); };
+    if (f == "--model") a.model = v;
+    else if (f == "--prompt") a.prompts.push_back(v);
+    else if (f == "--prompt-ids") a.prompt_ids.push_back(parse_ids(v));
+    else if (f == "--max-new-tokens") a.gen.max_new_tokens = whole<int64_t>(f, v, ll);
+    else if (f == "--temperature") a.gen.temperature = whole<double>(f, v, dd);
+    else if (f == "--top-k") a.gen.top_k = whole<int64_t>(f, v, ll);
+    else if (f == "--top-p") a.gen.top_p = whole<double>(f, v, dd);
+    else if (f == "--seed") a.gen.seed = whole<uint64_t>(f, v, [](const std::string& x, size_t* n) { return std::stoull(x, n); });
+    else if (f == "--dtype") a.dtype = v;
+    else if (f == "--device") a.device = v;
+    else usage("unknown flag " + f);
   }
+  // The generation's own checks, here, before anything is loaded.
+  if (a.gen.max_new_tokens < 1) usage("--max-new-tokens needs an integer >= 1, got " + std::to_string(a.gen.max_new_tokens));
+  if (!(a.gen.temperature >= 0) || !std::isfinite(a.gen.temperature)) usage("--temperature needs a number >= 0");
+  if (a.gen.top_k < 0) usage("--top-k needs an integer >= 0 (0: no filter)");
+  if (!(a.gen.top_p > 0 && a.gen.top_p <= 1)) usage("--top-p needs a number in (0, 1]");
+  if (a.device != "cpu" && a.device != "cuda") usage("--device is cpu or cuda, got '" + a.device + "'");
   if (a.model.empty()) usage("--model DIR is required");
   if (a.prompts.empty() == a.prompt_ids.empty()) usage("give --prompt TEXT or --prompt-ids IDS (either may repeat), not both");
   if (a.dtype != "float32" && a.dtype != "bfloat16") usage("--dtype is float32 or bfloat16, got " + a.dtype);

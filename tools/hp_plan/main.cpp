@@ -32,10 +32,10 @@ namespace models = hyper_parallel::models;
 
 namespace {
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
+[[noreturn]] void usage(const std::string& why, bool help = false) {
+  std::fprintf(help ? stdout : stderr,
                "hp_plan: %s\n"
-               "usage: hp_plan --config config.json --mesh [pp=8,]dp=16,tp=8 [--sp] [--batch B] [--seq S] [--json]\n"
+               "usage: hp_plan --config config.json --mesh [pp=8,]dp=16,tp=8 [--sp] [--loss-parallel] [--batch B] [--seq S] [--json]\n"
                "               [--schedule gpipe|1f1b] [--microbatches M] (with pp: the batch per dp rank splits into M)\n"
                "               [--cp-mode auto|ulysses|allgather_kv|ring] (with cp: the attention algorithm)\n"
                "               [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]\n"
@@ -43,7 +43,7 @@ namespace {
                "       hp_plan --config config.json --world N --dp N [--dp-replicate N] ... (tp takes the rest of the world)\n"
                "       hprun --nproc-per-node N hp_plan --measure ... (the step run for real, on the CPU)\n",
                why.c_str());
-  std::exit(2);
+  std::exit(help ? 0 : 2);
 }
 
 int64_t positive(const std::string& flag, const std::string& v) {
@@ -54,7 +54,7 @@ int64_t positive(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || n < 0) usage(flag + " takes a non-negative integer, got '" + v + "'");
+  if (used == 0 || used != v.size() || n < 0) usage(flag + " takes a non-negative integer, got '" + v + "'");
   return n;
 }
 
@@ -96,7 +96,7 @@ int run(int argc, char** argv) {
       const std::string v = value();
       if (v != "float32" && v != "bfloat16") usage("--optimizer-dtype is float32 or bfloat16, got '" + v + "'");
       o.optimizer_dtype = v == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    } else if (f == "--help" || f == "-h") usage("plans one training step of a Qwen3, Qwen3-MoE or Qwen3.5 model on a mesh");
+    } else if (f == "--help" || f == "-h") usage("plans one training step of a Qwen3, Qwen3-MoE or Qwen3.5 model on a mesh", /*help=*/true);
     else usage("unknown argument '" + f + "'");
   }
   if (config.empty()) usage("--config is required");

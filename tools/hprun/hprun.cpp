@@ -59,12 +59,13 @@ struct Rank {
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
+constexpr const char* kUsage =
+    "usage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
+    "             [--master-addr A] [--master-port P] [--rdzv-id ID] [--grace-s S] [--bind-cores auto|1|0]\n"
+    "             program [args...]\n";
+
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "hprun: %s\nusage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
-               "             [--master-addr A] [--master-port P] [--rdzv-id ID] [--grace-s S] [--bind-cores auto|1|0]\n"
-               "             program [args...]\n",
-               msg);
+  std::fprintf(stderr, "hprun: %s\n%s", msg, kUsage);
   std::exit(2);
 }
 
@@ -80,6 +81,10 @@ Options parse(int argc, char** argv) {
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("hprun: starts a program on N processes per node with the torchrun environment\n%s", kUsage);
+      std::exit(0);
+    }
     if (a.rfind("--", 0) != 0) break;
     if (a == "--") { ++i; break; }
     std::string value;
@@ -93,8 +98,14 @@ Options parse(int argc, char** argv) {
     else if (flag == "--nnodes") o.nnodes = parse_int(flag, value.c_str(), 1);
     else if (flag == "--node-rank") o.node_rank = parse_int(flag, value.c_str(), 0);
     else if (flag == "--master-addr") o.master_addr = value;
-    else if (flag == "--master-port") o.master_port = parse_int(flag, value.c_str(), 1);
-    else if (flag == "--grace-s") o.grace_s = std::atof(value.c_str());
+    else if (flag == "--master-port") {
+      o.master_port = parse_int(flag, value.c_str(), 1);
+      if (o.master_port > 65535) usage("--master-port needs an integer in 1 .. 65535");
+    } else if (flag == "--grace-s") {
+      char* end = nullptr;
+      o.grace_s = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(o.grace_s > 0)) usage("--grace-s needs a positive number of seconds");
+    }
     else if (flag == "--rdzv-id") o.rdzv_id = value;
     else if (flag == "--bind-cores") {
       if (value != "auto" && value != "1" && value != "0") usage("--bind-cores takes auto, 1 or 0");
