@@ -11,6 +11,7 @@
 #include <torch/optim.h>
 
 #include <hyper_parallel/hyper_parallel.h>
+#include <hyper_parallel/optim/lr_scheduler.h>
 
 #include <chrono>
 #include <cstdio>
@@ -97,7 +98,14 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
   int64_t dp_rank = 0;
   if (mesh) dp_rank = mesh->get_local_rank(1) * a.dims.dp_shard + mesh->get_local_rank(2);
   // A tied weight once (hp::unique_parameters), so AdamW steps it once.
-  torch::optim::AdamW opt(hp::unique_parameters(*model), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
+  // Two groups, as torchtitan builds them: weight decay on matrices, none on norms and biases.
+  std::vector<at::Tensor> decayed, plain;
+  for (const at::Tensor& p : hp::unique_parameters(*model)) (p.dim() >= 2 ? decayed : plain).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(a.lr).weight_decay(0.01)));
+  groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(a.lr).weight_decay(0)));
+  torch::optim::AdamW opt(std::move(groups));
+  hp::LRScheduler schedule_lr = a.lr_schedule == "wsd" ? hp::linear_warmup_stable_decay(opt, a.wsd) : hp::constant_lr(opt);
   const bool bf16 = a.mixed_precision == "bf16";
   // Pipeline stages: this rank's stage and its schedule; the loss is on the last stage's ranks.
   std::unique_ptr<hp::PipelineStage> stage;
@@ -186,6 +194,7 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
       if (a.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
     }
     opt.step();
+    schedule_lr.step();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(value);
     if (verbose) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <hyper_parallel/hyper_parallel.h>
+#include <hyper_parallel/optim/lr_scheduler.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -25,6 +26,9 @@ struct Args {
   // Enough to learn the text's most repeated phrase in about 20 s on two CPU cores.
   int64_t steps = 300, batch = 8, seq = 128, seed = 1234;
   double lr = 1e-2;
+  // The learning rate per step: constant, or torchtitan's linear warmup, stable, decay ("wsd").
+  std::string lr_schedule = "constant";
+  hp::WarmupStableDecayOptions wsd;
   bool sequence_parallel = true, loss_parallel = false;
   std::string text = "/usr/share/common-licenses/GPL-3";
   std::string csv = "qwen3_losses.csv";
@@ -55,6 +59,8 @@ constexpr const char* kFlags =
     "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
     "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
     "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n"
+    "       --lr-schedule constant|wsd (wsd: --warmup-steps N --decay-ratio X --decay-type linear|sqrt|cosine --lr-min X,\n"
+    "       torchtitan's linear warmup, stable, decay over --steps; lr-min a factor of --lr)\n"
     "       --help (this text)\n";
 
 [[noreturn]] inline void usage(const std::string& msg) {
@@ -116,6 +122,13 @@ inline Args parse(int argc, char** argv) {
     else if (f == "--kv-heads") a.config.num_kv_heads = num();
     else if (f == "--head-dim") a.config.head_dim = num();
     else if (f == "--seed") a.seed = num(0);
+    else if (f == "--lr-schedule") {
+      if (v != "constant" && v != "wsd") usage("--lr-schedule is constant or wsd, got '" + v + "'");
+      a.lr_schedule = v;
+    } else if (f == "--warmup-steps") a.wsd.warmup_steps = num(0);
+    else if (f == "--decay-ratio") a.wsd.decay_ratio = number_flag(f, v);
+    else if (f == "--decay-type") a.wsd.decay_type = v;
+    else if (f == "--lr-min") a.wsd.lr_min = number_flag(f, v);
     else if (f == "--lr") {
       a.lr = number_flag(f, v);
       if (!(a.lr > 0)) usage("--lr needs a positive number, got '" + v + "'");
@@ -167,6 +180,15 @@ inline Args parse(int argc, char** argv) {
   }
   // Qwen3.5's published schedule needs 4 layers to hold both kinds.
   if (a.model == "qwen3_5" && !a.layers_given) a.config.num_layers = 4;
+  // The schedule's options, checked as the schedule will check them.
+  a.wsd.training_steps = a.steps;
+  if (a.lr_schedule == "wsd") {
+    try {
+      hp::warmup_stable_decay_factor(a.wsd, 0);
+    } catch (const c10::ValueError& e) {
+      usage(std::string("--lr-schedule wsd: ") + e.msg());
+    }
+  }
   // What the model needs of the sizes, before any work.
   if (a.config.num_heads % a.config.num_kv_heads != 0)
     usage("--heads (" + std::to_string(a.config.num_heads) + ") must be a multiple of --kv-heads (" + std::to_string(a.config.num_kv_heads) + ")");

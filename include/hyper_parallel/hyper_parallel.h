@@ -30,6 +30,7 @@
 #include <hyper_parallel/nn/init_parameters.h>
 #include <hyper_parallel/nn/clip_grad.h>
 #include <hyper_parallel/nn/replica_check.h>
+#include <hyper_parallel/optim/lr_scheduler.h>
 #include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/functional_collectives.h>
 #include <hyper_parallel/nn/moe.h>

@@ -109,6 +109,8 @@ flag_case "qwen3_train --heads 3 --kv-heads 2" "--heads (3) must be a multiple o
 flag_case "qwen3_train --sequence-parallel 2" "--sequence-parallel is 0 or 1" "$train" --sequence-parallel 2
 flag_case "qwen3_train --pp 3 on 4 ranks" "qwen3_train:" "$hprun" --nproc-per-node 4 "$train" --pp 3
 flag_case "qwen3_train --model llama" "--model is qwen3 or qwen3_5" "$train" --model llama
+flag_case "qwen3_train --lr-schedule wsd --warmup-steps 9 --steps 5" "9 warmup steps exceed the 5 training steps" "$train" --lr-schedule wsd --warmup-steps 9 --steps 5
+flag_case "qwen3_train --decay-type exp" "decay_type is linear, sqrt or cosine" "$train" --lr-schedule wsd --decay-type exp
 flag_case "generate --max-new-tokens 0" "--max-new-tokens needs an integer >= 1" "$generate" --model "$work/missing" --prompt-ids 1 --max-new-tokens 0
 flag_case "generate --top-p 1.5" "--top-p needs a number in (0, 1]" "$generate" --model "$work/missing" --prompt-ids 1 --top-p 1.5
 flag_case "generate --seed -1" "--seed needs a number" "$generate" --model "$work/missing" --prompt-ids 1 --seed -1
