@@ -46,5 +46,6 @@
 #include <hyper_parallel/pipelining/schedules.h>
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/checkpoint/sharded_checkpoint.h>
+#include <hyper_parallel/checkpoint/train_state.h>
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>

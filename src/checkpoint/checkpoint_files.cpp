@@ -146,7 +146,7 @@ Lines::Lines(std::string path, const std::string& text, const std::string& magic
 
 void corrupt_file(const std::string& path, const std::string& why) {
   throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                        c10::str("load_sharded: checkpoint file ", path, " is truncated or corrupt: ", why));
+                        c10::str("checkpoint file ", path, " is truncated or corrupt: ", why));
 }
 
 void Lines::fail(const std::string& why) const { corrupt_file(path_, why); }

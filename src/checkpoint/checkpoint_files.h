@@ -28,7 +28,8 @@ int64_t file_size(const std::string& path);
 /// Removes a directory tree (best effort; used for failed and pruned generations).
 void remove_tree(const std::string& path);
 
-/// Throws c10::ValueError "load_sharded: checkpoint file <path> is truncated or corrupt: <why>".
+/// Throws c10::ValueError "checkpoint file <path> is truncated or corrupt: <why>" (the load that
+/// reads it prefixes its own name when it reports).
 [[noreturn]] void corrupt_file(const std::string& path, const std::string& why);
 
 /// Appends the line "crc <hex>" covering everything before it.

@@ -59,7 +59,18 @@ uint32_t tensor_crc(const at::Tensor& t) {
   return cf::crc32(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
 }
 
-Piece piece_of(const at::Tensor& value) {
+std::vector<int64_t> global_shape_of(const Entry& e) { return e.global_shape.empty() ? e.value.sizes().vec() : e.global_shape; }
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> local_box_of(const Entry& e) {
+  if (!e.global_shape.empty()) return {e.value.sizes().vec(), e.offset};
+  if (!is_dtensor(e.value)) return {e.value.sizes().vec(), std::vector<int64_t>(static_cast<size_t>(e.value.dim()), 0)};
+  const DTensor d(e.value);
+  return d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate());
+}
+
+Piece piece_of(const Entry& e) {
+  const at::Tensor& value = e.value;
+  if (!e.global_shape.empty()) return {value.detach(), e.offset};
   if (!is_dtensor(value)) return {value.detach(), std::vector<int64_t>(static_cast<size_t>(value.dim()), 0)};
   DTensor d(value);
   if (d.spec().has_partial()) d = d.redistribute(without_partial(d.placements()));  // a Partial has no piece of its own
@@ -137,7 +148,7 @@ Metadata read_metadata(const std::string& gdir, const Latest& latest) {
   return m;
 }
 
-RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, const Metadata& meta) {
+RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, Metadata& meta) {
   const std::string path = rank_file(gdir, r, ".meta");
   HP_CHECK_T(c10::ValueError, cf::file_size(path) >= 0, "hyper_parallel::load_sharded: ", path, " is missing: rank ", r,
              " of the job that wrote the checkpoint did not finish, or files were removed");
@@ -148,6 +159,16 @@ RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest
   const size_t b = l.find("bytes");
   out.pt_bytes = l.integer(b, 1, "bytes", 0, std::numeric_limits<int64_t>::max());
   out.pt_crc = static_cast<uint32_t>(l.integer(b, 2, "pt crc", 0, 0xFFFFFFFFll));
+  for (size_t i = 1; i < l.size(); ++i) {
+    if (l.line(i).empty() || l.line(i)[0] != "tensor") continue;
+    TensorMeta t;
+    const std::string& name = l.token(i, 1, "tensor name");
+    t.dtype = l.integer(i, 2, "tensor dtype", 0, static_cast<int64_t>(at::ScalarType::NumOptions) - 1);
+    t.shape = l.integers(i, 3, "tensor shape", 0, kMaxExtent, kMaxDims);
+    auto [it, fresh] = meta.tensors.emplace(name, t);
+    if (!fresh && (it->second.shape != t.shape || it->second.dtype != t.dtype))
+      l.fail("tensor '" + name + "' has another shape or dtype than the metadata gives it");
+  }
   for (size_t i = 1; i < l.size(); ++i) {
     if (l.line(i).empty() || l.line(i)[0] != "piece") continue;
     SavedPiece p;

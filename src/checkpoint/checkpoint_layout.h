@@ -22,10 +22,20 @@ constexpr int64_t kMaxDims = 64;
 constexpr int64_t kMaxExtent = int64_t{1} << 48;
 constexpr int64_t kMaxMetaBytes = int64_t{256} << 20;
 
-struct Entry {  // one parameter or buffer of the model
+// One tensor of a checkpoint: a parameter or buffer of the model, a moment of the optimizer, a
+// counter. A DTensor is saved as this rank's piece of its global tensor; a plain tensor as the
+// whole of it, unless `global_shape` is set: then `value` is the box at `offset` of a tensor of
+// that shape (e.g. row r of a [world, n] table holding each rank's random-number state).
+struct Entry {
   std::string name;
   at::Tensor value;
+  std::vector<int64_t> global_shape = {}, offset = {};
 };
+
+// The shape of the tensor `e` is a piece of (what the metadata records).
+std::vector<int64_t> global_shape_of(const Entry& e);
+// This rank's box of it: (local shape, offset).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> local_box_of(const Entry& e);
 
 std::vector<Entry> entries_of(torch::nn::Module& model);
 
@@ -48,7 +58,7 @@ struct Piece {
   std::vector<int64_t> offset;
 };
 
-Piece piece_of(const at::Tensor& value);
+Piece piece_of(const Entry& e);
 
 uint64_t parse_id(const cf::Lines& l);
 
@@ -87,13 +97,16 @@ void check_id(const cf::Lines& l, uint64_t id, const std::string& path);
 
 Metadata read_metadata(const std::string& gdir, const Latest& latest);
 
+// The tensors a rank's .meta file declares (a rank may save tensors others do not have, e.g. its
+// pipeline stage's parameters): added to `meta`, refused when they contradict it.
+
 struct RankMeta {
   std::vector<SavedPiece> pieces;
   int64_t pt_bytes = 0;
   uint32_t pt_crc = 0;
 };
 
-RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, const Metadata& meta);
+RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, Metadata& meta);
 
 // Intersection of boxes [a_off, a_off + a_shape) and [b_off, b_off + b_shape); empty when none.
 bool intersect(const std::vector<int64_t>& a_off, const std::vector<int64_t>& a_shape, const std::vector<int64_t>& b_off,

@@ -22,6 +22,7 @@
 
 #include "checkpoint_files.h"
 #include "checkpoint_layout.h"
+#include "sharded_entries.h"
 
 namespace hyper_parallel {
 using namespace checkpoint_layout;  // the layout and the steps save and load share
@@ -38,10 +39,10 @@ struct Generation {
 
 // Step 1 on rank 0: clears generations that never committed and opens the next one beside the
 // committed one.
-Generation open_generation(const std::string& dir) {
+Generation open_generation(const std::string& dir, const char* what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  TORCH_CHECK(!ec, "hyper_parallel::save_sharded: cannot create ", dir, ": ", ec.message());
+  TORCH_CHECK(!ec, "hyper_parallel::", what, ": cannot create ", dir, ": ", ec.message());
   const int64_t committed = committed_seq(dir);
   for (int64_t g : generations(dir))
     if (g > committed) cf::remove_tree(gen_dir(dir, g));
@@ -49,7 +50,7 @@ Generation open_generation(const std::string& dir) {
   Generation gen;
   gen.seq = std::max(committed, gens.empty() ? int64_t{0} : gens.back()) + 1;
   gen.id = random_id();
-  TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "hyper_parallel::save_sharded: cannot create ",
+  TORCH_CHECK(std::filesystem::create_directory(gen_dir(dir, gen.seq), ec) && !ec, "hyper_parallel::", what, ": cannot create ",
               gen_dir(dir, gen.seq), ": ", ec.message());
   return gen;
 }
@@ -65,6 +66,8 @@ void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece
                       const Generation& gen, int64_t rank) {
   torch::serialize::OutputArchive archive;
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nrank " + std::to_string(rank) + "\n";
+  for (const auto& e : entries)
+    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) + "\n";
   for (size_t k = 0; k < entries.size(); ++k) {
     const at::Tensor data = pieces[k].data.contiguous();
     archive.write(entries[k].name, data, /*is_buffer=*/true);
@@ -86,8 +89,8 @@ void commit_generation(const std::vector<Entry>& entries, const std::string& dir
   const std::string gdir = gen_dir(dir, gen.seq);
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n";
   for (const auto& e : entries)
-    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " +
-            join(e.value.sizes()) + "\n";
+    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) +
+            "\n";
   cf::write_file(gdir + "/metadata", cf::seal(meta));
   cf::sync_dir(gdir);
   fault_point("before_commit", 0);
@@ -105,16 +108,14 @@ void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
 
 }  // namespace
 
-void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {
-  require_real_world("save_sharded", "every rank to write its own files and agree on the commit");
-  HP_CHECK_T(c10::ValueError, options.keep >= 1, "hyper_parallel::save_sharded: keep must be at least 1, got ", options.keep);
-  const auto entries = entries_of(model);
+void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes) {
+  HP_CHECK_T(c10::ValueError, keep >= 1, "hyper_parallel::", what, ": keep must be at least 1, got ", keep);
   bool has_dtensors = false;
   for (const auto& e : entries) has_dtensors = has_dtensors || is_dtensor(e.value);
   const bool distributed = is_initialized();
-  // A model without DTensors is the same on every rank: rank 0 writes a 1-rank checkpoint.
+  // Entries without DTensors are the same on every rank: rank 0 writes a 1-rank checkpoint.
   const int64_t rank = distributed ? get_rank() : 0;
-  const int64_t world = distributed && has_dtensors ? get_world_size() : 1;
+  const int64_t world = distributed && (has_dtensors || every_rank_writes) ? get_world_size() : 1;
   const std::string unchanged = "; the checkpoint in " + dir + " is unchanged";
   // Each step ends with every rank agreeing that every rank succeeded: nobody goes on alone.
   auto on_rank = [&](bool mine, const std::function<void()>& step) {
@@ -130,7 +131,7 @@ void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOp
   };
 
   Generation gen;
-  agree(distributed, on_rank(rank == 0, [&] { gen = open_generation(dir); }), "save_sharded", unchanged);
+  agree(distributed, on_rank(rank == 0, [&] { gen = open_generation(dir, what); }), what, unchanged);
   if (distributed) gen = broadcast_generation(gen);
   const std::string gdir = gen_dir(dir, gen.seq);
   const auto cleanup = [&] {
@@ -138,33 +139,38 @@ void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOp
   };
   // Partial values are reduced first: a collective every rank joins before anything can fail.
   std::vector<Piece> pieces;
-  for (const auto& e : entries) pieces.push_back(piece_of(e.value));
+  for (const auto& e : entries) pieces.push_back(piece_of(e));
   std::string err = on_rank(rank < world, [&] { write_rank_files(entries, pieces, gdir, gen, rank); });
   fault_point("before_agree", rank);
   try {
-    agree(distributed, err, "save_sharded", unchanged);
+    agree(distributed, err, what, unchanged);
   } catch (...) {
     cleanup();
     throw;
   }
   err = on_rank(rank == 0, [&] { commit_generation(entries, dir, gen, world); });
   if (!err.empty()) cleanup();
-  agree(distributed, err, "save_sharded", unchanged);
-  if (rank == 0) prune_generations(dir, options.keep, gen.seq);
+  agree(distributed, err, what, unchanged);
+  if (rank == 0) prune_generations(dir, keep, gen.seq);
   if (distributed) barrier(world_group());  // the checkpoint is committed when save returns
+}
+
+void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {
+  require_real_world("save_sharded", "every rank to write its own files and agree on the commit");
+  save_entries(entries_of(model), dir, options.keep, "save_sharded", /*every_rank_writes=*/false);
 }
 
 namespace {
 
 // Every model entry is in the checkpoint with the same shape and dtype.
-void check_entries(const std::vector<Entry>& entries, const Metadata& meta, const std::string& dir) {
+void check_entries(const std::vector<Entry>& entries, const Metadata& meta, const std::string& dir, const char* what) {
   for (const auto& e : entries) {
     auto it = meta.tensors.find(e.name);
-    HP_CHECK_T(c10::ValueError, it != meta.tensors.end(), "hyper_parallel::load_sharded: the checkpoint in ", dir, " has no '", e.name,
+    HP_CHECK_T(c10::ValueError, it != meta.tensors.end(), "hyper_parallel::", what, ": the checkpoint in ", dir, " has no '", e.name,
                "' (it holds ", meta.tensors.size(), " tensors; is it from another model?)");
-    HP_CHECK_T(c10::ValueError, it->second.shape == e.value.sizes().vec(), "hyper_parallel::load_sharded: '", e.name, "' has shape ",
-               c10::IntArrayRef(it->second.shape), " in the checkpoint but ", e.value.sizes(), " in the model");
-    HP_CHECK_T(c10::ValueError, it->second.dtype == static_cast<int64_t>(e.value.scalar_type()), "hyper_parallel::load_sharded: '",
+    HP_CHECK_T(c10::ValueError, it->second.shape == global_shape_of(e), "hyper_parallel::", what, ": '", e.name, "' has shape ",
+               c10::IntArrayRef(it->second.shape), " in the checkpoint but ", c10::IntArrayRef(global_shape_of(e)), " in the model");
+    HP_CHECK_T(c10::ValueError, it->second.dtype == static_cast<int64_t>(e.value.scalar_type()), "hyper_parallel::", what, ": '",
                e.name, "' has dtype ", static_cast<at::ScalarType>(it->second.dtype), " in the checkpoint but ",
                e.value.scalar_type(), " in the model");
   }
@@ -180,18 +186,13 @@ struct Read {
 
 // The regions of the saved pieces that this rank's shards need, each once (pieces of Replicate
 // dims repeat on several ranks); throws when they do not cover the shards exactly.
-std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vector<RankMeta>& ranks) {
+std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vector<RankMeta>& ranks, const char* what) {
   std::map<std::string, std::vector<const SavedPiece*>> by_name;
   for (const auto& rm : ranks)
     for (const auto& p : rm.pieces) by_name[p.name].push_back(&p);
   std::vector<Read> reads;
   for (size_t k = 0; k < entries.size(); ++k) {
-    const at::Tensor& v = entries[k].value;
-    std::vector<int64_t> off(static_cast<size_t>(v.dim()), 0), shape = v.sizes().vec();
-    if (is_dtensor(v)) {
-      const DTensor d(v);
-      std::tie(shape, off) = d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate());
-    }
+    auto [shape, off] = local_box_of(entries[k]);
     int64_t covered = 0;
     std::set<std::vector<int64_t>> seen;  // lo ++ len of the regions taken
     for (const SavedPiece* p : by_name[entries[k].name]) {
@@ -204,16 +205,18 @@ std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vecto
       reads.push_back({k, p, lo, len, off});
     }
     const int64_t want = c10::multiply_integers(shape);
-    HP_CHECK_T(c10::ValueError, covered == want || want == 0, "hyper_parallel::load_sharded: the pieces saved for '", entries[k].name,
+    HP_CHECK_T(c10::ValueError, covered == want || want == 0, "hyper_parallel::", what, ": the pieces saved for '", entries[k].name,
                "' cover ", covered, " of the ", want, " elements this rank needs (the checkpoint's pieces overlap ",
                "or leave gaps: corrupt)");
   }
   return reads;
 }
 
-// The archive of rank `r`'s .pt file, its size and crc checked first.
+// The archive of rank `r`'s .pt file, its size checked first. A file whose crc does not match is
+// still opened, so that the piece it damaged can be named; `damaged` records it, and the load
+// fails on it even when every piece this rank reads is intact.
 torch::serialize::InputArchive& archive_of(std::map<int64_t, torch::serialize::InputArchive>& archives, int64_t r,
-                                           const std::string& gdir, const RankMeta& rm) {
+                                           const std::string& gdir, const RankMeta& rm, std::set<int64_t>& damaged) {
   auto it = archives.find(r);
   if (it != archives.end()) return it->second;
   const std::string path = rank_file(gdir, r, ".pt");
@@ -221,11 +224,11 @@ torch::serialize::InputArchive& archive_of(std::map<int64_t, torch::serialize::I
   if (size != rm.pt_bytes)
     cf::corrupt_file(path, "it has " + std::to_string(size) + " bytes, " + std::to_string(rm.pt_bytes) + " were written");
   const std::string bytes = cf::read_file(path, rm.pt_bytes);
-  if (cf::crc32(bytes.data(), bytes.size()) != rm.pt_crc) cf::corrupt_file(path, "its crc does not match (flipped bytes)");
+  if (cf::crc32(bytes.data(), bytes.size()) != rm.pt_crc) damaged.insert(r);
   try {
     archives[r].load_from(bytes.data(), bytes.size());
   } catch (const c10::Error& e) {
-    cf::corrupt_file(path, e.what_without_backtrace());
+    cf::corrupt_file(path, damaged.count(r) ? "its crc does not match (flipped bytes)" : e.what_without_backtrace());
   }
   return archives[r];
 }
@@ -234,21 +237,25 @@ torch::serialize::InputArchive& archive_of(std::map<int64_t, torch::serialize::I
 void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ranks, const Metadata& meta,
                  const std::string& gdir, std::vector<at::Tensor>& staged) {
   std::map<int64_t, torch::serialize::InputArchive> archives;
+  std::set<int64_t> damaged;
   for (const Read& n : reads) {
     const int64_t r = n.piece->rank;
     const std::string path = rank_file(gdir, r, ".pt");
+    const std::string piece = "the piece of '" + n.piece->name + "' at offset [" + join(n.piece->offset) + "]";
     auto corrupt = [&](const std::string& why) { cf::corrupt_file(path, why); };
     at::Tensor saved;
     try {
-      archive_of(archives, r, gdir, ranks[static_cast<size_t>(r)]).read(n.piece->name, saved, /*is_buffer=*/true);
+      archive_of(archives, r, gdir, ranks[static_cast<size_t>(r)], damaged).read(n.piece->name, saved, /*is_buffer=*/true);
+    } catch (const c10::ValueError&) {
+      throw;
     } catch (const c10::Error& e) {
-      corrupt(e.what_without_backtrace());
+      corrupt(piece + " cannot be read: " + e.what_without_backtrace());
     }
     if (saved.sizes() != c10::IntArrayRef(n.piece->shape) ||
         saved.scalar_type() != static_cast<at::ScalarType>(meta.tensors.at(n.piece->name).dtype))
       corrupt("the piece of '" + n.piece->name + "' has shape " + c10::str(saved.sizes()) + " where its metadata says " +
               c10::str(c10::IntArrayRef(n.piece->shape)));
-    if (tensor_crc(saved) != n.piece->crc) corrupt("the crc of the piece of '" + n.piece->name + "' does not match");
+    if (tensor_crc(saved) != n.piece->crc) corrupt("the crc of " + piece + " does not match (flipped bytes)");
     std::vector<int64_t> src_start(n.lo.size()), dst_start(n.lo.size());
     for (size_t d = 0; d < n.lo.size(); ++d) {
       src_start[d] = n.lo[d] - n.piece->offset[d];
@@ -256,36 +263,50 @@ void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ra
     }
     box(staged[n.entry], dst_start, n.len).copy_(box(saved, src_start, n.len));
   }
+  if (!damaged.empty()) cf::corrupt_file(rank_file(gdir, *damaged.begin(), ".pt"), "its crc does not match (flipped bytes)");
 }
 
 }  // namespace
 
-void load_sharded(torch::nn::Module& model, const std::string& dir) {
-  require_real_world("load_sharded", "real files written by every rank of a real job");
-  const auto entries = entries_of(model);
-  const bool distributed = is_initialized();
+SavedIndex checkpoint_layout::read_index(const std::string& dir) {
+  SavedIndex index;
+  index.latest = read_latest(dir);
+  index.gdir = gen_dir(dir, index.latest.seq);
+  index.meta = read_metadata(index.gdir, index.latest);
+  for (int64_t r = 0; r < index.meta.world_size; ++r) index.ranks.push_back(read_rank_meta(index.gdir, r, index.latest, index.meta));
+  return index;
+}
+
+std::vector<at::Tensor> checkpoint_layout::read_entries(const SavedIndex& index, const std::vector<Entry>& entries, const std::string& dir,
+                                     const char* what) {
+  check_entries(entries, index.meta, dir, what);
+  const std::vector<Read> reads = plan_reads(entries, index.ranks, what);
   std::vector<at::Tensor> staged;
-  std::string err;
-  try {
-    const Latest latest = read_latest(dir);
-    const std::string gdir = gen_dir(dir, latest.seq);
-    const Metadata meta = read_metadata(gdir, latest);
-    check_entries(entries, meta, dir);
-    std::vector<RankMeta> ranks;
-    for (int64_t r = 0; r < meta.world_size; ++r) ranks.push_back(read_rank_meta(gdir, r, latest, meta));
-    const std::vector<Read> reads = plan_reads(entries, ranks);
-    // Everything is read and verified before anything is written.
-    for (const auto& e : entries) staged.push_back(at::empty_like(local_tensor(e.value), at::MemoryFormat::Contiguous));
-    stage_reads(reads, ranks, meta, gdir, staged);
-  } catch (const std::exception& e) {
-    err = message_of(e);
-  }
+  for (const auto& e : entries) staged.push_back(at::empty(local_box_of(e).first, local_tensor(e.value).options()));
+  stage_reads(reads, index.ranks, index.meta, index.gdir, staged);
+  return staged;
+}
+
+void checkpoint_layout::agree_to_load(bool distributed, const std::string& err, const char* what) {
   // All or nothing: every rank learns whether every rank could load, before anyone writes.
   try {
-    agree(distributed, err, "load_sharded", "; no rank loaded anything");
+    agree(distributed, err, what, "; no rank loaded anything");
   } catch (const c10::Error& e) {
     HP_CHECK_T(c10::ValueError, false, e.what_without_backtrace());
   }
+}
+
+void load_sharded(torch::nn::Module& model, const std::string& dir) {
+  require_real_world("load_sharded", "real files written by every rank of a real job");
+  const auto entries = entries_of(model);
+  std::vector<at::Tensor> staged;
+  std::string err;
+  try {
+    staged = read_entries(read_index(dir), entries, dir, "load_sharded");
+  } catch (const std::exception& e) {
+    err = message_of(e);
+  }
+  agree_to_load(is_initialized(), err, "load_sharded");
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < entries.size(); ++k) local_tensor(entries[k].value).copy_(staged[k]);
 }

@@ -24,6 +24,8 @@ using torch::autograd::variable_list;
 struct UnshardGroupFn : torch::autograd::Function<UnshardGroupFn> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<FSDPParamGroup> group, at::TensorList sharded) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(group);
+    // A parameter no forward used gets an undefined gradient, not zeros: it gets none at all.
+    ctx->set_materialize_grads(false);
     variable_list out;
     for (const FSDPParam& p : group->params()) out.push_back(p.compute_tensor());
     return out;
@@ -193,12 +195,14 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
 void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
   if (reduce_pending_) finish_reduce_grads();  // a second backward through the same forward
+  if (!grads_accumulated_) grad_defined_.assign(params_.size(), false);
   for (Bucket& b : buckets_) {
     if (!grads_accumulated_) b.grad_rows.zero_();
     for (size_t k : b.params) {
       const FSDPParam& p = params_[k];
       at::Tensor g = grads[k];
       if (!g.defined()) continue;
+      grad_defined_[k] = true;
       if (is_dtensor(g)) {
         DTensor d(g);
         if (d.placements() != p.tp_placements) d = d.redistribute(p.tp_placements);
@@ -233,6 +237,7 @@ void FSDPParamGroup::finish_reduce_grads() {
     if (replicate_group_) all_reduce_(row, options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG, *replicate_group_);
     if (options_.gradient_divide_factor) row.div_(*options_.gradient_divide_factor);
     for (size_t k : b.params) {
+      if (!grad_defined_[k]) continue;
       at::Tensor g = params_[k].unpack_grad(row);
       at::Tensor& grad = params_[k].sharded.mutable_grad();
       if (!grad.defined()) grad = std::move(g);

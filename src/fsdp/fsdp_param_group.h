@@ -79,6 +79,9 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   int64_t shard_size_ = 1;
   FullyShardOptions options_;
   bool grads_accumulated_ = false;  // grad_rows hold gradients not reduced yet (no sync)
+  // Per parameter: a gradient reached it since the last reduction. One none did gets no gradient
+  // (as FSDP2), so an optimizer keeps no state for a layer no forward used.
+  std::vector<bool> grad_defined_;
   bool unsharded_ = false;    // compute storage allocated (its all-gather may be in flight)
   bool gather_pending_ = false;
   bool reduce_pending_ = false;

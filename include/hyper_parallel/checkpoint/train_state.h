@@ -1,0 +1,78 @@
+#pragma once
+// Train states: everything a run needs to go on exactly where it stopped, as one transaction (the
+// protocol of save_sharded), loadable at another parallel layout.
+//   hp::TrainState state{model.get(), &optimizer, &schedule, &dataset};
+//   if (hp::has_train_state(dir)) hp::load_train_state(dir, state);   // step, tokens_seen restored
+//   for (; state.step < steps; ++state.step) { ...; if (due) hp::save_train_state(dir, state); }
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <hyper_parallel/optim/lr_scheduler.h>
+
+namespace hyper_parallel {
+
+/// An object with state of its own in a train state (PyTorch DCP's Stateful), e.g. a data loader's
+/// position. Its tensors are plain and the same on every rank.
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  virtual std::map<std::string, at::Tensor> state_dict() const = 0;
+  /// Throws c10::ValueError naming what does not fit (e.g. another global batch); called on every
+  /// rank before anything is loaded, so a refusal leaves every object unchanged.
+  virtual void check_state_dict(const std::map<std::string, at::Tensor>& state) const { (void)state; }
+  virtual void load_state_dict(const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+/// What save_train_state writes and load_train_state restores. `model` is required; the others
+/// are left out when null.
+/// - model: every parameter and buffer, in its layout (as save_sharded).
+/// - optimizer (torch::optim::Adam or AdamW): per parameter, keyed by its FQN in `model`,
+///   `optimizer.state.<fqn>.{step, exp_avg, exp_avg_sq[, max_exp_avg_sq]}` (a moment of a DTensor
+///   parameter is saved as a DTensor of the same placements) and `optimizer.param_groups.<fqn>`
+///   (lr, betas, eps, weight_decay, amsgrad). A parameter with no state (its gradient was never
+///   defined) is saved without any and loads with none.
+/// - scheduler: its step. `data`: its state_dict(). `extra`: plain tensors of the caller's, the
+///   same on every rank, loaded back under their names.
+/// - step, tokens_seen: the run's counters.
+/// - always: the random-number state that decides the next step, per rank: hyper_parallel's
+///   generator (seed and call count) and torch's default CPU generator. A state saved at another
+///   world size loads rank 0's (the layouts' random streams cannot correspond element for element).
+struct TrainState {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  LRScheduler* scheduler = nullptr;
+  Stateful* data = nullptr;
+  std::map<std::string, at::Tensor>* extra = nullptr;
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+};
+
+/// Options of save_train_state.
+struct TrainStateSaveOptions {
+  /// Committed generations kept (the newest); older ones are removed after the new one commits.
+  int64_t keep = 2;
+};
+
+/// Saves `state` into `dir` as one transaction: a crash, a full disk or an error on any rank at any
+/// moment leaves the previous train state committed and loadable (see save_sharded). Collective:
+/// every rank calls it. Ranks whose random seeds differ are refused by name before anything is
+/// written.
+/// e.g. `hp::save_train_state("ckpt", state, {/*keep=*/2});`
+void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options = {});
+
+/// Loads the committed train state of `dir` into `state`'s objects at their current layout (any
+/// mesh, placements or world size; parameters and moments move bytes, no arithmetic). All or
+/// nothing on every rank: a missing or corrupt file (named, with the key and the piece), another
+/// model config (the FQN and both shapes), another optimizer, or a data state its loader refuses,
+/// and every rank raises c10::ValueError with every object unchanged. Collective.
+void load_train_state(const std::string& dir, TrainState& state);
+
+/// Whether `dir` holds a committed train state (a run resumes from it; a fresh run starts without).
+bool has_train_state(const std::string& dir);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,38 @@
+#pragma once
+// The transaction behind save_sharded / load_sharded, over any list of tensors (internal): the
+// model's parameters for those, the model, optimizer state and counters for save_train_state.
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "checkpoint_layout.h"
+
+namespace hyper_parallel {
+namespace checkpoint_layout {
+
+/// Saves `entries` as one committed generation of `dir` (the protocol of save_sharded), keeping
+/// the newest `keep`. With `every_rank_writes`, every rank writes its file even when nothing is a
+/// DTensor (its entries may differ from the others'). Collective; errors name `what`.
+void save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes);
+
+/// The committed generation of `dir`: LATEST, the tensors every rank declared, every rank's pieces.
+struct SavedIndex {
+  Latest latest;
+  std::string gdir;
+  Metadata meta;
+  std::vector<RankMeta> ranks;
+};
+SavedIndex read_index(const std::string& dir);
+
+/// This rank's boxes of `entries` (each must be in `index` with its shape and dtype), read and
+/// verified into new tensors; nothing of `entries` is written. Throws naming `what`.
+std::vector<at::Tensor> read_entries(const SavedIndex& index, const std::vector<Entry>& entries, const std::string& dir,
+                                     const char* what);
+
+/// Every rank's `err` ("" when it could load) agreed; on any failure every rank raises
+/// c10::ValueError naming the ranks that failed.
+void agree_to_load(bool distributed, const std::string& err, const char* what);
+
+}  // namespace checkpoint_layout
+}  // namespace hyper_parallel

@@ -1,0 +1,315 @@
+// Train states: a run saved at step k and resumed is bitwise the run that never stopped (losses,
+// gradient norms, learning rates, final parameters and moments), at one process, tp and dp x tp
+// with FSDP; a state saved at one layout loads bitwise at another; bad states are refused on every
+// rank with nothing changed.
+#include <gtest/gtest.h>
+
+#include <hyper_parallel/checkpoint/train_state.h>
+#include <hyper_parallel/optim/lr_scheduler.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "../../common/test_files.h"
+#include "../tensor_parallel/tp_models.h"
+
+using namespace tp_test;
+
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_checkpoint_train_state_test {
+namespace {
+
+struct Scratch {
+  explicit Scratch(const std::string& name) {
+    const char* port = std::getenv("MASTER_PORT");
+    path = "/tmp/hp_train_state_" + std::string(port ? port : "0") + "_" + name;
+    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
+    hp::barrier(hp::world_group());
+  }
+  ~Scratch() {
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
+  }
+  operator const std::string&() const { return path; }
+  std::string path;
+};
+
+// An MLP, a norm, and a layer no forward uses (its gradient is never defined).
+class NetImpl : public hnn::ModuleBase<NetImpl> {
+ public:
+  explicit NetImpl(int64_t unused_out = 4) {
+    mlp = register_module("mlp", Mlp(8, 16));
+    norm = register_module("norm", hnn::RMSNorm(hnn::RMSNormOptions(8)));
+    unused = register_module("unused", hnn::Linear(4, unused_out));
+  }
+  at::Tensor forward(const at::Tensor& x) { return norm(mlp(x)); }
+  Mlp mlp{nullptr};
+  hnn::RMSNorm norm{nullptr};
+  hnn::Linear unused{nullptr};
+};
+HP_MODULE(Net);
+
+enum class Layout { Plain, Tp, DpTp };
+const char* name_of(Layout l) { return l == Layout::Plain ? "one process" : l == Layout::Tp ? "tp" : "dp x tp"; }
+
+// One rank's training: the model in `layout`, AdamW in two groups under a warmup-cosine schedule.
+struct Trainer {
+  Trainer(Layout layout, uint64_t init_seed, int64_t unused_out = 4) : layout(layout) {
+    model = seeded<Net>(init_seed, unused_out);
+    const int64_t world = hp::get_world_size();
+    if (layout == Layout::Tp) {
+      mesh = hp::init_device_mesh("cpu", {world}, {"tp"});
+      hp::parallelize_module(*model, *mesh, {{"mlp.linear1", hp::ColwiseParallel()}, {"mlp.linear2", hp::RowwiseParallel()}});
+    } else if (layout == Layout::DpTp) {
+      mesh = hp::init_device_mesh("cpu", {2, world / 2}, {"dp", "tp"});
+      hp::parallelize_module(*model, (*mesh)["tp"], {{"mlp.linear1", hp::ColwiseParallel()}, {"mlp.linear2", hp::RowwiseParallel()}});
+      hp::fully_shard(*model, (*mesh)["dp"]);
+    }
+    std::vector<at::Tensor> decayed, plain;
+    for (const at::Tensor& p : hp::unique_parameters(*model)) (p.dim() >= 2 ? decayed : plain).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.05).betas({0.9, 0.95}).weight_decay(0.1)));
+    groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0)));
+    opt = std::make_unique<torch::optim::AdamW>(std::move(groups));
+    hp::WarmupStableDecayOptions wsd;
+    wsd.training_steps = 6;
+    wsd.warmup_steps = 2;
+    wsd.decay_ratio = 0.5;
+    wsd.decay_type = "cosine";
+    schedule = std::make_unique<hp::LRScheduler>(hp::linear_warmup_stable_decay(*opt, wsd));
+    state = {model.get(), opt.get(), schedule.get()};
+  }
+
+  // One step: the inputs from torch's generator, dropout on them from ours, this data-parallel
+  // rank's rows; the loss, gradient norm and learning rate recorded as bit patterns.
+  void step() {
+    at::Tensor x = at::randn({4, 8});
+    x = hp::dropout(x, 0.25, true);
+    if (layout == Layout::DpTp) x = x.chunk(2, 0)[mesh->get_local_rank(0)];
+    at::Tensor loss = model(x).pow(2).mean();
+    if (hp::is_dtensor(loss)) loss = hp::DTensor(loss).full_tensor();
+    loss.backward();
+    const double norm = hp::clip_grad_norm_(hp::unique_parameters(*model), 1.0).item<double>();
+    record.push_back(bits(loss.item<float>()));
+    record.push_back(bits(static_cast<float>(norm)));
+    record.push_back(bits(static_cast<float>(opt->param_groups()[0].options().get_lr())));
+    opt->step();
+    opt->zero_grad();
+    schedule->step();
+    ++state.step;
+    state.tokens_seen += 32;
+  }
+
+  static uint32_t bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  }
+
+  // Every parameter and moment whole, by name.
+  std::map<std::string, at::Tensor> gathered() {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& p : model->named_parameters()) {
+      out[p.key()] = full(p.value()).clone();
+      auto it = opt->state().find(p.value().unsafeGetTensorImpl());
+      if (it == opt->state().end()) continue;
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      out[p.key() + ".exp_avg"] = full(s.exp_avg()).clone();
+      out[p.key() + ".exp_avg_sq"] = full(s.exp_avg_sq()).clone();
+      out[p.key() + ".step"] = at::tensor(s.step());
+    }
+    return out;
+  }
+
+  Layout layout;
+  c10::optional<hp::DeviceMesh> mesh;
+  Net model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<hp::LRScheduler> schedule;
+  hp::TrainState state;
+  std::vector<uint32_t> record;
+};
+
+void seed_all(uint64_t s) {
+  at::manual_seed(s);
+  hp::manual_seed(s);
+}
+
+// Same keys, and every tensor the same bits.
+bool bitwise_equal(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b, std::string* why = nullptr) {
+  if (a.size() != b.size()) {
+    if (why) *why = "key counts " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+    return false;
+  }
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end() || v.sizes() != it->second.sizes() || v.scalar_type() != it->second.scalar_type() ||
+        std::memcmp(v.contiguous().data_ptr(), it->second.contiguous().data_ptr(), v.numel() * v.element_size()) != 0) {
+      if (why) *why = k;
+      return false;
+    }
+  }
+  return true;
+}
+
+constexpr int64_t kSteps = 6, kSaveAt = 3;
+
+// The uninterrupted run against one saved at kSaveAt and resumed in fresh objects (built from
+// another seed, the generators drawn elsewhere), and a resume whose loaded state differs in one
+// element of one moment, which must end elsewhere.
+void expect_exact_resume(Layout layout) {
+  const Scratch dir(std::string("resume_") + std::to_string(static_cast<int>(layout)));
+  seed_all(11);
+  Trainer reference(layout, 5);
+  for (int64_t s = 0; s < kSteps; ++s) reference.step();
+  const auto ref_final = reference.gathered();
+
+  seed_all(11);
+  {
+    Trainer first(layout, 5);
+    for (int64_t s = 0; s < kSaveAt; ++s) first.step();
+    hp::save_train_state(dir, first.state);
+  }
+  auto resumed_run = [&](bool perturb) {
+    seed_all(999);
+    at::randn({100});  // the generators elsewhere: the load must put them back
+    auto t = std::make_unique<Trainer>(layout, 77);
+    hp::load_train_state(dir, t->state);
+    EXPECT_EQ(t->state.step, kSaveAt);
+    EXPECT_EQ(t->state.tokens_seen, 32 * kSaveAt);
+    if (perturb) {
+      at::NoGradGuard g;
+      const at::Tensor w = t->model->mlp->linear1->weight();
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*t->opt->state().at(w.unsafeGetTensorImpl()));
+      at::Tensor local = hp::local_tensor(s.exp_avg());
+      float* v = local.data_ptr<float>();
+      v[0] += 1e-3f;
+    }
+    for (int64_t s = kSaveAt; s < kSteps; ++s) t->step();
+    return t;
+  };
+  auto resumed = resumed_run(false);
+  const std::vector<uint32_t> ref_tail(reference.record.begin() + 3 * kSaveAt, reference.record.end());
+  EXPECT_EQ(resumed->record, ref_tail) << name_of(layout) << ": losses, gradient norms or learning rates differ after the resume";
+  std::string why;
+  EXPECT_TRUE(bitwise_equal(resumed->gathered(), ref_final, &why)) << name_of(layout) << ": final state differs at " << why;
+  // The unused layer never had a gradient: no state before the save, none after the load.
+  EXPECT_EQ(resumed->gathered().count("unused.weight.exp_avg"), 0u);
+  EXPECT_EQ(ref_final.count("unused.weight.exp_avg"), 0u);
+  // The companion: one moment element off by 1e-3 on each rank must show.
+  auto perturbed = resumed_run(true);
+  EXPECT_FALSE(bitwise_equal(perturbed->gathered(), ref_final)) << "a perturbed moment went unnoticed";
+}
+
+}  // namespace
+
+TEST(TrainStateDist, ResumedRunIsBitwiseTheUninterruptedOne) {
+  expect_exact_resume(Layout::Plain);
+  expect_exact_resume(Layout::Tp);
+  if (hp::get_world_size() % 2 == 0 && hp::get_world_size() >= 4) expect_exact_resume(Layout::DpTp);
+}
+
+// Saved at dp x tp = 2 x 2 with FSDP, loaded at tp = 4 and in one process (and back): parameters
+// and moments gathered are the saved bits; the next step's loss agrees to rounding.
+TEST(TrainStateDist, StateSavedAtOneLayoutLoadsBitwiseAtAnother) {
+  ASSERT_EQ(hp::get_world_size(), 4);
+  const Scratch dir("reshard");
+  seed_all(21);
+  Trainer source(Layout::DpTp, 8);
+  for (int64_t s = 0; s < kSaveAt; ++s) source.step();
+  hp::save_train_state(dir, source.state);
+  const auto saved = source.gathered();
+  source.step();
+  const float next_loss = [&] {
+    float f;
+    const uint32_t u = source.record[3 * kSaveAt];
+    std::memcpy(&f, &u, 4);
+    return f;
+  }();
+  for (Layout to : {Layout::Tp, Layout::Plain}) {
+    seed_all(3);
+    Trainer target(to, 99);
+    hp::load_train_state(dir, target.state);
+    std::string why;
+    EXPECT_TRUE(bitwise_equal(target.gathered(), saved, &why)) << name_of(to) << ": differs at " << why;
+    // The companion: one element off must be seen.
+    auto off = saved;
+    off["mlp.linear2.weight.exp_avg_sq"] = off["mlp.linear2.weight.exp_avg_sq"].clone();
+    off["mlp.linear2.weight.exp_avg_sq"].view({-1})[3] += 1e-7;
+    EXPECT_FALSE(bitwise_equal(target.gathered(), off));
+    // The data of the next step: the dp x tp run's rows were half the batch each, so the loss of
+    // the whole batch is the mean of the halves; compared on rank 0's half through the dp layout
+    // above would need the rows: here the whole-batch loss is compared with the average.
+    target.step();
+    float whole;
+    std::memcpy(&whole, &target.record[0], 4);
+    at::Tensor halves = at::tensor({next_loss});
+    hp::all_reduce_(halves, hp::ReduceOp::AVG, hp::world_group());
+    EXPECT_NEAR(whole, halves.item<float>(), 1e-5 * std::abs(whole) + 1e-6) << name_of(to);
+  }
+}
+
+TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
+  const Scratch dir("bad");
+  seed_all(31);
+  Trainer source(Layout::Tp, 4);
+  source.step();
+  hp::save_train_state(dir, source.state);
+  auto expect_refused = [&](Trainer& t, const std::vector<std::string>& words) {
+    const auto before = t.gathered();
+    const int64_t step = t.state.step;
+    try {
+      hp::load_train_state(dir, t.state);
+      ADD_FAILURE() << "loaded, expected: " << words[0];
+    } catch (const c10::ValueError& e) {
+      for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(bitwise_equal(t.gathered(), before)) << "a refused load changed the state";
+    EXPECT_EQ(t.state.step, step);
+  };
+  // Another model config: the FQN and both shapes named.
+  {
+    seed_all(1);
+    Trainer other(Layout::Tp, 4, /*unused_out=*/6);
+    expect_refused(other, {"'unused.weight'", "[4, 4]", "[6, 4]"});
+  }
+  // Another optimizer: named.
+  {
+    seed_all(1);
+    Trainer other(Layout::Tp, 4);
+    std::vector<at::Tensor> ps = hp::unique_parameters(*other.model);
+    torch::optim::Adam adam(ps);
+    hp::TrainState s{other.model.get(), &adam};
+    try {
+      hp::load_train_state(dir, s);
+      ADD_FAILURE() << "an Adam loaded AdamW's state";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("saved by AdamW, the optimizer now is Adam"), std::string::npos) << e.what();
+    }
+  }
+  // A flipped byte in a moment (rank 1 flips one in its own piece of linear1's exp_avg): the file,
+  // the key and the piece named, on every rank.
+  {
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 1) {
+      const std::string path = hp::checkpoint_generation_dir(dir) + "/rank_1.pt";
+      std::string bytes = hp_test::read_bytes(path);
+      const at::Tensor w = source.model->mlp->linear1->weight();
+      const auto& st = static_cast<const torch::optim::AdamWParamState&>(*source.opt->state().at(w.unsafeGetTensorImpl()));
+      const at::Tensor local = hp::local_tensor(st.exp_avg()).contiguous();
+      const std::string pattern(static_cast<const char*>(local.data_ptr()), static_cast<size_t>(local.numel() * 4));
+      const auto at_ = bytes.find(pattern);
+      ASSERT_NE(at_, std::string::npos);
+      bytes[at_ + 5] = static_cast<char>(bytes[at_ + 5] ^ 0x10);
+      hp_test::write_bytes(path, bytes);
+    }
+    hp::barrier(hp::world_group());
+    seed_all(1);
+    Trainer other(Layout::Tp, 4);
+    const std::string offset = "offset [" + std::to_string(16 / hp::get_world_size()) + ",0]";  // rank 1's rows
+    expect_refused(other, {"rank_1.pt", "'optimizer.state.mlp.linear1.weight.exp_avg'", offset, "rank(s) [1]", "flipped bytes"});
+  }
+}
+
+}  // namespace t_dist_checkpoint_train_state_test
