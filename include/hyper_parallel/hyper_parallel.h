@@ -47,5 +47,7 @@
 #include <hyper_parallel/fsdp/fully_shard.h>
 #include <hyper_parallel/checkpoint/sharded_checkpoint.h>
 #include <hyper_parallel/checkpoint/train_state.h>
+#include <hyper_parallel/data/token_dataset.h>
+#include <hyper_parallel/data/token_file.h>
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>

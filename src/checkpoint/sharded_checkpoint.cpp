@@ -227,8 +227,9 @@ torch::serialize::InputArchive& archive_of(std::map<int64_t, torch::serialize::I
   if (cf::crc32(bytes.data(), bytes.size()) != rm.pt_crc) damaged.insert(r);
   try {
     archives[r].load_from(bytes.data(), bytes.size());
-  } catch (const c10::Error& e) {
-    cf::corrupt_file(path, damaged.count(r) ? "its crc does not match (flipped bytes)" : e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    archives.erase(r);
+    cf::corrupt_file(path, damaged.count(r) ? "its crc does not match (flipped bytes)" : message_of(e));
   }
   return archives[r];
 }
@@ -248,8 +249,9 @@ void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ra
       archive_of(archives, r, gdir, ranks[static_cast<size_t>(r)], damaged).read(n.piece->name, saved, /*is_buffer=*/true);
     } catch (const c10::ValueError&) {
       throw;
-    } catch (const c10::Error& e) {
-      corrupt(piece + " cannot be read: " + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      corrupt(piece + " cannot be read" + (damaged.count(r) ? " (the file's crc does not match: flipped bytes)" : "") + ": " +
+              message_of(e));
     }
     if (saved.sizes() != c10::IntArrayRef(n.piece->shape) ||
         saved.scalar_type() != static_cast<at::ScalarType>(meta.tensors.at(n.piece->name).dtype))

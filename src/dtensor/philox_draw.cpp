@@ -5,7 +5,11 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <atomic>
+#include <cstring>
+#include <mutex>
 #include <cmath>
 #include <limits>
 
@@ -124,16 +128,79 @@ void fill(T* data, const std::vector<int64_t>& local, const std::vector<int64_t>
 
 }  // namespace
 
-uint64_t next_random_call() { return g_calls.fetch_add(1); }
+namespace {
+
+// torch::manual_seed(s) seeds this generator too, as PyTorch's DTensor random ops follow
+// torch.manual_seed: a default CPU generator in the state seeding leaves it in (nothing drawn
+// since) re-keys ours with s and a fresh call count, then takes one draw from torch's, so that the
+// same seeding is seen once (a second torch::manual_seed(s) is seen again). The state is a few KiB,
+// compared once per random op.
+struct TorchSeedWatch {
+  std::mutex mutex;
+  uint64_t seed = 0;
+  at::Tensor fresh;  // torch's CPU generator state right after manual_seed(seed)
+};
+
+// The seed torch's default CPU generator had when this library was loaded.
+uint64_t startup_torch_seed() {
+  static const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  return seed;
+}
+// Taken at load time, before any program code can seed.
+[[maybe_unused]] const uint64_t g_startup_seed_taken = startup_torch_seed();
+
+TorchSeedWatch& watch() {
+  static TorchSeedWatch w;
+  return w;
+}
+
+// Whether `gen` (its mutex held) is in the state manual_seed leaves it in; if so, takes one draw.
+bool take_fresh_seeding(at::Generator& gen, uint64_t& seed) {
+  seed = gen.current_seed();
+  // A process starts with torch's generator seeded by torch itself (a random seed of each
+  // process's own): that is not a seeding by the program, and leaves ours at seed 0.
+  if (seed == startup_torch_seed()) return false;
+  TorchSeedWatch& w = watch();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (!w.fresh.defined() || w.seed != seed) {
+    at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(seed);
+    w.fresh = probe.get_state();
+    w.seed = seed;
+  }
+  const at::Tensor now = gen.get_state();
+  if (now.numel() != w.fresh.numel() || std::memcmp(now.data_ptr(), w.fresh.data_ptr(), static_cast<size_t>(now.numel())) != 0)
+    return false;
+  at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  return true;
+}
+
+void follow_torch_seed() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  uint64_t seed = 0;
+  if (!take_fresh_seeding(gen, seed)) return;
+  g_seed.store(seed);
+  g_calls.store(0);
+}
+
+}  // namespace
+
+uint64_t next_random_call() {
+  follow_torch_seed();
+  return g_calls.fetch_add(1);
+}
 uint64_t random_call_count() { return g_calls.load(); }
 void set_random_call_count(uint64_t count) { g_calls.store(count); }
-uint64_t random_seed() { return g_seed.load(); }
+uint64_t random_seed() {
+  follow_torch_seed();
+  return g_seed.load();
+}
 
 void philox_draw(const at::Tensor& out, const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offset,
                  const DrawParams& params, uint64_t call) {
   const auto local = out.sizes().vec();
   TORCH_INTERNAL_ASSERT(local.size() == global_shape.size() && offset.size() == global_shape.size());
-  const uint64_t seed = random_seed();
+  const uint64_t seed = g_seed.load();  // the call number was taken after any re-keying
   const int lanes = lanes_of(params, out.scalar_type());
   const bool wide = lanes == 2;
   const bool integral = params.kind == DrawParams::Kind::RandomInt || !at::isFloatingType(out.scalar_type());
@@ -150,6 +217,13 @@ void philox_draw(const at::Tensor& out, const std::vector<int64_t>& global_shape
 }
 
 void manual_seed(uint64_t seed) {
+  {
+    // A torch seeding not yet seen is taken now, so it does not override this one later.
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    uint64_t ignored = 0;
+    take_fresh_seeding(gen, ignored);
+  }
   g_seed.store(seed);
   g_calls.store(0);
 }

@@ -4,6 +4,8 @@
 //   never-joins R        rank R never joins; the others try to and must fail with a timeout
 //   stop-in-collective R rank R stops itself (SIGSTOP) before an all_reduce the others enter
 //   exit-in-collective R rank R exits before an all_reduce the others enter
+//   fail-until-restart R K  prints its round (HPRUN_RESTART_COUNT) and port; rank R exits with 5
+//                        while the round is below K, then every rank sums over the job
 //   late-sum D0 D1       rank 0 starts after D0 ms, the others after D1 ms; then 20 all_reduces
 //                        of (rank + 1) checked against the job's own sum; prints this job's id
 #include <chrono>
@@ -44,6 +46,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
     }
+    return 0;
+  }
+  if (mode == "fail-until-restart" && argc > 3) {
+    namespace hp = hyper_parallel;
+    const char* count = std::getenv("HPRUN_RESTART_COUNT");
+    const int round = std::atoi(count ? count : "-1");
+    std::printf("round %d port %s rdzv %s\n", round, std::getenv("MASTER_PORT"), std::getenv("HP_RDZV_ID"));
+    std::fflush(stdout);
+    if (rank == std::atoi(argv[2]) && round < std::atoi(argv[3])) return 5;
+    hp::init_process_group();
+    at::Tensor t = at::full({1}, 1.0);
+    hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
+    std::printf("round %d: %g ranks joined\n", round, t[0].item<double>());
     return 0;
   }
   if (mode == "late-sum" && argc > 3) {

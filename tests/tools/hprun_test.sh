@@ -121,4 +121,23 @@ wait $job_a || { cat "$OUT_A"; fail "job A failed when another job's rank reache
 grep -q "is already in use" "$OUT_B" || { cat "$OUT_B"; fail "job B's port clash is not reported"; }
 rm -f "$OUT_A" "$OUT_B"
 [ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm after the port test: $(ls /dev/shm | grep '^hp_')"
+# --max-restarts: a failing rank restarts every rank, each round with a fresh port and rendezvous
+# and HPRUN_RESTART_COUNT; the job succeeds once the rank stops failing.
+HP_TIMEOUT_S=10 "$HPRUN" --nproc-per-node 3 --grace-s 1 --max-restarts 2 "$PROBE" fail-until-restart 1 2 >"$OUT" 2>&1 ||
+  fail "a job that succeeds on its second restart exited $?"
+grep -q "rank 1 failed with status 5; restarting every rank (restart 1 of 2)" "$OUT" || fail "first restart not announced"
+grep -q "restarting every rank (restart 2 of 2)" "$OUT" || fail "second restart not announced"
+[ "$(grep -c 'round 2: 3 ranks joined' "$OUT")" -eq 3 ] || fail "the last round's ranks did not all join"
+[ "$(grep '^\[rank1\]: round [0-9] port' "$OUT" | awk '{print $5}' | sort -u | wc -l)" -eq 3 ] || fail "the rounds did not each get a port of their own"
+[ "$(grep '^\[rank1\]: round [0-9] port' "$OUT" | awk '{print $7}' | sort -u | wc -l)" -eq 3 ] || fail "the rounds did not each get a rendezvous of their own"
+# Out of restarts: the first failure of the last round is named and its status returned.
+HP_TIMEOUT_S=10 "$HPRUN" --nproc-per-node 2 --grace-s 1 --max-restarts 1 "$PROBE" fail-until-restart 1 9 >"$OUT" 2>&1
+rc=$?
+[ $rc -eq 5 ] || fail "expected the failing rank's status 5 after the restarts ran out, got $rc"
+grep -q "1 restart(s) used; giving up" "$OUT" || fail "giving up is not said"
+grep -q "exiting with rank 1's status 5" "$OUT" || fail "the failing rank is not named at the end"
+# Several nodes: restarts are refused by name.
+"$HPRUN" --nnodes 2 --master-port 29999 --max-restarts 1 "$PROBE" env >"$OUT" 2>&1
+[ $? -eq 2 ] && grep -q "\-\-max-restarts needs --nnodes 1" "$OUT" || fail "--max-restarts with --nnodes 2 is not refused by name"
+[ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm after the restarts: $(ls /dev/shm | grep '^hp_')"
 echo "hprun tests passed"

@@ -1,7 +1,9 @@
 // hprun: our torchrun. Starts --nproc-per-node copies of a program with the torchrun environment
 // (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes
 // each output line with its rank, forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails stops
-// the others and exits with the status of the first failure, naming that rank.
+// the others and exits with the status of the first failure, naming that rank. With
+// --max-restarts N it starts every rank again instead, up to N times (torchrun's policy: all
+// workers restart, each round with a fresh rendezvous, HPRUN_RESTART_COUNT telling which).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -39,6 +41,7 @@ struct Options {
   // Namespaces this job's keys in the rendezvous store (torchrun's --rdzv-id), so that ranks of
   // another job pointed at the same MASTER_PORT can never pose as ours. One node: made per job.
   std::string rdzv_id;
+  int max_restarts = 0;
   std::vector<std::string> cmd;
 };
 
@@ -62,6 +65,7 @@ void on_signal(int sig) { g_signal = sig; }
 constexpr const char* kUsage =
     "usage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
     "             [--master-addr A] [--master-port P] [--rdzv-id ID] [--grace-s S] [--bind-cores auto|1|0]\n"
+    "             [--max-restarts N]\n"
     "             program [args...]\n";
 
 [[noreturn]] void usage(const char* msg) {
@@ -107,6 +111,7 @@ Options parse(int argc, char** argv) {
       if (end == value.c_str() || *end != '\0' || !(o.grace_s > 0)) usage("--grace-s needs a positive number of seconds");
     }
     else if (flag == "--rdzv-id") o.rdzv_id = value;
+    else if (flag == "--max-restarts") o.max_restarts = parse_int(flag, value.c_str(), 0);
     else if (flag == "--bind-cores") {
       if (value != "auto" && value != "1" && value != "0") usage("--bind-cores takes auto, 1 or 0");
       o.bind_cores = value;
@@ -117,6 +122,9 @@ Options parse(int argc, char** argv) {
   if (o.cmd.empty()) usage("no program given");
   if (o.node_rank >= o.nnodes) usage("--node-rank must be < --nnodes");
   if (o.master_port == 0 && o.nnodes > 1) usage("--master-port is required with --nnodes > 1");
+  // A restart must reach every node's ranks through one rendezvous round; each node's launcher
+  // only sees its own ranks, so it cannot restart the job alone.
+  if (o.max_restarts > 0 && o.nnodes > 1) usage("--max-restarts needs --nnodes 1: restarts across nodes are not supported yet");
   return o;
 }
 
@@ -215,7 +223,7 @@ std::vector<int> cores_to_bind(const Options& o) {
 
 // In the forked child: the rank's environment, its cores, then the program (never returns).
 [[noreturn]] void exec_rank(const Options& o, int local, int rank, const std::string& job_id, const std::vector<int>& cores,
-                            bool set_omp) {
+                            bool set_omp, int restart) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
@@ -227,6 +235,8 @@ std::vector<int> cores_to_bind(const Options& o) {
   if (set_omp) setenv("OMP_NUM_THREADS", "1", 1);
   setenv("HP_JOB_ID", job_id.c_str(), 1);
   if (!o.rdzv_id.empty()) setenv("HP_RDZV_ID", o.rdzv_id.c_str(), 1);
+  setenv("HPRUN_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  setenv("HPRUN_MAX_RESTARTS", std::to_string(o.max_restarts).c_str(), 1);
   if (!cores.empty()) {
     // Local rank i gets the i-th contiguous share of the allowed cores.
     const size_t share = cores.size() / static_cast<size_t>(o.nproc);
@@ -245,7 +255,7 @@ std::vector<int> cores_to_bind(const Options& o) {
 
 // Forks local rank `local` with its output on pipes; false (after perror) when it cannot.
 bool launch_rank(const Options& o, int local, const std::string& job_id, const std::vector<int>& cores, bool set_omp,
-                 Rank& r) {
+                 int restart, Rank& r) {
   r.rank = o.node_rank * o.nproc + local;
   int out[2], err[2];
   // Close-on-exec: a later rank must not inherit an earlier rank's pipe ends (it would keep
@@ -262,7 +272,7 @@ bool launch_rank(const Options& o, int local, const std::string& job_id, const s
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
     ::close(out[0]); ::close(out[1]); ::close(err[0]); ::close(err[1]);
-    exec_rank(o, local, r.rank, job_id, cores, set_omp);
+    exec_rank(o, local, r.rank, job_id, cores, set_omp, restart);
   }
   ::setpgid(pid, pid);  // also from the parent, so the group exists before any kill()
   r.pid = pid;
@@ -383,6 +393,7 @@ struct Supervisor {
 
 int run(int argc, char** argv) {
   Options o = parse(argc, argv);
+  const bool own_port = o.master_port == 0;  // picked here: a restart picks a fresh one
   if (o.master_port == 0) o.master_port = free_port(o.master_addr);
   const bool set_omp = std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc > 1;
   struct sigaction sa{};
@@ -391,18 +402,37 @@ int run(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 
   const std::vector<int> cores = cores_to_bind(o);
-  const std::string job_id = std::to_string(::getpid());
-  // One node: this launcher starts every rank, so its own id names the job (with the time: a pid
-  // can come back). Several nodes must agree on one: --rdzv-id.
-  if (o.rdzv_id.empty() && o.nnodes == 1)
-    o.rdzv_id = job_id + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
-  for (int i = 0; i < o.nproc; ++i)
-    if (!launch_rank(o, i, job_id, cores, set_omp, ranks[static_cast<size_t>(i)])) return 2;
-  Supervisor supervisor{o, ranks};
-  supervisor.run();
-  remove_job_segments(job_id);
-  return supervisor.exit_status();
+  const std::string pid = std::to_string(::getpid());
+  const std::string base_rdzv = o.rdzv_id;
+  for (int restart = 0;; ++restart) {
+    // Each round is a job of its own: its shared-memory names, its rendezvous namespace and (when
+    // hprun picked it) its port, so no rank of an earlier round can join this one.
+    const std::string job_id = restart == 0 ? pid : pid + "r" + std::to_string(restart);
+    if (restart > 0 && own_port) o.master_port = free_port(o.master_addr);
+    // One node: this launcher starts every rank, so its own id names the job (with the time: a pid
+    // can come back). Several nodes must agree on one: --rdzv-id.
+    if (base_rdzv.empty() && o.nnodes == 1)
+      o.rdzv_id = job_id + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+    else if (restart > 0)
+      o.rdzv_id = base_rdzv + "-r" + std::to_string(restart);
+    std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
+    for (int i = 0; i < o.nproc; ++i)
+      if (!launch_rank(o, i, job_id, cores, set_omp, restart, ranks[static_cast<size_t>(i)])) {
+        signal_all(ranks, SIGKILL);
+        return 2;
+      }
+    Supervisor supervisor{o, ranks};
+    supervisor.run();
+    remove_job_segments(job_id);
+    // A rank's failure restarts the job while restarts are left; a signal from outside does not.
+    if (supervisor.first_failed < 0 || supervisor.forwarded != 0 || restart == o.max_restarts) {
+      if (supervisor.first_failed >= 0 && o.max_restarts > 0)
+        std::fprintf(stderr, "hprun: %d restart(s) used; giving up\n", restart);
+      return supervisor.exit_status();
+    }
+    std::fprintf(stderr, "hprun: rank %d failed with status %d; restarting every rank (restart %d of %d)\n", supervisor.first_failed,
+                 supervisor.first_status, restart + 1, o.max_restarts);
+  }
 }
 
 // The launcher's own failures (e.g. out of memory) end as one line and status 1, as the ranks'.

@@ -28,7 +28,12 @@
 namespace hyper_parallel {
 
 /// Seeds the generator and restarts the call count. Every rank must pass the same seed (as with
-/// torch.manual_seed under SPMD). Until it is called the seed is 0.
+/// torch.manual_seed under SPMD); parallelize_module and save_train_state name the ranks whose
+/// seeds differ. torch::manual_seed(s) seeds it as well: the next random op after it re-keys this
+/// generator with s and a fresh call count (taking one draw from torch's CPU generator to mark the
+/// seeding as seen), so `torch::manual_seed(1); a = hnn::Linear(16, 16); torch::manual_seed(1);
+/// b = hnn::Linear(16, 16);` gives a == b. Whichever of the two seeded last decides. Until either
+/// is called the seed is 0 (torch's default CPU generator, not seeded, is left alone).
 /// e.g. `hp::manual_seed(42);`
 void manual_seed(uint64_t seed);
 /// The seed of the last manual_seed.

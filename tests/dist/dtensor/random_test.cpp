@@ -2,6 +2,11 @@
 // the same call gives it on a Replicate DTensor and on a plain tensor in one process, whatever the
 // mesh and placements (hyper_parallel/dtensor/random.h).
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/tensor_parallel/api.h>
+#include <hyper_parallel/tensor_parallel/style.h>
+
+#include <torch/utils.h>
 
 #include <functional>
 
@@ -209,4 +214,25 @@ TEST(RandomDist, BadCallsAreRefusedOnEveryRank) {
   EXPECT_TRUE(at::equal(hp::DTensor(d.clone().uniform_()).full_tensor(), a));
 }
 
+// Ranks seeded differently would draw different weights and dropout masks: parallelize_module
+// names them before anything is distributed.
+TEST(RandomDist, RanksSeededDifferentlyAreNamedByParallelizeModule) {
+  namespace hnn = hyper_parallel::nn;
+  auto mesh = hp::init_device_mesh(test_device().str(), {hp::get_world_size()}, {"tp"});
+  torch::manual_seed(hp::get_rank() == 1 ? 12 : 11);
+  hnn::Linear layer(8, 8);
+  try {
+    hp::parallelize_module(*layer, mesh, hp::ColwiseParallel());
+    ADD_FAILURE() << "ranks with different seeds were not refused";
+  } catch (const c10::ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank(s) [1]"), std::string::npos) << m;
+    EXPECT_NE(m.find("random seed"), std::string::npos) << m;
+  }
+  torch::manual_seed(11);
+  hnn::Linear same(8, 8);
+  EXPECT_NO_THROW(hp::parallelize_module(*same, mesh, hp::ColwiseParallel()));
+}
+
 }  // namespace t_dist_dtensor_random_test
+
