@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -76,6 +78,54 @@ typename F::CausalLM parallel_model(const Args& a, const typename F::Config& cfg
 // Runs the training; with `mesh` as the job's plan, else as one process doing the same
 // arithmetic: every data-parallel rank's rows in turn (with mixed precision, on a bfloat16 copy
 // of the float32 weights), the gradients averaged in float32.
+// Bit patterns, for records that compare runs exactly.
+uint64_t bits_of(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+// FNV-1a over the bytes of every parameter and AdamW moment, gathered whole, in FQN order: each
+// rank's digest of what it holds, combined in rank order (pipeline stages hold different FQNs).
+uint64_t state_digest(torch::nn::Module& model, torch::optim::Optimizer& opt) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const at::Tensor& t) {
+    const at::Tensor c = (hp::is_dtensor(t) ? hp::DTensor(t).full_tensor() : t).contiguous().cpu();
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    for (int64_t i = 0; i < c.numel() * static_cast<int64_t>(c.element_size()); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  std::set<const void*> seen;
+  for (const auto& p : model.named_parameters()) {
+    if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+    mix(p.value());
+    auto it = opt.state().find(p.value().unsafeGetTensorImpl());
+    if (it == opt.state().end()) continue;
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    mix(st.exp_avg());
+    mix(st.exp_avg_sq());
+    mix(at::tensor(st.step()));
+  }
+  at::Tensor all = at::zeros({hp::get_world_size()}, at::kLong);
+  all[hp::get_rank()] = static_cast<int64_t>(h);
+  hp::all_reduce_(all, hp::ReduceOp::SUM, hp::world_group());
+  uint64_t out = 1469598103934665603ull;
+  for (int64_t r = 0; r < all.numel(); ++r) out = (out ^ static_cast<uint64_t>(all[r].item<int64_t>())) * 1099511628211ull;
+  return out;
+}
+
+// The batches of the run: --data's packed, shuffled token file read from its global sample
+// counter (its state goes into the train state), else windows of the --text bytes chosen by the
+// step alone.
+struct Batches {
+  Batches(const Args& a, const at::Tensor& text) : a(a), text(text) {
+    if (!a.data.empty()) dataset.emplace(a.data, hp::data::TokenDatasetOptions{a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});
+  }
+  std::pair<at::Tensor, at::Tensor> at_step(int64_t step) { return dataset ? dataset->next_batch(0, 1) : demo::batch_at(text, step, a); }
+  const Args& a;
+  const at::Tensor& text;
+  c10::optional<hp::data::TokenDataset> dataset;
+};
+
 template <class F>
 std::vector<double> train(const Args& a, const typename F::Config& cfg, const at::Tensor& data, const c10::optional<hp::DeviceMesh>& mesh,
                           bool verbose, typename F::CausalLM* trained = nullptr) {
@@ -119,22 +169,37 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
         [](const at::Tensor& out, const at::Tensor& target) { return qwen3::causal_lm_loss(out, target); }, hp::schedule_kind(a.schedule));
   }
   std::vector<double> losses;
-  for (int64_t step = 0; step < a.steps; ++step) {
-    auto [x_host, y_host] = demo::batch_at(data, step, a);
+  Batches batches(a, data);
+  // The parallel run is the one a user runs: it saves its train state every --checkpoint-every
+  // steps and, started again with the same command line, goes on from the newest committed one.
+  std::map<std::string, at::Tensor> extra;
+  hp::TrainState state{model.get(), &opt, &schedule_lr, batches.dataset ? &*batches.dataset : nullptr, &extra};
+  const bool checkpointing = mesh && !a.checkpoint_dir.empty();
+  if (checkpointing && hp::has_train_state(a.checkpoint_dir)) {
+    hp::load_train_state(a.checkpoint_dir, state);
+    const at::Tensor l = extra.at("losses");
+    losses.assign(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
+    if (verbose) std::printf("[parallel] resumed from the train state of step %lld in %s\n", static_cast<long long>(state.step), a.checkpoint_dir.c_str());
+  }
+  FILE* record = mesh && !a.record.empty() && hp::get_rank() == 0 ? std::fopen(a.record.c_str(), "a") : nullptr;
+  for (int64_t step = state.step; step < a.steps; ++step) {
+    if (mesh) hp::fault_point("forward", step);
+    auto [x_host, y_host] = batches.at_step(step);
     const at::Tensor x = x_host.to(device), y = y_host.to(device);
     hp::CommDebugMode comm;
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    double value = 0;
+    double value = 0, grad_norm = 0;
     if (mesh && schedule) {
       const at::Tensor rows_x = x.chunk(dp, 0)[dp_rank], rows_y = y.chunk(dp, 0)[dp_rank];
       const at::Tensor loss = schedule->step(stage->is_first() ? rows_x : at::Tensor(), stage->is_last() ? rows_y : at::Tensor());
+      hp::fault_point("backward", step);  // (the schedule ran forward and backward together)
       // The last stage's ranks hold the loss: averaged over dp, then handed to every stage.
       at::Tensor l = stage->is_last() ? loss.to(at::kFloat).reshape({1}) : at::zeros({1}, at::kFloat);
       for (int64_t d : {1, 2}) hp::all_reduce_(l, hp::ReduceOp::AVG, mesh->get_group(d));
       hp::all_reduce_(l, hp::ReduceOp::SUM, mesh->get_group(0));
       value = l.item<double>();
-      if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm, 2.0, false, (*mesh)["pp"]);
+      if (a.clip_grad_norm > 0) grad_norm = hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm, 2.0, false, (*mesh)["pp"]).template item<double>();
     } else if (mesh && a.dims.cp > 1) {
       // This rank's shard of each sequence (chunks r and 2·cp-1-r), its positions and labels
       // alike; the gradients averaged over cp (and by fully_shard over dp).
@@ -142,19 +207,21 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
       const auto shard = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.chunk(dp, 0)[dp_rank], cp, 1, true); };
       const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(x.size(1), cp, true).unsqueeze(0).to(device)}};
       at::Tensor loss = qwen3::causal_lm_loss(model(shard(x), positions), shard(y));
+      hp::fault_point("backward", step);
       loss.backward();
       hp::all_reduce_gradients(*model, cp);
       at::Tensor l = loss.detach().to(at::kFloat).reshape({1});
       for (int64_t d : {1, 2, 3}) hp::all_reduce_(l, hp::ReduceOp::AVG, mesh->get_group(d));
       value = l.item<double>();
-      if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
+      if (a.clip_grad_norm > 0) grad_norm = hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm).template item<double>();
     } else if (mesh) {
       at::Tensor loss = qwen3::causal_lm_loss(model(x.chunk(dp, 0)[dp_rank]), y.chunk(dp, 0)[dp_rank]);
+      hp::fault_point("backward", step);
       loss.backward();
       at::Tensor l = loss.detach().to(at::kFloat).reshape({1});
       for (int64_t d : {1, 2}) hp::all_reduce_(l, hp::ReduceOp::AVG, mesh->get_group(d));
       value = l.item<double>();
-      if (a.clip_grad_norm > 0) hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
+      if (a.clip_grad_norm > 0) grad_norm = hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm).template item<double>();
     } else {
       std::map<std::string, at::Tensor> grads;
       for (int64_t r = 0; r < dp; ++r) {
@@ -193,10 +260,26 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
       for (auto& [name, g] : grads) master[name].mutable_grad() = g;
       if (a.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm);
     }
+    if (mesh) hp::fault_point("optimizer_step", step);
+    const double lr = opt.param_groups()[0].options().get_lr();
     opt.step();
     schedule_lr.step();
+    if (record != nullptr) {
+      std::fprintf(record, "step %lld loss %016llx grad_norm %016llx lr %016llx\n", static_cast<long long>(step),
+                   static_cast<unsigned long long>(bits_of(value)), static_cast<unsigned long long>(bits_of(grad_norm)),
+                   static_cast<unsigned long long>(bits_of(lr)));
+      std::fflush(record);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(value);
+    state.step = step + 1;
+    state.tokens_seen += a.batch * a.seq;
+    if (checkpointing && a.checkpoint_every > 0 && (state.step % a.checkpoint_every == 0 || state.step == a.steps)) {
+      extra["losses"] = at::tensor(losses, at::kDouble);
+      hp::TrainStateSaveOptions so;
+      so.keep = a.keep;
+      hp::save_train_state(a.checkpoint_dir, state, so);
+    }
     if (verbose) {
       std::printf("[%s] step %3lld  loss %.5f  %8.0f tokens/s  collectives: %s\n", mesh ? "parallel" : "single",
                   static_cast<long long>(step), value, a.batch * a.seq / secs, comm.summary().c_str());
@@ -206,6 +289,11 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
   // Replicas that drifted apart (a gradient reduced over too few ranks) are an error here, not a
   // slow divergence of the loss curves later.
   if (mesh) hp::check_replicas_equal(*model, hp::world_group());
+  if (mesh && !a.record.empty()) {
+    const uint64_t digest = state_digest(*model, opt);
+    if (record != nullptr) std::fprintf(record, "final %016llx\n", static_cast<unsigned long long>(digest));
+  }
+  if (record != nullptr) std::fclose(record);
   if (trained) *trained = model;
   return losses;
 }
@@ -247,10 +335,25 @@ int run_family(Args a) {
   if (a.dims.cp > 1 && a.config.attention_dropout > 0) usage("--dropout with --cp: context parallelism does not draw attention dropout");
   if (a.dims.cp > 1 && a.dims.pp > 1) usage("--cp with --pp is not supported yet");
   auto mesh = a.dims.build_mesh(a.device);
-  at::Tensor data = demo::load_bytes(a.text);
-  if (data.numel() < a.seq + 2) usage("--seq " + std::to_string(a.seq) + " needs a text of more bytes than " + a.text + "'s " + std::to_string(data.numel()));
+  at::Tensor data;
+  std::string source;
+  if (a.data.empty()) {
+    data = demo::load_bytes(a.text);
+    if (data.numel() < a.seq + 2) usage("--seq " + std::to_string(a.seq) + " needs a text of more bytes than " + a.text + "'s " + std::to_string(data.numel()));
+    source = "text " + a.text + " (" + std::to_string(data.numel()) + " bytes)";
+  } else {
+    // The token file checked now, before any work: a bad file, a vocabulary larger than the model's.
+    try {
+      const hp::data::TokenDataset probe(a.data, {a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});
+      source = "tokens " + a.data + " (" + std::to_string(probe.file_info().num_tokens) + " tokens in " +
+               std::to_string(probe.file_info().num_documents) + " documents, " + std::to_string(probe.samples_per_epoch()) +
+               " sequences per epoch)";
+    } catch (const c10::ValueError& e) {
+      usage("--data: " + e.msg() + (e.msg().find("larger than the model's") != std::string::npos ? " (--vocab)" : ""));
+    }
+  }
   if (chief)
-    std::printf("%s, %lld parameters; text %s (%lld bytes); %s, "
+    std::printf("%s, %lld parameters; %s; %s, "
                 "sequence_parallel=%d, dropout=%g, mixed precision %s, activation checkpointing %s, clip-grad-norm %g\n",
                 F::describe(cfg).c_str(),
                 static_cast<long long>([&] {
@@ -259,16 +362,17 @@ int run_family(Args a) {
                   for (const auto& p : hp::unique_parameters(*typename F::CausalLM(cfg))) n += p.numel();
                   return n;
                 }()),
-                a.text.c_str(), static_cast<long long>(data.numel()), a.dims.to_string().c_str(), a.sequence_parallel,
+                source.c_str(), a.dims.to_string().c_str(), a.sequence_parallel,
                 a.config.attention_dropout, a.mixed_precision.c_str(), a.ac.to_string().c_str(), a.clip_grad_norm);
   const hp::DeviceMesh tp = mesh["tp"];
   typename F::CausalLM tp_model{nullptr};
   const std::vector<double> tp_losses = train<F>(a, cfg, data, mesh, chief, &tp_model);
   std::vector<double> single;
-  if (chief) single = train<F>(a, cfg, data, c10::nullopt, true);
+  if (chief && a.reference) single = train<F>(a, cfg, data, c10::nullopt, true);
   hp::barrier(hp::world_group());
   int rc = 0;
-  if (chief) {
+  if (chief && !a.reference) std::printf("final loss %.4f (parallel; --reference 0: no one-process run to compare with)\n", tp_losses.back());
+  if (chief && a.reference) {
     std::ofstream csv(a.csv);
     csv << "step,loss_tp,loss_single\n";
     double max_diff = 0;
@@ -286,7 +390,7 @@ int run_family(Args a) {
                               "points pt 7\" 2>/dev/null";
       if (std::system(cmd.c_str()) == 0) std::printf("plot written to %s\n", png.c_str());
     }
-    std::printf("final loss %.4f nats per byte (parallel), %.4f (single)\n", tp_losses.back(), single.back());
+    std::printf("final loss %.4f nats per token (parallel), %.4f (single)\n", tp_losses.back(), single.back());
     std::printf("max |loss_tp - loss_single| = %.3g\n", max_diff);
     if (a.mixed_precision == "bf16") {
       // bfloat16 rounds differently under another layout (partial sums, reduction order), and
@@ -313,9 +417,20 @@ int run_family(Args a) {
     hp::destroy_process_group();
     return rc;
   }
+  if (!a.data.empty() && a.tokenizer.empty()) {
+    if (chief) std::printf("--data without --tokenizer: the HF save and the generation that follows it are skipped\n");
+    hp::barrier(hp::world_group());
+    hp::destroy_process_group();
+    return rc;
+  }
   // The trained model as an HF checkpoint, then generation from it: with TP (no sequence
   // parallelism now: decoding goes one position at a time), and in one process.
-  const auto saved = F::save(*tp_model, a.save, hyper_parallel::models::byte_tokenizer_json());
+  std::string tokenizer_json = hyper_parallel::models::byte_tokenizer_json();
+  if (!a.tokenizer.empty()) {
+    std::ifstream in(a.tokenizer, std::ios::binary);
+    tokenizer_json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto saved = F::save(*tp_model, a.save, tokenizer_json);
   const auto tok = hyper_parallel::models::Tokenizer::from_file(a.save + "/tokenizer.json");
   const std::vector<int64_t> prompt = tok.encode(a.prompt);
   if (chief)

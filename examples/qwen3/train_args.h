@@ -46,6 +46,11 @@ struct Args {
   int64_t microbatches = 0;  // 0: 2 * pp
   // Context parallelism (--cp N): each sequence split over N ranks, head-tail load-balanced.
   std::string cp_mode = "ring";
+  // A training run as users run one: a token file of hp_tokenize's (else the --text bytes), its
+  // tokenizer for the HF save, and train states every K steps in D, resumed from on start.
+  std::string data, tokenizer, checkpoint_dir, record;
+  int64_t checkpoint_every = 0, keep = 2;
+  bool reference = true;  // the one-process run the parallel losses are compared with
 };
 
 constexpr const char* kFlags =
@@ -61,6 +66,13 @@ constexpr const char* kFlags =
     "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n"
     "       --lr-schedule constant|wsd (wsd: --warmup-steps N --decay-ratio X --decay-type linear|sqrt|cosine --lr-min X,\n"
     "       torchtitan's linear warmup, stable, decay over --steps; lr-min a factor of --lr)\n"
+    "       --vocab N (the model's vocabulary; default 256, the bytes of --text)\n"
+    "       --data FILE.tokens (hp_tokenize's token file, packed and shuffled by --seed, instead of --text)\n"
+    "       --tokenizer FILE (the tokenizer.json saved with the model; with --data, no HF save without it)\n"
+    "       --checkpoint-dir D --checkpoint-every K --keep N (train states every K steps, the newest N kept; a\n"
+    "       run resumes from D's newest committed one on its own, at any parallel layout)\n"
+    "       --record FILE (appends each step's loss, gradient norm and learning rate as bit patterns and the\n"
+    "       final state's digest) --reference 0|1 (the one-process comparison run; default 1)\n"
     "       --help (this text)\n";
 
 [[noreturn]] inline void usage(const std::string& msg) {
@@ -142,6 +154,17 @@ inline Args parse(int argc, char** argv) {
       (f == "--sequence-parallel" ? a.sequence_parallel : a.loss_parallel) = v == "1";
     }
     else if (f == "--text") a.text = v;
+    else if (f == "--vocab") a.config.vocab_size = num();
+    else if (f == "--data") a.data = v;
+    else if (f == "--tokenizer") a.tokenizer = v;
+    else if (f == "--checkpoint-dir") a.checkpoint_dir = v;
+    else if (f == "--checkpoint-every") a.checkpoint_every = num();
+    else if (f == "--keep") a.keep = num();
+    else if (f == "--record") a.record = v;
+    else if (f == "--reference") {
+      if (v != "0" && v != "1") usage("--reference is 0 or 1, got '" + v + "'");
+      a.reference = v == "1";
+    }
     else if (f == "--csv") a.csv = v;
     else if (f == "--device") {
       if (v != "cpu" && v != "cuda") usage("--device is cpu or cuda, got '" + v + "'");
@@ -178,6 +201,9 @@ inline Args parse(int argc, char** argv) {
     }
     else usage("unknown flag " + f);
   }
+  if (a.checkpoint_every > 0 && a.checkpoint_dir.empty()) usage("--checkpoint-every needs --checkpoint-dir");
+  if (!a.data.empty() && !std::ifstream(a.data)) usage("--data: cannot read " + a.data);
+  if (!a.tokenizer.empty() && !std::ifstream(a.tokenizer)) usage("--tokenizer: cannot read " + a.tokenizer);
   // Qwen3.5's published schedule needs 4 layers to hold both kinds.
   if (a.model == "qwen3_5" && !a.layers_given) a.config.num_layers = 4;
   // The schedule's options, checked as the schedule will check them.

@@ -2,6 +2,7 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/fault_injection.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/process_group.h>
@@ -108,7 +109,8 @@ void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
 
 }  // namespace
 
-void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes) {
+void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes,
+                                     int64_t step) {
   HP_CHECK_T(c10::ValueError, keep >= 1, "hyper_parallel::", what, ": keep must be at least 1, got ", keep);
   bool has_dtensors = false;
   for (const auto& e : entries) has_dtensors = has_dtensors || is_dtensor(e.value);
@@ -142,12 +144,14 @@ void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const st
   for (const auto& e : entries) pieces.push_back(piece_of(e));
   std::string err = on_rank(rank < world, [&] { write_rank_files(entries, pieces, gdir, gen, rank); });
   fault_point("before_agree", rank);
+  if (step >= 0) hyper_parallel::fault_point("mid_save", step);
   try {
     agree(distributed, err, what, unchanged);
   } catch (...) {
     cleanup();
     throw;
   }
+  if (step >= 0) hyper_parallel::fault_point("before_commit", step);
   err = on_rank(rank == 0, [&] { commit_generation(entries, dir, gen, world); });
   if (!err.empty()) cleanup();
   agree(distributed, err, what, unchanged);

@@ -13,8 +13,10 @@ namespace checkpoint_layout {
 
 /// Saves `entries` as one committed generation of `dir` (the protocol of save_sharded), keeping
 /// the newest `keep`. With `every_rank_writes`, every rank writes its file even when nothing is a
-/// DTensor (its entries may differ from the others'). Collective; errors name `what`.
-void save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes);
+/// DTensor (its entries may differ from the others'). Collective; errors name `what`. With
+/// `step` >= 0 it marks the fault points "mid_save" and "before_commit" of that step.
+void save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes,
+                  int64_t step = -1);
 
 /// The committed generation of `dir`: LATEST, the tensors every rank declared, every rank's pieces.
 struct SavedIndex {

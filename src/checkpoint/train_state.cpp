@@ -179,7 +179,7 @@ void save_train_state(const std::string& dir, const TrainState& state, const Tra
                                                  at::kLong),
                               world, rank));
   entries.push_back(row_entry(kRngCpu, cpu_generator_state(), world, rank));
-  save_entries(entries, dir, options.keep, kSave, /*every_rank_writes=*/true);
+  save_entries(entries, dir, options.keep, kSave, /*every_rank_writes=*/true, state.step);
 }
 
 bool has_train_state(const std::string& dir) { return committed_seq(dir) > 0; }
