@@ -342,15 +342,10 @@ int run_family(Args a) {
     if (data.numel() < a.seq + 2) usage("--seq " + std::to_string(a.seq) + " needs a text of more bytes than " + a.text + "'s " + std::to_string(data.numel()));
     source = "text " + a.text + " (" + std::to_string(data.numel()) + " bytes)";
   } else {
-    // The token file checked now, before any work: a bad file, a vocabulary larger than the model's.
-    try {
-      const hp::data::TokenDataset probe(a.data, {a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});
-      source = "tokens " + a.data + " (" + std::to_string(probe.file_info().num_tokens) + " tokens in " +
-               std::to_string(probe.file_info().num_documents) + " documents, " + std::to_string(probe.samples_per_epoch()) +
-               " sequences per epoch)";
-    } catch (const c10::ValueError& e) {
-      usage("--data: " + e.msg() + (e.msg().find("larger than the model's") != std::string::npos ? " (--vocab)" : ""));
-    }
+    const hp::data::TokenDataset probe(a.data, {a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});  // checked by parse
+    source = "tokens " + a.data + " (" + std::to_string(probe.file_info().num_tokens) + " tokens in " +
+             std::to_string(probe.file_info().num_documents) + " documents, " + std::to_string(probe.samples_per_epoch()) +
+             " sequences per epoch)";
   }
   if (chief)
     std::printf("%s, %lld parameters; %s; %s, "

@@ -203,6 +203,14 @@ inline Args parse(int argc, char** argv) {
   }
   if (a.checkpoint_every > 0 && a.checkpoint_dir.empty()) usage("--checkpoint-every needs --checkpoint-dir");
   if (!a.data.empty() && !std::ifstream(a.data)) usage("--data: cannot read " + a.data);
+  if (!a.data.empty()) {
+    // The token file checked now, before any work: a bad file, a vocabulary larger than the model's.
+    try {
+      hp::data::TokenDataset probe(a.data, {a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});
+    } catch (const c10::ValueError& e) {
+      usage("--data: " + e.msg() + (e.msg().find("larger than the model's") != std::string::npos ? " (--vocab)" : ""));
+    }
+  }
   if (!a.tokenizer.empty() && !std::ifstream(a.tokenizer)) usage("--tokenizer: cannot read " + a.tokenizer);
   // Qwen3.5's published schedule needs 4 layers to hold both kinds.
   if (a.model == "qwen3_5" && !a.layers_given) a.config.num_layers = 4;

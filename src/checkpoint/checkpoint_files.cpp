@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,16 +18,25 @@ namespace hyper_parallel {
 namespace checkpoint_files {
 namespace {
 
+// Slicing by 8: eight bytes per step through eight tables (t[k][b]: byte b followed by k zero
+// bytes), about five times the byte-at-a-time loop; the same CRC.
 struct CrcTable {
-  uint32_t t[256];
+  uint32_t t[8][256];
   CrcTable() {
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      t[0][i] = c;
     }
+    for (int k = 1; k < 8; ++k)
+      for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   }
 };
+
+uint32_t load32_le(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+         (static_cast<uint32_t>(p[3]) << 24);
+}
 
 }  // namespace
 
@@ -63,9 +73,48 @@ void write_all(int fd, const std::string& path, const std::string& bytes) {
 uint32_t crc32(const void* data, size_t n, uint32_t crc) {
   static const CrcTable table;
   const auto* p = static_cast<const unsigned char*>(data);
+  const auto& t = table.t;
   crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table.t[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  for (; n >= 8; n -= 8, p += 8) {
+    const uint32_t one = load32_le(p) ^ crc, two = load32_le(p + 4);
+    crc = t[7][one & 0xFFu] ^ t[6][(one >> 8) & 0xFFu] ^ t[5][(one >> 16) & 0xFFu] ^ t[4][one >> 24] ^ t[3][two & 0xFFu] ^
+          t[2][(two >> 8) & 0xFFu] ^ t[1][(two >> 16) & 0xFFu] ^ t[0][two >> 24];
+  }
+  for (; n > 0; --n, ++p) crc = t[0][(crc ^ *p) & 0xFFu] ^ (crc >> 8);
   return ~crc;
+}
+
+FileWriter::FileWriter(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) os_error("create", path_, errno);
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileWriter::write(const void* data, size_t n) {
+  crc_ = crc32(data, n, crc_);
+  size_ += static_cast<int64_t>(n);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) os_error("write", path_, w < 0 ? errno : ENOSPC);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void FileWriter::finish() {
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    os_error("fsync", path_, err);
+  }
+  if (::close(fd) != 0) os_error("close", path_, errno);
 }
 
 void write_file(const std::string& path, const std::string& bytes) {
@@ -106,6 +155,31 @@ std::string read_file(const std::string& path, int64_t max_bytes, const char* wh
   in.read(bytes.data(), size);
   HP_CHECK_T(c10::ValueError, in.gcount() == size, "hyper_parallel::", what, ": ", path, " changed while it was read");
   return bytes;
+}
+
+MappedFile::MappedFile(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HP_CHECK_T(c10::ValueError, fd >= 0, "hyper_parallel::", what, ": cannot open ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::", what, ": cannot stat ", path, ": ", std::strerror(err));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    HP_CHECK_T(c10::ValueError, m != MAP_FAILED, "hyper_parallel::", what, ": cannot map ", path, ": ", std::strerror(err));
+    data_ = static_cast<const char*>(m);
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
 }
 
 void remove_tree(const std::string& path) {

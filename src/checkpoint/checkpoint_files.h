@@ -17,6 +17,40 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 /// Writes `bytes` to `path` (created or truncated), checks every write and fsyncs the file.
 /// Throws c10::Error naming the path and the OS error (ENOSPC, EFBIG, EIO, ...).
 void write_file(const std::string& path, const std::string& bytes);
+/// A file written in pieces (e.g. an archive streamed out), every write checked, its size and CRC
+/// kept; finish() fsyncs and closes it. Throws c10::Error naming the path and the OS error.
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  void write(const void* data, size_t n);
+  void finish();
+  int64_t size() const { return size_; }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+  uint32_t crc_ = 0;
+};
+/// A file mapped read-only (a checkpoint's shards read without a copy into memory first).
+/// c10::ValueError "<what>: ..." naming it when it is missing or cannot be mapped.
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, const char* what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
 /// Writes `bytes` to `path + ".tmp"`, fsyncs it, renames it over `path` and fsyncs the directory:
 /// readers see the old file or the new one, never a mix.
 void replace_file(const std::string& path, const std::string& bytes);

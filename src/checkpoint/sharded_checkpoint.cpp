@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <exception>
 #include <sstream>
 
 #include "checkpoint_files.h"
@@ -75,12 +76,26 @@ void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece
     meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data.sizes()) + " " +
             std::to_string(tensor_crc(data)) + "\n";
   }
-  std::ostringstream bytes;  // serialised in memory: the file writes below are all checked
-  archive.save_to(bytes);
-  const std::string pt = bytes.str();
-  cf::write_file(rank_file(gdir, rank, ".pt"), pt);
+  // Streamed to the file as the archive serialises (no copy of the shards in memory), every
+  // write checked, the file's size and crc taken on the way.
+  // The writer runs inside the archive's zip code, which aborts the process when a write comes up
+  // short (its destructor throws): a failed write is taken as done, the rest of the archive is
+  // dropped, and our error (the file and the OS error) is raised once the archive is closed.
+  cf::FileWriter pt(rank_file(gdir, rank, ".pt"));
+  std::exception_ptr failed;
+  archive.save_to([&](const void* data, size_t n) -> size_t {
+    if (failed) return n;
+    try {
+      pt.write(data, n);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    return n;
+  });
+  if (failed) std::rethrow_exception(failed);
+  pt.finish();
   fault_point("after_pt", rank);
-  meta += "bytes " + std::to_string(pt.size()) + " " + std::to_string(cf::crc32(pt.data(), pt.size())) + "\n";
+  meta += "bytes " + std::to_string(pt.size()) + " " + std::to_string(pt.crc()) + "\n";
   cf::write_file(rank_file(gdir, rank, ".meta"), cf::seal(meta));
 }
 
@@ -191,9 +206,15 @@ struct Read {
 // The regions of the saved pieces that this rank's shards need, each once (pieces of Replicate
 // dims repeat on several ranks); throws when they do not cover the shards exactly.
 std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vector<RankMeta>& ranks, const char* what) {
+  // A region several ranks saved (a replicated tensor) is read from this rank's own file when it
+  // has one, so that ranks do not all open rank 0's.
   std::map<std::string, std::vector<const SavedPiece*>> by_name;
-  for (const auto& rm : ranks)
-    for (const auto& p : rm.pieces) by_name[p.name].push_back(&p);
+  const int64_t me = is_initialized() ? get_rank() : 0;
+  if (me < static_cast<int64_t>(ranks.size()))
+    for (const auto& p : ranks[static_cast<size_t>(me)].pieces) by_name[p.name].push_back(&p);
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (static_cast<int64_t>(r) != me)
+      for (const auto& p : ranks[r].pieces) by_name[p.name].push_back(&p);
   std::vector<Read> reads;
   for (size_t k = 0; k < entries.size(); ++k) {
     auto [shape, off] = local_box_of(entries[k]);
@@ -216,52 +237,71 @@ std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vecto
   return reads;
 }
 
-// The archive of rank `r`'s .pt file, its size checked first. A file whose crc does not match is
-// still opened, so that the piece it damaged can be named; `damaged` records it, and the load
-// fails on it even when every piece this rank reads is intact.
-torch::serialize::InputArchive& archive_of(std::map<int64_t, torch::serialize::InputArchive>& archives, int64_t r,
-                                           const std::string& gdir, const RankMeta& rm, std::set<int64_t>& damaged) {
-  auto it = archives.find(r);
-  if (it != archives.end()) return it->second;
+// A rank's .pt file opened: mapped, its crc checked, its archive parsed.
+struct OpenedFile {
+  std::unique_ptr<cf::MappedFile> map;
+  torch::serialize::InputArchive archive;
+  bool damaged = false;  // its crc does not match: every piece read from it is checked on its own
+};
+
+// Rank `r`'s .pt file, its size checked first. A file whose crc does not match is still opened,
+// so that the piece it damaged can be named; the load fails on it even when every piece this rank
+// reads is intact.
+OpenedFile& open_rank_file(std::map<int64_t, OpenedFile>& files, int64_t r, const std::string& gdir, const RankMeta& rm) {
+  auto it = files.find(r);
+  if (it != files.end()) return it->second;
   const std::string path = rank_file(gdir, r, ".pt");
   const int64_t size = cf::file_size(path);
   if (size != rm.pt_bytes)
     cf::corrupt_file(path, "it has " + std::to_string(size) + " bytes, " + std::to_string(rm.pt_bytes) + " were written");
-  const std::string bytes = cf::read_file(path, rm.pt_bytes);
-  if (cf::crc32(bytes.data(), bytes.size()) != rm.pt_crc) damaged.insert(r);
+  OpenedFile& f = files[r];
+  f.map = std::make_unique<cf::MappedFile>(path, "load_sharded");
+  f.damaged = cf::crc32(f.map->data(), f.map->size()) != rm.pt_crc;
   try {
-    archives[r].load_from(bytes.data(), bytes.size());
+    f.archive.load_from(f.map->data(), f.map->size());
   } catch (const std::exception& e) {
-    archives.erase(r);
-    cf::corrupt_file(path, damaged.count(r) ? "its crc does not match (flipped bytes)" : message_of(e));
+    const bool damaged = f.damaged;
+    files.erase(r);
+    cf::corrupt_file(path, damaged ? "its crc does not match (flipped bytes)" : message_of(e));
   }
-  return archives[r];
+  return f;
 }
 
-// Reads and verifies every region into `staged` (one contiguous tensor per entry).
-void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ranks, const Metadata& meta,
-                 const std::string& gdir, std::vector<at::Tensor>& staged) {
-  std::map<int64_t, torch::serialize::InputArchive> archives;
-  std::set<int64_t> damaged;
+// Reads and verifies every region into `staged` (one contiguous tensor per entry of `shapes`): a
+// piece that is the whole of an entry's box becomes its staged tensor without a copy.
+void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ranks, const Metadata& meta, const std::string& gdir,
+                 const std::vector<std::vector<int64_t>>& shapes, const std::vector<at::TensorOptions>& options,
+                 std::vector<at::Tensor>& staged) {
+  std::map<int64_t, OpenedFile> files;
   for (const Read& n : reads) {
     const int64_t r = n.piece->rank;
     const std::string path = rank_file(gdir, r, ".pt");
     const std::string piece = "the piece of '" + n.piece->name + "' at offset [" + join(n.piece->offset) + "]";
     auto corrupt = [&](const std::string& why) { cf::corrupt_file(path, why); };
     at::Tensor saved;
+    bool damaged = false;
     try {
-      archive_of(archives, r, gdir, ranks[static_cast<size_t>(r)], damaged).read(n.piece->name, saved, /*is_buffer=*/true);
+      OpenedFile& f = open_rank_file(files, r, gdir, ranks[static_cast<size_t>(r)]);
+      damaged = f.damaged;
+      f.archive.read(n.piece->name, saved, /*is_buffer=*/true);
     } catch (const c10::ValueError&) {
       throw;
     } catch (const std::exception& e) {
-      corrupt(piece + " cannot be read" + (damaged.count(r) ? " (the file's crc does not match: flipped bytes)" : "") + ": " +
-              message_of(e));
+      corrupt(piece + " cannot be read" + (damaged ? " (the file's crc does not match: flipped bytes)" : "") + ": " + message_of(e));
     }
     if (saved.sizes() != c10::IntArrayRef(n.piece->shape) ||
         saved.scalar_type() != static_cast<at::ScalarType>(meta.tensors.at(n.piece->name).dtype))
       corrupt("the piece of '" + n.piece->name + "' has shape " + c10::str(saved.sizes()) + " where its metadata says " +
               c10::str(c10::IntArrayRef(n.piece->shape)));
-    if (tensor_crc(saved) != n.piece->crc) corrupt("the crc of " + piece + " does not match (flipped bytes)");
+    // The file's crc covers every byte of an intact file; a piece's own crc names the damage.
+    if (damaged && tensor_crc(saved) != n.piece->crc) corrupt("the crc of " + piece + " does not match (flipped bytes)");
+    const bool whole = c10::IntArrayRef(n.len) == c10::IntArrayRef(n.piece->shape) &&
+                       c10::IntArrayRef(n.len) == c10::IntArrayRef(shapes[n.entry]);
+    if (whole && !staged[n.entry].defined() && saved.is_contiguous()) {
+      staged[n.entry] = saved.to(options[n.entry]);
+      continue;
+    }
+    if (!staged[n.entry].defined()) staged[n.entry] = at::empty(shapes[n.entry], options[n.entry]);
     std::vector<int64_t> src_start(n.lo.size()), dst_start(n.lo.size());
     for (size_t d = 0; d < n.lo.size(); ++d) {
       src_start[d] = n.lo[d] - n.piece->offset[d];
@@ -269,7 +309,10 @@ void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ra
     }
     box(staged[n.entry], dst_start, n.len).copy_(box(saved, src_start, n.len));
   }
-  if (!damaged.empty()) cf::corrupt_file(rank_file(gdir, *damaged.begin(), ".pt"), "its crc does not match (flipped bytes)");
+  for (const auto& [r, f] : files)
+    if (f.damaged) cf::corrupt_file(rank_file(gdir, r, ".pt"), "its crc does not match (flipped bytes)");
+  for (size_t k = 0; k < staged.size(); ++k)
+    if (!staged[k].defined()) staged[k] = at::empty(shapes[k], options[k]);  // an empty box: nothing to read
 }
 
 }  // namespace
@@ -287,9 +330,14 @@ std::vector<at::Tensor> checkpoint_layout::read_entries(const SavedIndex& index,
                                      const char* what) {
   check_entries(entries, index.meta, dir, what);
   const std::vector<Read> reads = plan_reads(entries, index.ranks, what);
-  std::vector<at::Tensor> staged;
-  for (const auto& e : entries) staged.push_back(at::empty(local_box_of(e).first, local_tensor(e.value).options()));
-  stage_reads(reads, index.ranks, index.meta, index.gdir, staged);
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::TensorOptions> options;
+  for (const auto& e : entries) {
+    shapes.push_back(local_box_of(e).first);
+    options.push_back(local_tensor(e.value).options());
+  }
+  std::vector<at::Tensor> staged(entries.size());
+  stage_reads(reads, index.ranks, index.meta, index.gdir, shapes, options, staged);
   return staged;
 }
 

@@ -2,11 +2,11 @@
 # Every program ends bad input with one line "error: <message>" per rank and exit status 1: no
 # abort, no C++ stack dump (unless TORCH_SHOW_CPP_STACKTRACES=1), and only valid UTF-8 in what it
 # prints, even when the message quotes bytes of a corrupt file.
-#   programs_fail_cleanly.sh HPRUN HP_GENERATE HP_PLAN HF_REF WORKDIR QWEN3_TRAIN
+#   programs_fail_cleanly.sh HPRUN HP_GENERATE HP_PLAN HF_REF WORKDIR QWEN3_TRAIN HP_TOKENIZE
 # A bad flag is refused before any work with exit status 2, a line naming the flag and what it
 # accepts, and the usage; --help prints the usage and exits 0.
 set -u
-hprun=$1 generate=$2 plan=$3 ref=$4 work=$5 train=$6
+hprun=$1 generate=$2 plan=$3 ref=$4 work=$5 train=$6 tokenize=$7
 rm -rf "$work" && mkdir -p "$work"
 failed=0
 
@@ -116,7 +116,16 @@ flag_case "generate --top-p 1.5" "--top-p needs a number in (0, 1]" "$generate" 
 flag_case "generate --seed -1" "--seed needs a number" "$generate" --model "$work/missing" --prompt-ids 1 --seed -1
 flag_case "generate --prompt-ids 1,x" "--prompt-ids takes comma-separated token ids" "$generate" --model "$work/missing" --prompt-ids 1,x
 flag_case "hprun --grace-s x" "--grace-s needs a positive number" "$hprun" --grace-s x true
-for prog in "$train" "$generate" "$plan" "$hprun"; do
+flag_case "hprun --max-restarts -1" "--max-restarts needs an integer >= 0" "$hprun" --max-restarts -1 true
+flag_case "qwen3_train --checkpoint-every 2 alone" "--checkpoint-every needs --checkpoint-dir" "$train" --checkpoint-every 2
+flag_case "qwen3_train --data missing" "--data: cannot read" "$train" --data "$work/missing.tokens"
+printf 'not a token file, but long enough to hold a header of sixty-four bytes ......' >"$work/bad.tokens"
+flag_case "qwen3_train --data not tokens" "is not a token file" "$train" --data "$work/bad.tokens"
+flag_case "hp_tokenize --threads 0" "--threads takes a whole number from 1 to 1024" "$tokenize" --tokenizer "$ref/tokenizer" --output "$work/x.tokens" --threads 0 "$work/bad.tokens"
+flag_case "hp_tokenize no input" "no input files given" "$tokenize" --tokenizer "$ref/tokenizer" --output "$work/x.tokens"
+flag_case "hp_tokenize missing input" "is not a file" "$tokenize" --tokenizer "$ref/tokenizer" --output "$work/x.tokens" "$work/nothing.txt"
+HP_FAULT="1:sideways:3" case_ "HP_FAULT malformed" "unknown phase 'sideways'" "$hprun" --nproc-per-node 2 "$train" --steps 2 --seq 16 --batch 2 --reference 0 --checkpoint-dir "$work/fault_ck"
+for prog in "$train" "$generate" "$plan" "$hprun" "$tokenize"; do
   out=$("$prog" --help 2>/dev/null)
   rc=$?
   if [ "$rc" -eq 0 ] && grep -qE "usage|flags" <<<"$out"; then echo "ok   $(basename "$prog") --help"; else
