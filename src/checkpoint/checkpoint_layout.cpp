@@ -130,6 +130,17 @@ void check_id(const cf::Lines& l, uint64_t id, const std::string& path) {
              hex(id), " (the committed one): files of different saves are mixed");
 }
 
+namespace {
+// A "tensor <name> <dtype> <shape>" line.
+std::pair<std::string, TensorMeta> tensor_line(const cf::Lines& l, size_t i) {
+  TensorMeta t;
+  std::string name = l.token(i, 1, "tensor name");
+  t.dtype = l.integer(i, 2, "tensor dtype", 0, static_cast<int64_t>(at::ScalarType::NumOptions) - 1);
+  t.shape = l.integers(i, 3, "tensor shape", 0, kMaxExtent, kMaxDims);
+  return {std::move(name), std::move(t)};
+}
+}  // namespace
+
 Metadata read_metadata(const std::string& gdir, const Latest& latest) {
   const std::string path = gdir + "/metadata";
   cf::Lines l(path, cf::read_file(path, kMaxMetaBytes), kMagic);
@@ -139,10 +150,7 @@ Metadata read_metadata(const std::string& gdir, const Latest& latest) {
   if (m.world_size != latest.world_size) l.fail("its world_size differs from LATEST's");
   for (size_t i = 1; i < l.size(); ++i) {
     if (l.line(i).empty() || l.line(i)[0] != "tensor") continue;
-    TensorMeta t;
-    const std::string& name = l.token(i, 1, "tensor name");
-    t.dtype = l.integer(i, 2, "tensor dtype", 0, static_cast<int64_t>(at::ScalarType::NumOptions) - 1);
-    t.shape = l.integers(i, 3, "tensor shape", 0, kMaxExtent, kMaxDims);
+    auto [name, t] = tensor_line(l, i);
     if (!m.tensors.emplace(name, std::move(t)).second) l.fail("tensor '" + name + "' appears twice");
   }
   return m;
@@ -161,10 +169,7 @@ RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest
   out.pt_crc = static_cast<uint32_t>(l.integer(b, 2, "pt crc", 0, 0xFFFFFFFFll));
   for (size_t i = 1; i < l.size(); ++i) {
     if (l.line(i).empty() || l.line(i)[0] != "tensor") continue;
-    TensorMeta t;
-    const std::string& name = l.token(i, 1, "tensor name");
-    t.dtype = l.integer(i, 2, "tensor dtype", 0, static_cast<int64_t>(at::ScalarType::NumOptions) - 1);
-    t.shape = l.integers(i, 3, "tensor shape", 0, kMaxExtent, kMaxDims);
+    const auto [name, t] = tensor_line(l, i);
     auto [it, fresh] = meta.tensors.emplace(name, t);
     if (!fresh && (it->second.shape != t.shape || it->second.dtype != t.dtype))
       l.fail("tensor '" + name + "' has another shape or dtype than the metadata gives it");

@@ -11,24 +11,20 @@
 #include <filesystem>
 
 #include "../nn/training_util.h"
+#include "train_state_util.h"
 
 #include <hyper_parallel/models/qwen3/parallelize.h>
 
 using namespace training_test;
+using train_state_test::Scratch;
+using train_state_test::same_bits;
 namespace hnn = hyper_parallel::nn;
 
 // Its own namespace: the test units are compiled in unity batches, where files share a scope.
 namespace t_dist_checkpoint_train_state_layouts_test {
 namespace {
 
-qwen3::Config moe_config() {
-  qwen3::Config c = small_config();
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16;
-  c.mlp_only_layers = {0};
-  return c;
-}
+qwen3::Config moe_config() { return small_moe_config(); }
 
 // A model and its optimizer at one layout of the 4 ranks.
 struct Layout {
@@ -117,45 +113,13 @@ struct Layout {
   }
   std::vector<uint32_t> record;
 
-  // Every parameter and moment this rank holds, gathered whole, by FQN.
-  std::map<std::string, at::Tensor> gathered() {
-    std::map<std::string, at::Tensor> out;
-    for (const auto& p : model->named_parameters()) {
-      out[p.key()] = whole(p.value()).clone();
-      auto it = opt->state().find(p.value().unsafeGetTensorImpl());
-      if (it == opt->state().end()) continue;
-      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      out[p.key() + ".exp_avg"] = whole(s.exp_avg()).clone();
-      out[p.key() + ".exp_avg_sq"] = whole(s.exp_avg_sq()).clone();
-      out[p.key() + ".step"] = at::tensor(s.step());
-    }
-    return out;
-  }
+  std::map<std::string, at::Tensor> gathered() { return train_state_test::gathered_state(*model, *opt); }
 
   c10::optional<hp::DeviceMesh> mesh;
   qwen3::CausalLM model{nullptr};
   std::unique_ptr<torch::optim::AdamW> opt;
   hp::TrainState state;
 };
-
-struct Scratch {
-  explicit Scratch(const std::string& name) {
-    const char* port = std::getenv("MASTER_PORT");
-    path = "/tmp/hp_train_layouts_" + std::string(port ? port : "0") + "_" + name;
-    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
-    hp::barrier(hp::world_group());
-  }
-  ~Scratch() {
-    hp::barrier(hp::world_group());
-    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
-  }
-  std::string path;
-};
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
-}
 
 // Every entry of `part` is in `all` with the same bits (`part`: what one rank holds).
 void expect_subset(const std::map<std::string, at::Tensor>& part, const std::map<std::string, at::Tensor>& all, const std::string& what) {

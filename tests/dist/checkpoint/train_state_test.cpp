@@ -13,27 +13,14 @@
 
 #include "../../common/test_files.h"
 #include "../tensor_parallel/tp_models.h"
+#include "train_state_util.h"
 
 using namespace tp_test;
+using train_state_test::Scratch;
 
 // Its own namespace: the test units are compiled in unity batches, where files share a scope.
 namespace t_dist_checkpoint_train_state_test {
 namespace {
-
-struct Scratch {
-  explicit Scratch(const std::string& name) {
-    const char* port = std::getenv("MASTER_PORT");
-    path = "/tmp/hp_train_state_" + std::string(port ? port : "0") + "_" + name;
-    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
-    hp::barrier(hp::world_group());
-  }
-  ~Scratch() {
-    hp::barrier(hp::world_group());
-    if (hp::get_rank() == 0) std::filesystem::remove_all(path);
-  }
-  operator const std::string&() const { return path; }
-  std::string path;
-};
 
 // An MLP, a norm, and a layer no forward uses (its gradient is never defined).
 class NetImpl : public hnn::ModuleBase<NetImpl> {
@@ -107,20 +94,7 @@ struct Trainer {
     return u;
   }
 
-  // Every parameter and moment whole, by name.
-  std::map<std::string, at::Tensor> gathered() {
-    std::map<std::string, at::Tensor> out;
-    for (const auto& p : model->named_parameters()) {
-      out[p.key()] = full(p.value()).clone();
-      auto it = opt->state().find(p.value().unsafeGetTensorImpl());
-      if (it == opt->state().end()) continue;
-      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      out[p.key() + ".exp_avg"] = full(s.exp_avg()).clone();
-      out[p.key() + ".exp_avg_sq"] = full(s.exp_avg_sq()).clone();
-      out[p.key() + ".step"] = at::tensor(s.step());
-    }
-    return out;
-  }
+  std::map<std::string, at::Tensor> gathered() { return train_state_test::gathered_state(*model, *opt); }
 
   Layout layout;
   c10::optional<hp::DeviceMesh> mesh;
@@ -144,8 +118,7 @@ bool bitwise_equal(const std::map<std::string, at::Tensor>& a, const std::map<st
   }
   for (const auto& [k, v] : a) {
     auto it = b.find(k);
-    if (it == b.end() || v.sizes() != it->second.sizes() || v.scalar_type() != it->second.scalar_type() ||
-        std::memcmp(v.contiguous().data_ptr(), it->second.contiguous().data_ptr(), v.numel() * v.element_size()) != 0) {
+    if (it == b.end() || !train_state_test::same_bits(v, it->second)) {
       if (why) *why = k;
       return false;
     }

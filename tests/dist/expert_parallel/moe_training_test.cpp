@@ -21,16 +21,7 @@ namespace hnn = hyper_parallel::nn;
 namespace t_dist_expert_parallel_moe_training_test {
 namespace {
 
-qwen3::Config moe_config() {
-  qwen3::Config c = small_config();
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16;
-  c.norm_topk_prob = true;
-  c.mlp_only_layers = {0};
-  c.router_aux_loss_coef = 0.05;  // large enough that its gradient shows
-  return c;
-}
+qwen3::Config moe_config() { return small_moe_config(); }
 
 void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
   ASSERT_EQ(dp * ep * tp, hp::get_world_size());

@@ -26,6 +26,19 @@ inline qwen3::Config small_config(double dropout = 0.0, bool tied = false) {
   return c;
 }
 
+/// small_config with a sparse second layer: 4 experts, top-2, normalised, the aux loss weighted
+/// enough that its gradient shows.
+inline qwen3::Config small_moe_config() {
+  qwen3::Config c = small_config();
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  c.mlp_only_layers = {0};
+  c.router_aux_loss_coef = 0.05;
+  return c;
+}
+
 /// The rows of `global` (dim 0) that data-parallel rank `rank` of `size` trains on.
 inline at::Tensor dp_rows(const at::Tensor& global, int64_t rank, int64_t size) {
   return global.chunk(size, 0)[rank].contiguous();
