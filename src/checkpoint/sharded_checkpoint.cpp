@@ -33,12 +33,6 @@ std::string checkpoint_generation_dir(const std::string& dir) { return gen_dir(d
 
 namespace {
 
-// A generation being written: its number and random id (every file of it carries the id).
-struct Generation {
-  int64_t seq = 0;
-  uint64_t id = 0;
-};
-
 // Step 1 on rank 0: clears generations that never committed and opens the next one beside the
 // committed one.
 Generation open_generation(const std::string& dir, const char* what) {
@@ -124,54 +118,78 @@ void prune_generations(const std::string& dir, int64_t keep, int64_t current) {
 
 }  // namespace
 
-void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes,
-                                     int64_t step) {
+namespace {
+// Each step ends with every rank agreeing that every rank succeeded: nobody goes on alone.
+std::string on_rank(bool mine, const std::function<void()>& step) {
+  std::string err;
+  if (mine) {
+    try {
+      step();
+    } catch (const std::exception& e) {
+      err = message_of(e);
+    }
+  }
+  return err;
+}
+}  // namespace
+
+PendingSave checkpoint_layout::begin_save(std::vector<Entry> entries, const std::string& dir, int64_t keep, const char* what,
+                                          bool every_rank_writes, int64_t step, bool copy) {
   HP_CHECK_T(c10::ValueError, keep >= 1, "hyper_parallel::", what, ": keep must be at least 1, got ", keep);
+  PendingSave s;
   bool has_dtensors = false;
   for (const auto& e : entries) has_dtensors = has_dtensors || is_dtensor(e.value);
-  const bool distributed = is_initialized();
+  s.distributed = is_initialized();
   // Entries without DTensors are the same on every rank: rank 0 writes a 1-rank checkpoint.
-  const int64_t rank = distributed ? get_rank() : 0;
-  const int64_t world = distributed && (has_dtensors || every_rank_writes) ? get_world_size() : 1;
-  const std::string unchanged = "; the checkpoint in " + dir + " is unchanged";
-  // Each step ends with every rank agreeing that every rank succeeded: nobody goes on alone.
-  auto on_rank = [&](bool mine, const std::function<void()>& step) {
-    std::string err;
-    if (mine) {
-      try {
-        step();
-      } catch (const std::exception& e) {
-        err = message_of(e);
-      }
-    }
-    return err;
-  };
-
-  Generation gen;
-  agree(distributed, on_rank(rank == 0, [&] { gen = open_generation(dir, what); }), what, unchanged);
-  if (distributed) gen = broadcast_generation(gen);
-  const std::string gdir = gen_dir(dir, gen.seq);
-  const auto cleanup = [&] {
-    if (rank == 0) cf::remove_tree(gdir);
-  };
+  s.rank = s.distributed ? get_rank() : 0;
+  s.world = s.distributed && (has_dtensors || every_rank_writes) ? get_world_size() : 1;
+  s.dir = dir;
+  s.what = what;
+  s.keep = keep;
+  s.step = step;
+  agree(s.distributed, on_rank(s.rank == 0, [&] { s.gen = open_generation(dir, what); }), what, s.unchanged());
+  if (s.distributed) s.gen = broadcast_generation(s.gen);
   // Partial values are reduced first: a collective every rank joins before anything can fail.
-  std::vector<Piece> pieces;
-  for (const auto& e : entries) pieces.push_back(piece_of(e));
-  std::string err = on_rank(rank < world, [&] { write_rank_files(entries, pieces, gdir, gen, rank); });
-  fault_point("before_agree", rank);
-  if (step >= 0) hyper_parallel::fault_point("mid_save", step);
+  for (const auto& e : entries) {
+    Piece p = piece_of(e);
+    if (copy) p.data = p.data.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    s.pieces.push_back(std::move(p));
+  }
+  s.entries = std::move(entries);
+  return s;
+}
+
+void checkpoint_layout::write_save(PendingSave& s) {
+  s.error = on_rank(s.rank < s.world, [&] { write_rank_files(s.entries, s.pieces, gen_dir(s.dir, s.gen.seq), s.gen, s.rank); });
+  s.pieces.clear();  // the host copies, when there are, are not needed any more
+  fault_point("before_agree", s.rank);
+  if (s.step >= 0) hyper_parallel::fault_point("mid_save", s.step);
+}
+
+void checkpoint_layout::commit_save(PendingSave& s) {
+  const std::string gdir = gen_dir(s.dir, s.gen.seq);
+  const auto cleanup = [&] {
+    if (s.rank == 0) cf::remove_tree(gdir);
+  };
   try {
-    agree(distributed, err, what, unchanged);
+    agree(s.distributed, s.error, s.what, s.unchanged());
   } catch (...) {
     cleanup();
     throw;
   }
-  if (step >= 0) hyper_parallel::fault_point("before_commit", step);
-  err = on_rank(rank == 0, [&] { commit_generation(entries, dir, gen, world); });
+  if (s.step >= 0) hyper_parallel::fault_point("before_commit", s.step);
+  const std::string err = on_rank(s.rank == 0, [&] { commit_generation(s.entries, s.dir, s.gen, s.world); });
   if (!err.empty()) cleanup();
-  agree(distributed, err, what, unchanged);
-  if (rank == 0) prune_generations(dir, keep, gen.seq);
-  if (distributed) barrier(world_group());  // the checkpoint is committed when save returns
+  agree(s.distributed, err, s.what, s.unchanged());
+  if (s.rank == 0) prune_generations(s.dir, s.keep, s.gen.seq);
+  if (s.distributed) barrier(world_group());  // the checkpoint is committed when this returns
+}
+
+void checkpoint_layout::save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what,
+                                     bool every_rank_writes, int64_t step) {
+  PendingSave s = begin_save(entries, dir, keep, what, every_rank_writes, step, /*copy=*/false);
+  write_save(s);
+  commit_save(s);
 }
 
 void save_sharded(torch::nn::Module& model, const std::string& dir, const SaveOptions& options) {

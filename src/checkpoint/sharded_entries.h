@@ -18,6 +18,32 @@ namespace checkpoint_layout {
 void save_entries(const std::vector<Entry>& entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes,
                   int64_t step = -1);
 
+/// A generation being written: its number and random id (every file of it carries the id).
+struct Generation {
+  int64_t seq = 0;
+  uint64_t id = 0;
+};
+
+/// A save in three steps, so that the writing can run on another thread: begin_save (collective:
+/// the generation opened, this rank's pieces taken, copied to host memory with `copy`), write_save
+/// (this rank's files, no collectives; the outcome kept in `error`), commit_save (collective: the
+/// ranks agree, rank 0 commits and prunes).
+struct PendingSave {
+  std::vector<Entry> entries;
+  std::vector<Piece> pieces;
+  std::string dir;
+  const char* what = "";
+  Generation gen;
+  int64_t keep = 1, rank = 0, world = 1, step = -1;
+  bool distributed = false;
+  std::string error;
+  std::string unchanged() const { return "; the checkpoint in " + dir + " is unchanged"; }
+};
+PendingSave begin_save(std::vector<Entry> entries, const std::string& dir, int64_t keep, const char* what, bool every_rank_writes,
+                       int64_t step, bool copy);
+void write_save(PendingSave& s);
+void commit_save(PendingSave& s);
+
 /// The committed generation of `dir`: LATEST, the tensors every rank declared, every rank's pieces.
 struct SavedIndex {
   Latest latest;

@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "../dtensor/philox_draw.h"
 #include "sharded_entries.h"
@@ -143,8 +144,19 @@ std::string groups_key(const std::string& fqn) { return "optimizer.param_groups.
 
 }  // namespace
 
-void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options) {
-  require_real_world(kSave, "every rank to write its own files and agree on the commit");
+namespace {
+
+// The save in flight, if any: the next one waits for it.
+std::weak_ptr<AsyncSave>& in_flight() {
+  static std::weak_ptr<AsyncSave> p;
+  return p;
+}
+
+void wait_for_save_in_flight() {
+  if (auto p = in_flight().lock()) p->wait();
+}
+
+std::vector<Entry> train_state_entries(const TrainState& state) {
   HP_CHECK_T(c10::ValueError, state.model != nullptr, "hyper_parallel::save_train_state: the state has no model");
   const int64_t world = world_of_job(), rank = rank_of_job();
   // Every rank's generator must be seeded alike: a rank seeded otherwise draws other dropout masks
@@ -179,7 +191,53 @@ void save_train_state(const std::string& dir, const TrainState& state, const Tra
                                                  at::kLong),
                               world, rank));
   entries.push_back(row_entry(kRngCpu, cpu_generator_state(), world, rank));
-  save_entries(entries, dir, options.keep, kSave, /*every_rank_writes=*/true, state.step);
+  return entries;
+}
+
+}  // namespace
+
+void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options) {
+  require_real_world(kSave, "every rank to write its own files and agree on the commit");
+  wait_for_save_in_flight();
+  save_entries(train_state_entries(state), dir, options.keep, kSave, /*every_rank_writes=*/true, state.step);
+}
+
+struct AsyncSave::Impl {
+  PendingSave save;
+  std::thread writer;
+  bool committed = false;
+};
+
+AsyncSave::AsyncSave(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+AsyncSave::~AsyncSave() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    TORCH_WARN("hyper_parallel::AsyncSave: the save in the background failed: ", message_of(e));
+  }
+}
+
+void AsyncSave::wait() {
+  if (impl_->committed) return;
+  if (impl_->writer.joinable()) impl_->writer.join();
+  impl_->committed = true;  // once, whatever the outcome: a failed commit is raised once
+  commit_save(impl_->save);
+}
+
+bool AsyncSave::committed() const { return impl_->committed; }
+
+std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options) {
+  require_real_world("async_save_train_state", "every rank to write its own files and agree on the commit");
+  wait_for_save_in_flight();
+  auto impl = std::make_unique<AsyncSave::Impl>();
+  impl->save = begin_save(train_state_entries(state), dir, options.keep, kSave, /*every_rank_writes=*/true, state.step, /*copy=*/true);
+  // Only this rank's files: no collective runs on the writer thread.
+  AsyncSave::Impl* raw = impl.get();
+  impl->writer = std::thread([raw] { write_save(raw->save); });
+  auto handle = std::make_shared<AsyncSave>(std::move(impl));
+  in_flight() = handle;
+  return handle;
 }
 
 bool has_train_state(const std::string& dir) { return committed_seq(dir) > 0; }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <hyper_parallel/optim/lr_scheduler.h>
@@ -64,6 +65,35 @@ struct TrainStateSaveOptions {
 /// written.
 /// e.g. `hp::save_train_state("ckpt", state, {/*keep=*/2});`
 void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options = {});
+
+/// A train state being written in the background (async_save_train_state). At most one is in
+/// flight: the next save waits for it first.
+class AsyncSave {
+ public:
+  struct Impl;
+  explicit AsyncSave(std::unique_ptr<Impl> impl);
+  /// Waits (a failure is reported as a warning: a destructor does not throw).
+  ~AsyncSave();
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  /// Waits for this rank's writes, then commits with the other ranks. Collective: every rank
+  /// calls it at the same point (or the next save, or the handle's end, does). Raises on every
+  /// rank when any rank's writes failed; the previous state stays committed.
+  void wait();
+  /// Whether wait() has completed.
+  bool committed() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// save_train_state in the background: returns once this rank's shards are copied to host
+/// memory and a thread writes them; the commit happens in wait() (torchtitan's async mode: the
+/// next optimizer step may change the parameters as soon as this returns). Collective. Wait for
+/// it (or let the handle end) before destroy_process_group.
+/// e.g. `auto pending = hp::async_save_train_state("ckpt", state);  ...  pending->wait();`
+std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const TrainState& state,
+                                                  const TrainStateSaveOptions& options = {});
 
 /// Loads the committed train state of `dir` into `state`'s objects at their current layout (any
 /// mesh, placements or world size; parameters and moments move bytes, no arithmetic). All or

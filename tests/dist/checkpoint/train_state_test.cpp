@@ -223,6 +223,39 @@ TEST(TrainStateDist, StateSavedAtOneLayoutLoadsBitwiseAtAnother) {
   }
 }
 
+// An asynchronous save holds the state of the moment it was called, while training goes on; its
+// commit waits for wait(), and the next save waits for it.
+TEST(TrainStateDist, AsyncSaveKeepsTheStateOfItsStepWhileTrainingGoesOn) {
+  const Scratch dir("async");
+  seed_all(41);
+  Trainer run(Layout::Tp, 6);
+  for (int64_t s = 0; s < 2; ++s) run.step();
+  const auto at_two = run.gathered();
+  auto pending = hp::async_save_train_state(dir, run.state);
+  run.step();  // changes the parameters and moments the save copied
+  EXPECT_FALSE(pending->committed());
+  pending->wait();
+  EXPECT_TRUE(pending->committed());
+  {
+    seed_all(1);
+    Trainer loaded(Layout::Tp, 9);
+    hp::load_train_state(dir, loaded.state);
+    EXPECT_EQ(loaded.state.step, 2);
+    std::string why;
+    EXPECT_TRUE(bitwise_equal(loaded.gathered(), at_two, &why)) << why;
+  }
+  // In flight, then a synchronous save: it waits for the first, then commits its own.
+  auto second = hp::async_save_train_state(dir, run.state);
+  run.step();
+  hp::save_train_state(dir, run.state);
+  EXPECT_TRUE(second->committed());
+  seed_all(1);
+  Trainer loaded(Layout::Tp, 9);
+  hp::load_train_state(dir, loaded.state);
+  EXPECT_EQ(loaded.state.step, 4);
+  EXPECT_TRUE(bitwise_equal(loaded.gathered(), run.gathered()));
+}
+
 TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
   const Scratch dir("bad");
   seed_all(31);
