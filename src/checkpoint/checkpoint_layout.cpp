@@ -93,7 +93,11 @@ Latest read_latest(const std::string& dir) {
     HP_CHECK_T(c10::ValueError, false, "hyper_parallel::load_sharded: ", dir, " holds no committed checkpoint (", path,
                " is missing: no save into it has finished)");
   }
-  cf::Lines l(path, cf::read_file(path, 4096), kMagic);
+  const std::string text = cf::read_file(path, 4096);
+  HP_CHECK_T(c10::ValueError, text.rfind(std::string(kMagicV2) + "\n", 0) != 0, "hyper_parallel::load_sharded: ", dir,
+             " holds a checkpoint in the v2 format of an earlier hyper_parallel (shards in torch archives); load it with that ",
+             "version and save it again with this one");
+  cf::Lines l(path, text, kMagic);
   Latest out;
   out.seq = l.integer(l.find("generation"), 1, "generation", 1, std::numeric_limits<int64_t>::max());
   out.id = parse_id(l);
@@ -164,9 +168,7 @@ RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest
   check_id(l, latest.id, path);
   if (l.integer(l.find("rank"), 1, "rank", 0, kMaxWorld) != r) l.fail("it names another rank");
   RankMeta out;
-  const size_t b = l.find("bytes");
-  out.pt_bytes = l.integer(b, 1, "bytes", 0, std::numeric_limits<int64_t>::max());
-  out.pt_crc = static_cast<uint32_t>(l.integer(b, 2, "pt crc", 0, 0xFFFFFFFFll));
+  out.bin_bytes = l.integer(l.find("bytes"), 1, "bytes", 0, std::numeric_limits<int64_t>::max());
   for (size_t i = 1; i < l.size(); ++i) {
     if (l.line(i).empty() || l.line(i)[0] != "tensor") continue;
     const auto [name, t] = tensor_line(l, i);
@@ -185,6 +187,8 @@ RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest
     p.offset = l.integers(i, 2, "piece offset", 0, kMaxExtent, kMaxDims);
     p.shape = l.integers(i, 3, "piece shape", 0, kMaxExtent, kMaxDims);
     p.crc = static_cast<uint32_t>(l.integer(i, 4, "piece crc", 0, 0xFFFFFFFFll));
+    p.byte_offset = l.integer(i, 5, "piece byte offset", 0, out.bin_bytes);
+    if (p.byte_offset % kPieceAlign != 0) l.fail("piece '" + p.name + "' starts at a byte offset that is not aligned");
     if (p.offset.size() != shape.size() || p.shape.size() != shape.size())
       l.fail("piece '" + p.name + "' has a box of another rank than its tensor's " + std::to_string(shape.size()));
     for (size_t d = 0; d < shape.size(); ++d)

@@ -16,7 +16,12 @@ namespace checkpoint_layout {
 
 namespace cf = checkpoint_files;
 
-constexpr const char* kMagic = "hyper_parallel sharded checkpoint v2";
+// v3: each rank's pieces raw in rank_<r>.bin (v2 kept them in a torch archive, rank_<r>.pt).
+constexpr const char* kMagic = "hyper_parallel sharded checkpoint v3";
+constexpr const char* kMagicV2 = "hyper_parallel sharded checkpoint v2";
+// Pieces start at multiples of this in a rank's .bin file; a piece's crc covers its padding too,
+// so that every byte of the file is checked.
+constexpr int64_t kPieceAlign = 64;
 constexpr int64_t kMaxWorld = int64_t{1} << 20;
 constexpr int64_t kMaxDims = 64;
 constexpr int64_t kMaxExtent = int64_t{1} << 48;
@@ -81,6 +86,7 @@ struct SavedPiece {
   int64_t rank;
   std::vector<int64_t> offset, shape;
   uint32_t crc;
+  int64_t byte_offset = 0;  // in the rank's .bin file
 };
 
 struct TensorMeta {
@@ -102,8 +108,7 @@ Metadata read_metadata(const std::string& gdir, const Latest& latest);
 
 struct RankMeta {
   std::vector<SavedPiece> pieces;
-  int64_t pt_bytes = 0;
-  uint32_t pt_crc = 0;
+  int64_t bin_bytes = 0;  // the .bin file's size
 };
 
 RankMeta read_rank_meta(const std::string& gdir, int64_t r, const Latest& latest, Metadata& meta);

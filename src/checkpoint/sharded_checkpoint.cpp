@@ -8,8 +8,6 @@
 #include <hyper_parallel/runtime/process_group.h>
 
 #include <ATen/ATen.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <csignal>
@@ -20,6 +18,7 @@
 #include <map>
 #include <set>
 #include <exception>
+#include <future>
 #include <sstream>
 
 #include "checkpoint_files.h"
@@ -57,39 +56,47 @@ Generation broadcast_generation(Generation gen) {
   return {hdr[0], static_cast<uint64_t>(hdr[1])};
 }
 
-// Step 2 on each writing rank: its pieces with checksums (.pt), then the .meta file naming them.
+// Step 2 on each writing rank: its pieces raw (.bin), each at a multiple of kPieceAlign and its
+// crc covering its padding, then the .meta file naming them.
 void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece>& pieces, const std::string& gdir,
                       const Generation& gen, int64_t rank) {
-  torch::serialize::OutputArchive archive;
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nrank " + std::to_string(rank) + "\n";
   for (const auto& e : entries)
     meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) + "\n";
-  for (size_t k = 0; k < entries.size(); ++k) {
-    const at::Tensor data = pieces[k].data.contiguous();
-    archive.write(entries[k].name, data, /*is_buffer=*/true);
-    meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data.sizes()) + " " +
-            std::to_string(tensor_crc(data)) + "\n";
-  }
-  // Streamed to the file as the archive serialises (no copy of the shards in memory), every
-  // write checked, the file's size and crc taken on the way.
-  // The writer runs inside the archive's zip code, which aborts the process when a write comes up
-  // short (its destructor throws): a failed write is taken as done, the rest of the archive is
-  // dropped, and our error (the file and the OS error) is raised once the archive is closed.
-  cf::FileWriter pt(rank_file(gdir, rank, ".pt"));
-  std::exception_ptr failed;
-  archive.save_to([&](const void* data, size_t n) -> size_t {
-    if (failed) return n;
-    try {
-      pt.write(data, n);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    return n;
+  cf::FileWriter bin(rank_file(gdir, rank, ".bin"));
+  static const char zeros[kPieceAlign] = {};
+  std::vector<at::Tensor> data;
+  for (const auto& p : pieces) data.push_back(p.data.contiguous().cpu());
+  const auto padding = [&](size_t k) {
+    const int64_t n = static_cast<int64_t>(data[k].nbytes());
+    return static_cast<size_t>((kPieceAlign - n % kPieceAlign) % kPieceAlign);
+  };
+  // The checksums are computed on another thread while the bytes go to the file (the writes wait
+  // for the disk): a save then takes about as long as its writes alone.
+  auto crcs = std::async(std::launch::async, [&] {
+    std::vector<uint32_t> out;
+    for (size_t k = 0; k < data.size(); ++k)
+      out.push_back(cf::crc32(zeros, padding(k), cf::crc32(data[k].data_ptr(), static_cast<size_t>(data[k].nbytes()))));
+    return out;
   });
-  if (failed) std::rethrow_exception(failed);
-  pt.finish();
+  std::vector<int64_t> at;
+  try {
+    for (size_t k = 0; k < data.size(); ++k) {
+      at.push_back(bin.size());
+      bin.write(data[k].data_ptr(), static_cast<size_t>(data[k].nbytes()));
+      bin.write(zeros, padding(k));
+    }
+  } catch (...) {
+    crcs.wait();  // its thread reads `data`: it ends before the error leaves this frame
+    throw;
+  }
+  const std::vector<uint32_t> crc = crcs.get();
+  for (size_t k = 0; k < entries.size(); ++k)
+    meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data[k].sizes()) + " " + std::to_string(crc[k]) +
+            " " + std::to_string(at[k]) + "\n";
+  bin.finish();
   fault_point("after_pt", rank);
-  meta += "bytes " + std::to_string(pt.size()) + " " + std::to_string(pt.crc()) + "\n";
+  meta += "bytes " + std::to_string(bin.size()) + "\n";
   cf::write_file(rank_file(gdir, rank, ".meta"), cf::seal(meta));
 }
 
@@ -255,80 +262,55 @@ std::vector<Read> plan_reads(const std::vector<Entry>& entries, const std::vecto
   return reads;
 }
 
-// A rank's .pt file opened: mapped, its crc checked, its archive parsed.
-struct OpenedFile {
-  std::unique_ptr<cf::MappedFile> map;
-  torch::serialize::InputArchive archive;
-  bool damaged = false;  // its crc does not match: every piece read from it is checked on its own
-};
-
-// Rank `r`'s .pt file, its size checked first. A file whose crc does not match is still opened,
-// so that the piece it damaged can be named; the load fails on it even when every piece this rank
-// reads is intact.
-OpenedFile& open_rank_file(std::map<int64_t, OpenedFile>& files, int64_t r, const std::string& gdir, const RankMeta& rm) {
+// Rank `r`'s .bin file, mapped; its size checked first.
+std::shared_ptr<cf::MappedFile> map_rank_file(std::map<int64_t, std::shared_ptr<cf::MappedFile>>& files, int64_t r, const std::string& gdir,
+                                               const RankMeta& rm) {
   auto it = files.find(r);
   if (it != files.end()) return it->second;
-  const std::string path = rank_file(gdir, r, ".pt");
+  const std::string path = rank_file(gdir, r, ".bin");
   const int64_t size = cf::file_size(path);
-  if (size != rm.pt_bytes)
-    cf::corrupt_file(path, "it has " + std::to_string(size) + " bytes, " + std::to_string(rm.pt_bytes) + " were written");
-  OpenedFile& f = files[r];
-  f.map = std::make_unique<cf::MappedFile>(path, "load_sharded");
-  f.damaged = cf::crc32(f.map->data(), f.map->size()) != rm.pt_crc;
-  try {
-    f.archive.load_from(f.map->data(), f.map->size());
-  } catch (const std::exception& e) {
-    const bool damaged = f.damaged;
-    files.erase(r);
-    cf::corrupt_file(path, damaged ? "its crc does not match (flipped bytes)" : message_of(e));
-  }
-  return f;
+  if (size != rm.bin_bytes)
+    cf::corrupt_file(path, "it has " + std::to_string(size) + " bytes, " + std::to_string(rm.bin_bytes) + " were written");
+  return files[r] = std::make_shared<cf::MappedFile>(path, "load_sharded");
 }
 
-// Reads and verifies every region into `staged` (one contiguous tensor per entry of `shapes`): a
-// piece that is the whole of an entry's box becomes its staged tensor without a copy.
+// Reads and verifies every region into `staged` (one contiguous tensor per entry of `shapes`).
+// Each piece's bytes are checked against its crc once; a piece that is the whole of an entry's
+// box is staged as a view of the mapped file (the mapping lives as long as the view), so the
+// bytes are copied once, into the model, after every rank has verified everything.
 void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ranks, const Metadata& meta, const std::string& gdir,
                  const std::vector<std::vector<int64_t>>& shapes, const std::vector<at::TensorOptions>& options,
                  std::vector<at::Tensor>& staged) {
-  std::map<int64_t, OpenedFile> files;
+  std::map<int64_t, std::shared_ptr<cf::MappedFile>> files;
+  std::set<const SavedPiece*> verified;
   for (const Read& n : reads) {
-    const int64_t r = n.piece->rank;
-    const std::string path = rank_file(gdir, r, ".pt");
-    const std::string piece = "the piece of '" + n.piece->name + "' at offset [" + join(n.piece->offset) + "]";
-    auto corrupt = [&](const std::string& why) { cf::corrupt_file(path, why); };
-    at::Tensor saved;
-    bool damaged = false;
-    try {
-      OpenedFile& f = open_rank_file(files, r, gdir, ranks[static_cast<size_t>(r)]);
-      damaged = f.damaged;
-      f.archive.read(n.piece->name, saved, /*is_buffer=*/true);
-    } catch (const c10::ValueError&) {
-      throw;
-    } catch (const std::exception& e) {
-      corrupt(piece + " cannot be read" + (damaged ? " (the file's crc does not match: flipped bytes)" : "") + ": " + message_of(e));
-    }
-    if (saved.sizes() != c10::IntArrayRef(n.piece->shape) ||
-        saved.scalar_type() != static_cast<at::ScalarType>(meta.tensors.at(n.piece->name).dtype))
-      corrupt("the piece of '" + n.piece->name + "' has shape " + c10::str(saved.sizes()) + " where its metadata says " +
-              c10::str(c10::IntArrayRef(n.piece->shape)));
-    // The file's crc covers every byte of an intact file; a piece's own crc names the damage.
-    if (damaged && tensor_crc(saved) != n.piece->crc) corrupt("the crc of " + piece + " does not match (flipped bytes)");
-    const bool whole = c10::IntArrayRef(n.len) == c10::IntArrayRef(n.piece->shape) &&
-                       c10::IntArrayRef(n.len) == c10::IntArrayRef(shapes[n.entry]);
-    if (whole && !staged[n.entry].defined() && saved.is_contiguous()) {
-      staged[n.entry] = saved.to(options[n.entry]);
+    const SavedPiece& p = *n.piece;
+    const int64_t r = p.rank;
+    const std::string path = rank_file(gdir, r, ".bin");
+    const std::string piece = "the piece of '" + p.name + "' at offset [" + join(p.offset) + "]";
+    const auto dtype = static_cast<at::ScalarType>(meta.tensors.at(p.name).dtype);
+    const auto file = map_rank_file(files, r, gdir, ranks[static_cast<size_t>(r)]);
+    const int64_t n_bytes = c10::multiply_integers(p.shape) * static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t padded = (n_bytes + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+    if (p.byte_offset + padded > static_cast<int64_t>(file->size())) cf::corrupt_file(path, piece + " lies beyond the end of the file");
+    const char* at = file->data() + p.byte_offset;
+    if (verified.insert(&p).second && cf::crc32(at, static_cast<size_t>(padded)) != p.crc)
+      cf::corrupt_file(path, "crc does not match for " + piece + " (flipped bytes)");
+    at::Tensor saved =
+        at::from_blob(const_cast<char*>(at), p.shape, [file](void*) {}, at::TensorOptions().dtype(dtype));
+    const bool whole = c10::IntArrayRef(n.len) == c10::IntArrayRef(p.shape) && c10::IntArrayRef(n.len) == c10::IntArrayRef(shapes[n.entry]);
+    if (whole && !staged[n.entry].defined() && options[n.entry].device().is_cpu() && options[n.entry].dtype() == dtype) {
+      staged[n.entry] = saved;
       continue;
     }
     if (!staged[n.entry].defined()) staged[n.entry] = at::empty(shapes[n.entry], options[n.entry]);
     std::vector<int64_t> src_start(n.lo.size()), dst_start(n.lo.size());
     for (size_t d = 0; d < n.lo.size(); ++d) {
-      src_start[d] = n.lo[d] - n.piece->offset[d];
+      src_start[d] = n.lo[d] - p.offset[d];
       dst_start[d] = n.lo[d] - n.target_offset[d];
     }
     box(staged[n.entry], dst_start, n.len).copy_(box(saved, src_start, n.len));
   }
-  for (const auto& [r, f] : files)
-    if (f.damaged) cf::corrupt_file(rank_file(gdir, r, ".pt"), "its crc does not match (flipped bytes)");
   for (size_t k = 0; k < staged.size(); ++k)
     if (!staged[k].defined()) staged[k] = at::empty(shapes[k], options[k]);  // an empty box: nothing to read
 }

@@ -378,12 +378,12 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
   if (state.scheduler != nullptr) state.scheduler->load_state(staged[static_cast<size_t>(plan.scheduler)].item<int64_t>());
   if (state.data != nullptr) {
     std::map<std::string, at::Tensor> d;
-    for (const auto& [k, i] : plan.data) d[k] = staged[i];
+    for (const auto& [k, i] : plan.data) d[k] = staged[i].clone();  // (staged tensors may view the mapped files)
     state.data->load_state_dict(d);
   }
   if (state.extra != nullptr) {
     state.extra->clear();
-    for (const auto& [k, i] : plan.extra) (*state.extra)[k] = staged[i];
+    for (const auto& [k, i] : plan.extra) (*state.extra)[k] = staged[i].clone();
   }
   const at::Tensor counters = staged[static_cast<size_t>(plan.counters)];
   state.step = counters[0].item<int64_t>();

@@ -16,8 +16,9 @@ struct SaveOptions {
 };
 
 /// Saves every parameter and buffer of `model` as a transaction into directory `dir`: a new
-/// generation `dir/gen_<n>/` is written beside the committed one (each rank: `rank_<r>.pt` with its
-/// local shards, `rank_<r>.meta` with each piece's box and CRC-32, the file's size and CRC; rank 0:
+/// generation `dir/gen_<n>/` is written beside the committed one (each rank: `rank_<r>.bin` with its
+/// local shards' bytes, `rank_<r>.meta` with each piece's box, dtype, byte offset and CRC-32 and the
+/// file's size; rank 0:
 /// `metadata` with names, dtypes, global shapes, world size), every write checked and fsynced, every
 /// file stamped with the checkpoint's id. Only when every rank has written successfully does rank 0
 /// commit, by atomically replacing `dir/LATEST`. A crash, a full disk or an error on any rank at any

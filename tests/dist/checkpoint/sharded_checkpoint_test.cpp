@@ -179,12 +179,12 @@ TEST(ShardedCheckpoint, BadCheckpointsFailCleanlyAndLoadNothing) {
   hp::barrier(hp::world_group());
   if (hp::get_rank() == 0) {
     std::rename((gen + "/rank_1.meta.away").c_str(), (gen + "/rank_1.meta").c_str());
-    std::ifstream in(gen + "/rank_0.pt", std::ios::binary);
+    std::ifstream in(gen + "/rank_0.bin", std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::ofstream(gen + "/rank_0.pt", std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+    std::ofstream(gen + "/rank_0.bin", std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   }
   hp::barrier(hp::world_group());
-  expect_unchanged_after(*target, [&] { hp::load_sharded(*target, dir); }, "rank_0.pt is truncated or corrupt");
+  expect_unchanged_after(*target, [&] { hp::load_sharded(*target, dir); }, "rank_0.bin is truncated or corrupt");
 }
 
 // Flipped bytes, a truncated .meta, files of another save: refused on every rank, nothing loaded.
@@ -208,8 +208,8 @@ TEST(ShardedCheckpoint, CorruptedAndMixedFilesAreRefusedEverywhere) {
     std::function<std::string(const std::string&)> damage;
   };
   const std::vector<Case> cases = {
-      {"rank_" + last + ".pt", "crc does not match", [](std::string b) { b[b.size() / 2] ^= 0x10; return b; }},
-      {"rank_" + last + ".pt", "bytes", [](std::string b) { return b.substr(0, b.size() - 7); }},
+      {"rank_" + last + ".bin", "crc does not match", [](std::string b) { b[b.size() / 2] ^= 0x10; return b; }},
+      {"rank_" + last + ".bin", "bytes", [](std::string b) { return b.substr(0, b.size() - 7); }},
       {"rank_0.meta", "crc", [](std::string b) { b[b.size() / 3] ^= 0x01; return b; }},
       {"rank_0.meta", "truncated or corrupt", [](std::string b) { return b.substr(0, b.size() / 2); }},
       {"metadata", "truncated or corrupt", [](std::string b) { return b.substr(0, 10); }},
@@ -230,7 +230,7 @@ TEST(ShardedCheckpoint, CorruptedAndMixedFilesAreRefusedEverywhere) {
   // A rank file of the previous save in the current generation.
   hp::barrier(hp::world_group());
   if (hp::get_rank() == 0)
-    for (const char* ext : {".pt", ".meta"}) {
+    for (const char* ext : {".bin", ".meta"}) {
       const std::string f = "/rank_" + last + ext;
       std::filesystem::rename(gen + f, gen + f + ".keep");
       std::filesystem::copy_file(old_gen + f, gen + f);
@@ -239,7 +239,7 @@ TEST(ShardedCheckpoint, CorruptedAndMixedFilesAreRefusedEverywhere) {
   expect_refused(*target, dir, "belongs to checkpoint");
   hp::barrier(hp::world_group());
   if (hp::get_rank() == 0)
-    for (const char* ext : {".pt", ".meta"}) {
+    for (const char* ext : {".bin", ".meta"}) {
       const std::string f = "/rank_" + last + ext;
       std::filesystem::remove(gen + f);
       std::filesystem::rename(gen + f + ".keep", gen + f);
@@ -267,7 +267,7 @@ TEST(ShardedCheckpoint, DiskFullOnOneRankLosesNothing) {
   auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
   if (victim) {
     struct rlimit small = old_limit;
-    small.rlim_cur = 512;
+    small.rlim_cur = 100;  // less than its shards
     ::setrlimit(RLIMIT_FSIZE, &small);
   }
   try {

@@ -299,7 +299,7 @@ TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
   {
     hp::barrier(hp::world_group());
     if (hp::get_rank() == 1) {
-      const std::string path = hp::checkpoint_generation_dir(dir) + "/rank_1.pt";
+      const std::string path = hp::checkpoint_generation_dir(dir) + "/rank_1.bin";
       std::string bytes = hp_test::read_bytes(path);
       const at::Tensor w = source.model->mlp->linear1->weight();
       const auto& st = static_cast<const torch::optim::AdamWParamState&>(*source.opt->state().at(w.unsafeGetTensorImpl()));
@@ -314,7 +314,7 @@ TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
     seed_all(1);
     Trainer other(Layout::Tp, 4);
     const std::string offset = "offset [" + std::to_string(16 / hp::get_world_size()) + ",0]";  // rank 1's rows
-    expect_refused(other, {"rank_1.pt", "'optimizer.state.mlp.linear1.weight.exp_avg'", offset, "rank(s) [1]", "flipped bytes"});
+    expect_refused(other, {"rank_1.bin", "'optimizer.state.mlp.linear1.weight.exp_avg'", offset, "rank(s) [1]", "flipped bytes"});
   }
 }
 

@@ -73,7 +73,7 @@ TEST(CheckpointFiles, FuzzedFilesAreRefusedNamingTheFile) {
   Fixture f;
   ASSERT_EQ(try_load(f), "");
   const std::vector<std::string> files = {f.dir.string() + "/LATEST", f.gen + "/metadata", f.gen + "/rank_0.meta",
-                                          f.gen + "/rank_0.pt"};
+                                          f.gen + "/rank_0.bin"};
   std::mt19937_64 rng(20261130);
   int refused = 0;
   for (int step = 0; step < 400; ++step) {
