@@ -50,7 +50,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size, in
              vocab_size, " ids cannot be stored (1 .. 2^32)");
   HP_CHECK_T(c10::ValueError, eos_id >= 0 && eos_id < vocab_size, "hyper_parallel::data::TokenFileWriter: the EOS id ", eos_id,
              " is outside the vocabulary of ", vocab_size);
-  info_.bytes_per_token = vocab_size <= 65536 ? 2 : 4;
+  info_.bytes_per_token = vocab_size <= 65535 ? 2 : 4;  // uint32 once the vocabulary exceeds 65,535
   info_.vocab_size = vocab_size;
   info_.eos_id = eos_id;
   f_ = std::fopen(tmp_.c_str(), "wb");

@@ -34,7 +34,7 @@ tok = Tokenizer.from_file(tj)
 raw = open(f"{w}/one.tokens", "rb").read()
 magic, width, vocab, n, eos, docs, maxid = struct.unpack("<8sQQQqQQ", raw[:56])
 assert magic == b"HPTOKEN1", magic
-assert width == (2 if vocab <= 65536 else 4) and width == 4, (width, vocab)
+assert width == (2 if vocab <= 65535 else 4) and width == 4, (width, vocab)
 ids = np.frombuffer(raw[64:], dtype=np.uint32 if width == 4 else np.uint16).astype(np.int64)
 assert len(ids) == n, (len(ids), n)
 want = []

@@ -57,7 +57,7 @@ TEST(TokenFile, IdsWrittenAreIdsReadInBothWidths) {
     const std::string path = dir.file("c" + std::to_string(vocab) + ".tokens");
     const auto all = write(path, documents(20, vocab / 1000), vocab);
     hd::TokenFile f(path);
-    EXPECT_EQ(f.info().bytes_per_token, vocab > 65536 ? 4 : 2);
+    EXPECT_EQ(f.info().bytes_per_token, vocab > 65535 ? 4 : 2);
     EXPECT_EQ(f.info().num_tokens, static_cast<int64_t>(all.size()));
     EXPECT_EQ(f.info().num_documents, 20);
     EXPECT_EQ(std::filesystem::file_size(path), 64 + all.size() * static_cast<size_t>(f.info().bytes_per_token));
