@@ -324,8 +324,8 @@ int run_family(Args a) {
   }
   if (a.model == "qwen3_5" && a.config.attention_dropout > 0) usage("--dropout: Qwen3.5's attention has no dropout");
   if (a.model == "qwen3_5" && a.dims.cp > 1) usage("--cp with --model qwen3_5: context parallelism of the Gated DeltaNet is not built yet");
-  if (a.config.attention_dropout > 0 && dp_degree(a) > 1)
-    usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks");
+  if (a.config.attention_dropout > 0 && dp_degree(a) > 1 && a.reference)
+    usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks (--reference 0 runs without it)");
   if (a.batch % dp_degree(a) != 0) usage("--batch must be divisible by the data-parallel degree");
   if (a.microbatches == 0) a.microbatches = 2 * a.dims.pp;
   if (a.dims.pp > 1 && (a.batch / dp_degree(a)) % a.microbatches != 0)

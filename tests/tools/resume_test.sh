@@ -2,8 +2,8 @@
 # The demo as a real run: trained from an hp_tokenize file with train states every 2 steps, killed
 # by HP_FAULT in every phase (forward, backward, optimizer_step, mid_save, before_commit) under
 # hprun --max-restarts 3, it ends with the bits of the run that never stopped (every step's loss,
-# gradient norm and learning rate, and the final parameters and moments) at tp=2 (dropout on) and
-# dp x tp = 2 x 2; pipeline, context-parallel and HSDP runs resume exactly too; a fourth failure
+# gradient norm and learning rate, and the final parameters and moments) at tp=2 and dp x tp = 2 x 2
+# (dropout on); pipeline and HSDP (dropout on) and context-parallel runs resume exactly too; a fourth failure
 # ends the job naming the rank; a state saved at tp=2 resumes at dp x tp = 2 x 2 within rounding.
 set -u
 HPRUN=$1
@@ -52,24 +52,24 @@ same ref_tp kill_tp_b
 echo "tp=2: two jobs of three kills (forward, mid_save, optimizer_step; backward, before_commit x2) end bitwise equal"
 
 # dp x tp = 2 x 2 with FSDP.
-run ref_dp 4 0 "" --dp 2 || fail "the dp x tp reference run exited $?"
-run kill_dp_a 4 3 "3:forward:2:0,1:mid_save:4:1,2:optimizer_step:5:2" --dp 2 || fail "dp x tp job A exited $?"
+run ref_dp 4 0 "" --dp 2 --dropout 0.1 || fail "the dp x tp reference run exited $?"
+run kill_dp_a 4 3 "3:forward:2:0,1:mid_save:4:1,2:optimizer_step:5:2" --dp 2 --dropout 0.1 || fail "dp x tp job A exited $?"
 [ "$(grep -c 'restarting every rank' "$W/log")" -eq 3 ] || fail "dp x tp job A did not restart three times"
 same ref_dp kill_dp_a
-run kill_dp_b 4 3 "0:backward:3:0,3:before_commit:4:1,0:before_commit:6:2" --dp 2 || fail "dp x tp job B exited $?"
+run kill_dp_b 4 3 "0:backward:3:0,3:before_commit:4:1,0:before_commit:6:2" --dp 2 --dropout 0.1 || fail "dp x tp job B exited $?"
 [ "$(grep -c 'restarting every rank' "$W/log")" -eq 3 ] || fail "dp x tp job B did not restart three times"
 same ref_dp kill_dp_b
-echo "dp x tp = 2 x 2: two jobs of three kills end bitwise equal"
+echo "dp x tp = 2 x 2 (dropout on): two jobs of three kills end bitwise equal"
 
 # Other layouts, one kill each: 2 pipeline stages, context parallelism, HSDP.
-for layout in "pp:2:--pp 2" "cp:2:--cp 2" "hsdp:4:--dp 2 --dp-replicate 2"; do
+for layout in "pp:2:--pp 2 --dropout 0.1" "cp:2:--cp 2" "hsdp:4:--dp 2 --dp-replicate 2 --dropout 0.1"; do
   IFS=: read -r name np flags <<<"$layout"
   run "ref_$name" "$np" 0 "" $flags || fail "the $name reference run exited $?"
   run "kill_$name" "$np" 1 "1:forward:5:0" $flags || fail "the $name job exited $?"
   [ "$(grep -c 'restarting every rank' "$W/log")" -eq 1 ] || fail "the $name job did not restart"
   same "ref_$name" "kill_$name"
 done
-echo "pp=2, cp=2, HSDP 2 x 2: killed and restarted, bitwise equal"
+echo "pp=2 and HSDP 2 x 2 (dropout on), cp=2: killed and restarted, bitwise equal"
 
 # A fourth failure under --max-restarts 3 ends the job with the rank named.
 run kill_four 2 3 "1:forward:1:0,1:forward:1:1,1:forward:1:2,0:backward:1:3" --dropout 0.1

@@ -29,7 +29,8 @@ qwen3::Config moe_config() { return small_moe_config(); }
 // A model and its optimizer at one layout of the 4 ranks.
 struct Layout {
   explicit Layout(const std::string& layout, uint64_t seed = 3) {
-    const qwen3::Config c = moe_config();
+    qwen3::Config c = moe_config();
+    c.attention_dropout = 0.1;  // drawn from our generator, which the train state carries
     const int64_t r = hp::get_rank();
     hp::models::StageSpan span;
     if (layout == "pp2") {
