@@ -105,13 +105,6 @@ Latest read_latest(const std::string& dir) {
   return out;
 }
 
-int64_t committed_seq(const std::string& dir) {
-  try {
-    return read_latest(dir).seq;
-  } catch (const c10::Error&) {
-    return 0;
-  }
-}
 
 // Generation numbers of the gen_<n> directories in `dir`.
 std::vector<int64_t> generations(const std::string& dir) {

@@ -76,7 +76,6 @@ struct Latest {
 
 Latest read_latest(const std::string& dir);
 
-int64_t committed_seq(const std::string& dir);
 
 // Generation numbers of the gen_<n> directories in `dir`.
 std::vector<int64_t> generations(const std::string& dir);

@@ -38,7 +38,9 @@ Generation open_generation(const std::string& dir, const char* what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   TORCH_CHECK(!ec, "hyper_parallel::", what, ": cannot create ", dir, ": ", ec.message());
-  const int64_t committed = committed_seq(dir);
+  // A LATEST that cannot be read (damaged, or of an older format) is refused: taking it for "no
+  // checkpoint" would remove every generation as uncommitted.
+  const int64_t committed = cf::file_size(dir + "/LATEST") >= 0 ? read_latest(dir).seq : 0;
   for (int64_t g : generations(dir))
     if (g > committed) cf::remove_tree(gen_dir(dir, g));
   const auto gens = generations(dir);

@@ -17,7 +17,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "../dtensor/philox_draw.h"
@@ -240,7 +239,13 @@ std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const 
   return handle;
 }
 
-bool has_train_state(const std::string& dir) { return committed_seq(dir) > 0; }
+bool has_train_state(const std::string& dir) {
+  // No LATEST: a fresh run. A LATEST that cannot be read is an error, not a fresh start (a run
+  // that started over would prune the generations it could not read).
+  if (checkpoint_files::file_size(dir + "/LATEST") < 0) return false;
+  read_latest(dir);
+  return true;
+}
 
 namespace {
 

@@ -103,6 +103,7 @@ std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const 
 void load_train_state(const std::string& dir, TrainState& state);
 
 /// Whether `dir` holds a committed train state (a run resumes from it; a fresh run starts without).
+/// A damaged or unreadable `LATEST` is a c10::ValueError naming it, not a fresh start.
 bool has_train_state(const std::string& dir);
 
 }  // namespace hyper_parallel

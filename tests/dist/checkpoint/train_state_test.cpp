@@ -294,6 +294,34 @@ TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
       EXPECT_NE(std::string(e.what()).find("saved by AdamW, the optimizer now is Adam"), std::string::npos) << e.what();
     }
   }
+  // A damaged LATEST: an error naming it, not a fresh start, and a save over it is refused with
+  // every generation kept.
+  {
+    const std::string latest = dir.path + "/LATEST";
+    std::string original;
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) {
+      original = hp_test::read_bytes(latest);
+      std::string bad = original;
+      bad[bad.size() / 2] ^= 0x04;
+      hp_test::write_bytes(latest, bad);
+    }
+    hp::barrier(hp::world_group());
+    EXPECT_THROW(hp::has_train_state(dir), c10::ValueError);
+    const auto before = std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator());
+    try {
+      hp::save_train_state(dir, source.state);
+      ADD_FAILURE() << "saved over a damaged LATEST";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LATEST"), std::string::npos) << e.what();
+    }
+    hp::barrier(hp::world_group());
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator()), before);
+    hp::barrier(hp::world_group());
+    if (hp::get_rank() == 0) hp_test::write_bytes(latest, original);
+    hp::barrier(hp::world_group());
+    EXPECT_TRUE(hp::has_train_state(dir));
+  }
   // A flipped byte in a moment (rank 1 flips one in its own piece of linear1's exp_avg): the file,
   // the key and the piece named, on every rank.
   {
