@@ -44,31 +44,6 @@ uint32_t load32_le(const unsigned char* p) {
   TORCH_CHECK(false, "hyper_parallel::checkpoint: cannot ", what, " ", path, ": ", std::strerror(err));
 }
 
-namespace {
-
-void write_all(int fd, const std::string& path, const std::string& bytes) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      os_error("write", path, err);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    os_error("fsync", path, err);
-  }
-  if (::close(fd) != 0) os_error("close", path, errno);
-}
-
-}  // namespace
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc) {
   static const CrcTable table;
@@ -118,9 +93,9 @@ void FileWriter::finish() {
 }
 
 void write_file(const std::string& path, const std::string& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) os_error("create", path, errno);
-  write_all(fd, path, bytes);
+  FileWriter f(path);
+  f.write(bytes.data(), bytes.size());
+  f.finish();
 }
 
 void sync_dir(const std::string& dir) {

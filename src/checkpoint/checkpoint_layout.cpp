@@ -54,12 +54,11 @@ std::string rank_file(const std::string& gdir, int64_t r, const char* ext) {
   return gdir + "/rank_" + std::to_string(r) + ext;
 }
 
-uint32_t tensor_crc(const at::Tensor& t) {
-  at::Tensor c = t.contiguous().cpu();
-  return cf::crc32(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
-}
-
 std::vector<int64_t> global_shape_of(const Entry& e) { return e.global_shape.empty() ? e.value.sizes().vec() : e.global_shape; }
+
+std::string tensor_line_of(const Entry& e) {
+  return "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) + "\n";
+}
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> local_box_of(const Entry& e) {
   if (!e.global_shape.empty()) return {e.value.sizes().vec(), e.offset};

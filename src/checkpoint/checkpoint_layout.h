@@ -39,6 +39,8 @@ struct Entry {
 
 // The shape of the tensor `e` is a piece of (what the metadata records).
 std::vector<int64_t> global_shape_of(const Entry& e);
+// Its "tensor <name> <dtype> <global shape>" line of the metadata and the rank files.
+std::string tensor_line_of(const Entry& e);
 // This rank's box of it: (local shape, offset).
 std::pair<std::vector<int64_t>, std::vector<int64_t>> local_box_of(const Entry& e);
 
@@ -54,8 +56,6 @@ uint64_t random_id();
 std::string gen_dir(const std::string& dir, int64_t seq);
 
 std::string rank_file(const std::string& gdir, int64_t r, const char* ext);
-
-uint32_t tensor_crc(const at::Tensor& t);
 
 // This rank's piece of `value`: the local data and its offset in the global tensor.
 struct Piece {

@@ -19,7 +19,6 @@
 #include <set>
 #include <exception>
 #include <future>
-#include <sstream>
 
 #include "checkpoint_files.h"
 #include "checkpoint_layout.h"
@@ -63,8 +62,7 @@ Generation broadcast_generation(Generation gen) {
 void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece>& pieces, const std::string& gdir,
                       const Generation& gen, int64_t rank) {
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nrank " + std::to_string(rank) + "\n";
-  for (const auto& e : entries)
-    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) + "\n";
+  for (const auto& e : entries) meta += tensor_line_of(e);
   cf::FileWriter bin(rank_file(gdir, rank, ".bin"));
   static const char zeros[kPieceAlign] = {};
   std::vector<at::Tensor> data;
@@ -107,9 +105,7 @@ void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece
 void commit_generation(const std::vector<Entry>& entries, const std::string& dir, const Generation& gen, int64_t world) {
   const std::string gdir = gen_dir(dir, gen.seq);
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n";
-  for (const auto& e : entries)
-    meta += "tensor " + e.name + " " + std::to_string(static_cast<int64_t>(e.value.scalar_type())) + " " + join(global_shape_of(e)) +
-            "\n";
+  for (const auto& e : entries) meta += tensor_line_of(e);
   cf::write_file(gdir + "/metadata", cf::seal(meta));
   cf::sync_dir(gdir);
   fault_point("before_commit", 0);

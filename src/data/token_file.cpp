@@ -1,5 +1,5 @@
 // Token files (token_file.h): the writer's checked, fsynced, renamed writes and the reader's
-// header checks against the mapped file.
+// header checks against the mapped file (mapped as checkpoint files are).
 #include <hyper_parallel/data/token_file.h>
 
 #include <hyper_parallel/runtime/errors.h>
@@ -10,9 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include "../checkpoint/checkpoint_files.h"
+
 #include <unistd.h>
 
 namespace hyper_parallel {
@@ -108,23 +107,13 @@ void TokenFileWriter::close() {
 }
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  HP_CHECK_T(c10::ValueError, fd >= 0, "hyper_parallel::data::TokenFile: cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  const bool sized = ::fstat(fd, &st) == 0;
-  const size_t size = sized ? static_cast<size_t>(st.st_size) : 0;
-  void* m = size >= kHeaderBytes ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-  ::close(fd);
+  const auto file = std::make_shared<checkpoint_files::MappedFile>(path, "data::TokenFile");
+  const size_t size = file->size();
   HP_CHECK_T(c10::ValueError, size >= kHeaderBytes, "hyper_parallel::data::TokenFile: ", path, " has ", size,
              " bytes, fewer than a token file's header (truncated, or not a token file)");
-  HP_CHECK_T(c10::ValueError, m != MAP_FAILED, "hyper_parallel::data::TokenFile: cannot map ", path, ": ", std::strerror(errno));
-  map_ = static_cast<const uint8_t*>(m);
-  map_bytes_ = size;
-  auto refuse = [&](const std::string& why) {
-    ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
-    map_ = nullptr;
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::data::TokenFile: ", path, " ", why);
-  };
+  mapping_ = file;
+  map_ = reinterpret_cast<const uint8_t*>(file->data());
+  auto refuse = [&](const std::string& why) { HP_CHECK_T(c10::ValueError, false, "hyper_parallel::data::TokenFile: ", path, " ", why); };
   if (std::memcmp(map_, kMagic, 8) != 0) refuse("is not a token file (no HPTOKEN1 header; make one with hp_tokenize)");
   info_.bytes_per_token = static_cast<int64_t>(get64(map_ + 8));
   info_.vocab_size = static_cast<int64_t>(get64(map_ + 16));
@@ -143,15 +132,6 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
            std::to_string(want) + " (truncated or corrupt)");
   if (info_.eos_id < 0 || info_.eos_id >= info_.vocab_size || info_.max_token_id >= info_.vocab_size)
     refuse("has ids outside its own vocabulary of " + std::to_string(info_.vocab_size) + " (corrupt header)");
-}
-
-TokenFile::~TokenFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
-}
-
-TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)), info_(other.info_), map_(other.map_), map_bytes_(other.map_bytes_) {
-  other.map_ = nullptr;
 }
 
 at::Tensor TokenFile::tokens(int64_t start, int64_t n) const {

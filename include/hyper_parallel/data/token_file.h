@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,6 @@ class TokenFileWriter {
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);
-  ~TokenFile();
-  TokenFile(TokenFile&& other) noexcept;
-  TokenFile(const TokenFile&) = delete;
-  TokenFile& operator=(const TokenFile&) = delete;
   const TokenFileInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   /// Tokens [start, start + n) as int64.
@@ -67,8 +64,8 @@ class TokenFile {
  private:
   std::string path_;
   TokenFileInfo info_;
+  std::shared_ptr<const void> mapping_;  // keeps the file mapped while this (or a move of it) lives
   const uint8_t* map_ = nullptr;
-  size_t map_bytes_ = 0;
 };
 
 }  // namespace data
