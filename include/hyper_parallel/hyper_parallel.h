@@ -42,6 +42,7 @@
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/expert_parallel/expert_parallel.h>
 #include <hyper_parallel/context_parallel/context_parallel.h>
+#include <hyper_parallel/context_parallel/linear_attention_context_parallel.h>
 #include <hyper_parallel/pipelining/schedule_order.h>
 #include <hyper_parallel/pipelining/stage.h>
 #include <hyper_parallel/pipelining/schedules.h>

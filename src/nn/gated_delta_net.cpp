@@ -64,9 +64,7 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& q, const at::Tensor& k, 
   const at::Tensor qc = conv.output.narrow(2, 0, nk * dk).reshape({bsz, s, nk, dk});
   const at::Tensor kc = conv.output.narrow(2, nk * dk, nk * dk).reshape({bsz, s, nk, dk});
   const at::Tensor vc = conv.output.narrow(2, 2 * nk * dk, nv * dv).reshape({bsz, s, nv, dv});
-  const at::Tensor beta = at::sigmoid(b);
-  // The decay in float32 whatever the compute dtype: exp(A_log) overflows half precision.
-  const at::Tensor g = -a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias);
+  const auto [g, beta] = functional::gated_delta_gates(a, b, a_log, dt_bias);
   const at::Tensor initial = state != nullptr ? state->recurrent : at::Tensor();
   const auto rule = initial.defined() && s == 1
                         ? functional::recurrent_gated_delta_rule(qc, kc, vc, g, beta, initial)

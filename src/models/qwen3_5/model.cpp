@@ -106,7 +106,13 @@ at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
   // Padding enters as zeros, which leave the conv and recurrent states as they were.
   const at::Tensor x = inputs && inputs->keep.defined() ? zero_padding(hidden, inputs->keep) : hidden;
   hnn::GatedDeltaNetState* state = inputs && inputs->context->cache ? &inputs->context->cache->linear.at(static_cast<size_t>(layer_idx)) : nullptr;
-  const at::Tensor o = gdn->forward(in_proj_q(x), in_proj_k(x), in_proj_v(x), in_proj_a(x), in_proj_b(x), state);
+  // Training and whole-sequence forwards go through the module's hooks, where a context-parallel
+  // style takes the sequence mixing over; generation carries its state and runs it here.
+  HP_CHECK_T(c10::ValueError, state == nullptr || gdn->forward_wrapper() == nullptr, "hyper_parallel::qwen3_5::LinearAttentionImpl::forward: ",
+             "layer ", layer_idx, "'s linear attention runs under a context-parallel style or activation checkpointing, which does not ",
+             "carry a generation cache; generate with a model without them");
+  const at::Tensor o = state ? gdn->forward(in_proj_q(x), in_proj_k(x), in_proj_v(x), in_proj_a(x), in_proj_b(x), state)
+                             : gdn(in_proj_q(x), in_proj_k(x), in_proj_v(x), in_proj_a(x), in_proj_b(x));
   at::Tensor z = in_proj_z(x).view({b, s, -1, dv});
   // Under tensor parallelism the norm's weight is a Replicate DTensor over this rank's value heads
   // (its style lays out `o`, the first input); the gate joins it alike.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <hyper_parallel/nn/gated_delta_rule.h>
 
@@ -108,6 +109,46 @@ TEST(GatedDeltaRule, CausalConvContinuesFromItsState) {
   EXPECT_TRUE(at::equal(rest.final_state, x.narrow(1, 5, 4).transpose(1, 2)));
   // Token t reads tokens t-3..t only: the first output is silu(w[:, 3] * x_0).
   EXPECT_LE(max_diff(whole.output.select(1, 0), at::silu(x.select(1, 0) * w.select(1, 3))), 1e-6);
+}
+
+TEST(GatedDeltaRule, StateSummariesOfPartsFoldedEqualTheSequentialStateAndGradients) {
+  // Three parts, as three context-parallel ranks hold them: one of several chunks with padding,
+  // one shorter than a chunk, one of a single token.
+  const Inputs in = inputs(70, 21);
+  const std::vector<std::pair<int64_t, int64_t>> parts{{0, 45}, {45, 24}, {69, 1}};
+  auto leaf = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  const at::Tensor q = leaf(in.q), k = leaf(in.k), v = leaf(in.v), g = leaf(in.g), beta = leaf(in.beta), s0 = leaf(in.state);
+  const auto whole = fn::chunk_gated_delta_rule(q, k, v, g, beta, s0, true, 16);
+  // Folding the parts' summaries from s0 gives each part's incoming state; running each part from
+  // it gives the whole sequence's outputs.
+  at::Tensor state = s0;
+  std::vector<at::Tensor> outs;
+  for (const auto& [from, n] : parts) {
+    auto part = [&, from = from, n = n](const at::Tensor& t) { return t.narrow(1, from, n); };
+    const fn::ChunkedGatedDelta chunked(part(q), part(k), part(v), part(g), part(beta), true, 16);
+    const fn::GatedDeltaStateSummary summary = chunked.summary();
+    EXPECT_EQ(summary.transition.sizes(), (at::IntArrayRef{2, 4, 8, 8}));
+    outs.push_back(chunked.run(state).output);
+    state = fn::apply_state_summary(summary, state);
+  }
+  const at::Tensor folded_out = at::cat(outs, 1);
+  EXPECT_LE(max_diff(state, whole.final_state), 1e-5 * whole.final_state.abs().max().item<double>());
+  EXPECT_LE(max_diff(folded_out, whole.output), 1e-5 * whole.output.abs().max().item<double>());
+  // A summary that ignored the incoming state (transition 0) or its decay must show.
+  const fn::ChunkedGatedDelta second(in.q.narrow(1, 45, 24), in.k.narrow(1, 45, 24), in.v.narrow(1, 45, 24), in.g.narrow(1, 45, 24),
+                                     in.beta.narrow(1, 45, 24), true, 16);
+  EXPECT_GT((second.summary().transition - at::eye(8)).abs().max().item<double>(), 1e-2);
+  // The same gradients through the summaries as through the sequential rule, for every input.
+  const at::Tensor wo = at::randn_like(whole.output), ws = at::randn_like(whole.final_state);
+  const std::vector<at::Tensor> leaves{q, k, v, g, beta, s0};
+  const auto ref = torch::autograd::grad({(whole.output * wo).sum() + (whole.final_state * ws).sum()}, leaves);
+  const auto got = torch::autograd::grad({(folded_out * wo).sum() + (state * ws).sum()}, leaves);
+  for (size_t i = 0; i < leaves.size(); ++i)
+    EXPECT_LE(max_diff(got[i], ref[i]), 1e-5 * ref[i].abs().max().item<double>()) << "input " << i;
+  // The empty summary is the identity.
+  EXPECT_LE(max_diff(fn::apply_state_summary({at::zeros({1, 1, 2, 3}), at::eye(2).expand({1, 1, 2, 2})}, at::ones({1, 1, 2, 3})),
+                     at::ones({1, 1, 2, 3})),
+            0.0);
 }
 
 TEST(GatedDeltaRule, BadShapesAreRefusedByName) {
