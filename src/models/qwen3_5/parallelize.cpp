@@ -87,5 +87,23 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
   model.tie_weights();
 }
 
+void parallelize_qwen3_5_cp(CausalLMImpl& model, const hp::DeviceMesh& cp_mesh, const std::string& linear_mode,
+                            const std::string& attention_mode, bool load_balance) {
+  HP_CHECK_T(c10::ValueError, !load_balance, "hyper_parallel::qwen3_5::parallelize_qwen3_5_cp: load_balance cannot be used: a Gated ",
+             "DeltaNet layer reads the sequence in order (each rank's convolution and recurrent state continue from the ranks before it), ",
+             "and the head-tail order would have to be undone around every such layer; shard the sequence contiguously ",
+             "(context_parallel_shard with load_balance false)");
+  // Both styles are built (and their modes checked) before the plan changes anything.
+  const hp::LinearAttentionContextParallel linear(linear_mode);
+  const hp::ContextParallel attention(attention_mode, /*load_balance=*/false);
+  std::vector<hp::PlanEntry> entries;
+  for (int64_t l = model.span.first_layer; l < model.span.end_layer; ++l) {
+    const std::string layer = "layers." + std::to_string(l);
+    if (model.config.full_attention.at(static_cast<size_t>(l))) entries.emplace_back(layer + ".self_attn.sdpa", attention);
+    else entries.emplace_back(layer + ".linear_attn.gdn", linear);
+  }
+  hp::parallelize_module(model, cp_mesh, hp::ParallelizePlan(std::move(entries)));
+}
+
 }  // namespace qwen3_5
 }  // namespace hyper_parallel

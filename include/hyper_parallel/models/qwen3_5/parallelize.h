@@ -30,5 +30,19 @@ namespace qwen3_5 {
 void parallelize_qwen3_5_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
                             bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
 
+/// Splits the sequence of `model` over the 1-D `cp_mesh` in one parallelize_module plan:
+/// LinearAttentionContextParallel(linear_mode) on every linear-attention layer's sequence mixing
+/// (`layers.<i>.linear_attn.gdn`) and ContextParallel(attention_mode) on every full-attention
+/// layer's attention (`layers.<i>.self_attn.sdpa`); everything else works on this rank's
+/// positions as it is. Feed it this rank's contiguous shard of the ids (context_parallel_shard
+/// with load_balance false), their positions (context_parallel_positions) as the position_ids
+/// keyword, and the labels sharded alike; average the gradients over cp (fully_shard over the cp
+/// dimension, or hyper_parallel::all_reduce_gradients). Composes with parallelize_qwen3_5_tp
+/// applied first (heads split by tp, then by cp in ulysses). `load_balance` true is refused: the
+/// recurrence reads the sequence in order, so the head-tail order cannot be used on any layer.
+/// e.g. `qwen3_5::parallelize_qwen3_5_cp(*model, mesh["cp"], "all_gather", "ring");`
+void parallelize_qwen3_5_cp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& cp_mesh, const std::string& linear_mode = "ulysses",
+                            const std::string& attention_mode = "ulysses", bool load_balance = false);
+
 }  // namespace qwen3_5
 }  // namespace hyper_parallel
