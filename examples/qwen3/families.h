@@ -26,8 +26,10 @@ struct Qwen3Family {
   static Config config(const qwen3::Config& flags) { return flags; }
   static CausalLM stage(const Config& c, int64_t stage, int64_t stages) { return CausalLM(c, qwen3::pipeline_stage_span(c, stage, stages)); }
   static void parallelize_tp(qwen3::CausalLMImpl& m, const hp::DeviceMesh& tp, bool sp, bool lp) { qwen3::parallelize_qwen3_tp(m, tp, sp, lp); }
-  static void parallelize_cp(qwen3::CausalLMImpl& m, const hp::DeviceMesh& cp, const std::string& mode) {
-    qwen3::parallelize_qwen3_cp(m, cp, mode, /*load_balance=*/true);
+  // Causal attention only: the head-tail order evens out each rank's work.
+  static constexpr bool kCpLoadBalance = true;
+  static void parallelize_cp(qwen3::CausalLMImpl& m, const hp::DeviceMesh& cp, const std::string& mode, const std::string&) {
+    qwen3::parallelize_qwen3_cp(m, cp, mode, kCpLoadBalance);
   }
   static hp::HFSaveReport save(qwen3::CausalLMImpl& m, const std::string& dir, const std::string& tokenizer) {
     return qwen3::save_pretrained(m, dir, tokenizer);
@@ -72,9 +74,10 @@ struct Qwen3_5Family {
   }
   static CausalLM stage(const Config& c, int64_t stage, int64_t stages) { return CausalLM(c, qwen3_5::pipeline_stage_span(c, stage, stages)); }
   static void parallelize_tp(qwen3_5::CausalLMImpl& m, const hp::DeviceMesh& tp, bool sp, bool lp) { qwen3_5::parallelize_qwen3_5_tp(m, tp, sp, lp); }
-  static void parallelize_cp(qwen3_5::CausalLMImpl&, const hp::DeviceMesh&, const std::string&) {
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::demo::Qwen3_5Family::parallelize_cp: context parallelism of the Gated DeltaNet is not ",
-               "built yet (use --model qwen3 for --cp)");
+  // The Gated DeltaNet reads the sequence in order: contiguous shards.
+  static constexpr bool kCpLoadBalance = false;
+  static void parallelize_cp(qwen3_5::CausalLMImpl& m, const hp::DeviceMesh& cp, const std::string& mode, const std::string& linear_mode) {
+    qwen3_5::parallelize_qwen3_5_cp(m, cp, linear_mode, mode);
   }
   static hp::HFSaveReport save(qwen3_5::CausalLMImpl& m, const std::string& dir, const std::string& tokenizer) {
     return qwen3_5::save_pretrained(m, dir, tokenizer);

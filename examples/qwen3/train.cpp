@@ -62,7 +62,7 @@ typename F::CausalLM parallel_model(const Args& a, const typename F::Config& cfg
   }
   hp::apply_activation_checkpointing(*model, a.ac);
   if (a.dims.tp > 1) F::parallelize_tp(*model, mesh["tp"], a.sequence_parallel, a.loss_parallel);
-  if (a.dims.cp > 1) F::parallelize_cp(*model, mesh["cp"], a.cp_mode);
+  if (a.dims.cp > 1) F::parallelize_cp(*model, mesh["cp"], a.cp_mode, a.cp_linear_mode);
   if (a.dims.dp_enabled()) {
     hp::FullyShardOptions o;
     if (a.mixed_precision == "bf16") o.mp_policy = {at::kBFloat16, at::kFloat, c10::nullopt, true};
@@ -201,11 +201,12 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
       value = l.item<double>();
       if (a.clip_grad_norm > 0) grad_norm = hp::clip_grad_norm_(hp::unique_parameters(*model), a.clip_grad_norm, 2.0, false, (*mesh)["pp"]).template item<double>();
     } else if (mesh && a.dims.cp > 1) {
-      // This rank's shard of each sequence (chunks r and 2·cp-1-r), its positions and labels
-      // alike; the gradients averaged over cp (and by fully_shard over dp).
+      // This rank's shard of each sequence (Qwen3: chunks r and 2·cp-1-r; Qwen3.5: the r-th
+      // contiguous part), its positions and labels alike; the gradients averaged over cp (and by
+      // fully_shard over dp).
       const hp::DeviceMesh cp = (*mesh)["cp"];
-      const auto shard = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.chunk(dp, 0)[dp_rank], cp, 1, true); };
-      const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(x.size(1), cp, true).unsqueeze(0).to(device)}};
+      const auto shard = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.chunk(dp, 0)[dp_rank], cp, 1, F::kCpLoadBalance); };
+      const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(x.size(1), cp, F::kCpLoadBalance).unsqueeze(0).to(device)}};
       at::Tensor loss = qwen3::causal_lm_loss(model(shard(x), positions), shard(y));
       hp::fault_point("backward", step);
       loss.backward();
@@ -323,7 +324,6 @@ int run_family(Args a) {
     usage(e.msg());  // the message alone: what() carries the C++ stack
   }
   if (a.model == "qwen3_5" && a.config.attention_dropout > 0) usage("--dropout: Qwen3.5's attention has no dropout");
-  if (a.model == "qwen3_5" && a.dims.cp > 1) usage("--cp with --model qwen3_5: context parallelism of the Gated DeltaNet is not built yet");
   if (a.config.attention_dropout > 0 && dp_degree(a) > 1 && a.reference)
     usage("--dropout with data parallelism: the one-process reference cannot draw each data-parallel rank's masks (--reference 0 runs without it)");
   if (a.batch % dp_degree(a) != 0) usage("--batch must be divisible by the data-parallel degree");
@@ -331,7 +331,8 @@ int run_family(Args a) {
   if (a.dims.pp > 1 && (a.batch / dp_degree(a)) % a.microbatches != 0)
     usage("--batch per data-parallel rank must be divisible by --microbatches");
   if (a.dims.pp > 1 && a.config.num_layers < a.dims.pp) usage("--pp needs at least as many --layers as stages");
-  if (a.dims.cp > 1 && a.seq % (2 * a.dims.cp) != 0) usage("--seq must be a multiple of 2 x cp (head-tail load balancing)");
+  if (a.model == "qwen3" && a.dims.cp > 1 && a.seq % (2 * a.dims.cp) != 0) usage("--seq must be a multiple of 2 x cp (head-tail load balancing)");
+  if (a.model == "qwen3_5" && a.dims.cp > 1 && a.seq % a.dims.cp != 0) usage("--seq must be a multiple of cp");
   if (a.dims.cp > 1 && a.config.attention_dropout > 0) usage("--dropout with --cp: context parallelism does not draw attention dropout");
   if (a.dims.cp > 1 && a.dims.pp > 1) usage("--cp with --pp is not supported yet");
   auto mesh = a.dims.build_mesh(a.device);
@@ -348,7 +349,7 @@ int run_family(Args a) {
              " sequences per epoch)";
   }
   if (chief)
-    std::printf("%s, %lld parameters; %s; %s, "
+    std::printf("%s, %lld parameters; %s; %s%s, "
                 "sequence_parallel=%d, dropout=%g, mixed precision %s, activation checkpointing %s, clip-grad-norm %g\n",
                 F::describe(cfg).c_str(),
                 static_cast<long long>([&] {
@@ -357,7 +358,11 @@ int run_family(Args a) {
                   for (const auto& p : hp::unique_parameters(*typename F::CausalLM(cfg))) n += p.numel();
                   return n;
                 }()),
-                source.c_str(), a.dims.to_string().c_str(), a.sequence_parallel,
+                source.c_str(), a.dims.to_string().c_str(),
+                a.dims.cp <= 1 ? ""
+                : a.model == "qwen3_5" ? (" (attention " + a.cp_mode + ", linear attention " + a.cp_linear_mode + ")").c_str()
+                                       : (" (" + a.cp_mode + ", load-balanced)").c_str(),
+                a.sequence_parallel,
                 a.config.attention_dropout, a.mixed_precision.c_str(), a.ac.to_string().c_str(), a.clip_grad_norm);
   const hp::DeviceMesh tp = mesh["tp"];
   typename F::CausalLM tp_model{nullptr};

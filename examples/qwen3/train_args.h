@@ -46,6 +46,7 @@ struct Args {
   int64_t microbatches = 0;  // 0: 2 * pp
   // Context parallelism (--cp N): each sequence split over N ranks, head-tail load-balanced.
   std::string cp_mode = "ring";
+  std::string cp_linear_mode = "all_gather";  // Qwen3.5's Gated DeltaNet layers: any head count
   // A training run as users run one: a token file of hp_tokenize's (else the --text bytes), its
   // tokenizer for the HF save, and train states every K steps in D, resumed from on start.
   std::string data, tokenizer, checkpoint_dir, record;
@@ -64,6 +65,7 @@ constexpr const char* kFlags =
     "       --mixed-precision none|bf16 --activation-checkpointing none|selective|full|full:N --clip-grad-norm X\n"
     "       --pp N (pipeline stages) --schedule gpipe|1f1b --microbatches M (default 2 x pp)\n"
     "       --cp N (context parallelism: each sequence split over N ranks) --cp-mode ring|ulysses|allgather_kv\n"
+    "       --cp-linear-mode all_gather|p2p|ulysses (Qwen3.5's Gated DeltaNet layers under --cp; default all_gather)\n"
     "       --lr-schedule constant|wsd (wsd: --warmup-steps N --decay-ratio X --decay-type linear|sqrt|cosine --lr-min X,\n"
     "       torchtitan's linear warmup, stable, decay over --steps; lr-min a factor of --lr)\n"
     "       --vocab N (the model's vocabulary; default 256, the bytes of --text)\n"
@@ -176,7 +178,10 @@ inline Args parse(int argc, char** argv) {
     else if (f == "--dp") a.dims.dp_shard = num();
     else if (f == "--pp") a.dims.pp = num();
     else if (f == "--cp") a.dims.cp = num();
-    else if (f == "--cp-mode") {
+    else if (f == "--cp-linear-mode") {
+      if (v != "all_gather" && v != "p2p" && v != "ulysses") usage("--cp-linear-mode is all_gather, p2p or ulysses, got '" + v + "'");
+      a.cp_linear_mode = v;
+    } else if (f == "--cp-mode") {
       if (v != "ring" && v != "ulysses" && v != "allgather_kv") usage("--cp-mode is ring, ulysses or allgather_kv, got '" + v + "'");
       a.cp_mode = v;
     }
