@@ -72,6 +72,8 @@ void run_cp_benchmarks(const std::string& filter);
 /// The same attention step on the whole sequence in this process: milliseconds, and its
 /// allocation peak in `peak_bytes`.
 double single_attention_step(int threads, int64_t& peak_bytes);
+/// The Gated DeltaNet step of run_cp_benchmarks on the whole sequence in this process, alike.
+double single_gdn_step(int threads, int64_t& peak_bytes);
 /// The Qwen3 decoder layer the layer benchmarks run: hidden 256, intermediate 768, 8 heads, 4 kv
 /// heads, head_dim 32, one layer (tp_benchmarks.cpp).
 qwen3::Config decoder_layer_config();

@@ -220,14 +220,31 @@ void fsdp_benchmarks(const char* self) {
 // Context parallelism: a 2-rank job (cp = 2) runs a causal attention step over 8k tokens in each
 // mode; this process runs it on the whole sequence with 2 threads.
 void cp_benchmarks(const char* self) {
-  if (!wanted("cp2_attention") && !wanted("cp2_all_reduce_gradients")) return;
+  if (!wanted("cp2_attention") && !wanted("cp2_all_reduce_gradients") && !wanted("cp2_gated_delta_net")) return;
   std::vector<std::string> lines = rank0_lines(self, "", "--cp", 2);
   for (const auto& l : lines)
     if (l.find("\"cp2_all_reduce_gradients\"") != std::string::npos) std::fputs(l.c_str(), stdout);
+  auto field = [](const std::string& l, const std::string& key) { return std::stod(l.substr(l.find("\"" + key + "\": ") + key.size() + 4)); };
+  auto mode_of = [](const std::string& l) {
+    const size_t m = l.find("\"mode\": \"") + 9;
+    return l.substr(m, l.find('"', m) - m);
+  };
+  if (wanted("cp2_gated_delta_net")) {
+    int64_t single_peak = 0;
+    const double single_ms = hp_bench::single_gdn_step(2, single_peak);
+    for (const auto& l : lines) {
+      if (l.find("\"cp_gdn_step\"") == std::string::npos) continue;
+      const double ms = field(l, "ms"), peak = field(l, "peak_bytes");
+      const std::string params = "\"mode\": \"" + mode_of(l) + "\", \"seq\": 16384, \"key_heads\": 2, \"value_heads\": 4, \"head_dim\": 64, ";
+      emit("cp2_gated_delta_net_vs_single_2threads", params + "\"what\": \"Gated DeltaNet conv + chunked rule fwd+bwd\", ", ms, "ms",
+           single_ms, ms / single_ms);
+      emit("cp2_gated_delta_net_memory_per_rank", params, peak, "bytes", static_cast<double>(single_peak),
+           peak / static_cast<double>(single_peak));
+    }
+  }
   if (!wanted("cp2_attention")) return;
   int64_t single_peak = 0;
   const double single_ms = hp_bench::single_attention_step(2, single_peak);
-  auto field = [](const std::string& l, const std::string& key) { return std::stod(l.substr(l.find("\"" + key + "\": ") + key.size() + 4)); };
   for (const auto& l : lines) {
     if (l.find("\"cp_step\"") == std::string::npos) continue;
     const size_t m = l.find("\"mode\": \"") + 9;
