@@ -209,6 +209,10 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const at::Tensor& in
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {
   gate = register_module("gate", TopKRouter(o));
   experts = register_module("experts", GroupedExperts(o));
+  if (o.shared_expert_intermediate_size() > 0) {
+    shared_expert = register_module("shared_expert", SwiGLUMlp(o.hidden_size(), o.shared_expert_intermediate_size()));
+    shared_expert_gate = register_module("shared_expert_gate", Linear(LinearOptions(o.hidden_size(), 1).bias(false)));
+  }
 }
 
 at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
@@ -217,7 +221,9 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   // Read after the forward by the load-balancing loss: under activation checkpointing it must
   // stay in the graph of the checkpointed layer, or the router gets no gradient from that loss.
   checkpoint_side_output(r.logits, [this](const at::Tensor& logits) { router_logits = logits; });
-  return experts(flat, r.indices, r.weights).view(x.sizes());
+  at::Tensor out = experts(flat, r.indices, r.weights);
+  if (shared_expert) out = out + at::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
+  return out.view(x.sizes());
 }
 
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,

@@ -447,6 +447,45 @@ def qwen3_5_generation(model, lengths=(70, 45, 9), new_tokens=8):
     raise RuntimeError("no prompts with a top-2 margin of 1e-3 at every step")
 
 
+# Qwen3.5-MoE text checkpoints (Qwen3_5MoeForCausalLM, saved with per-expert keys as
+# save_pretrained writes them): QWEN3_5's attention and GDN shapes, every layer a sparse block of 8
+# experts (top-2, moe_intermediate 32) beside a shared expert (48) behind its sigmoid gate. Every
+# 1-D weight random, the router's too (HF starts it at zero). The logits, the loss and every
+# gradient, each layer's router logits, and greedy generation from left-padded prompts.
+QWEN3_5_MOE = dict(QWEN3_5, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+QWEN3_5_MOE.pop("intermediate_size")
+
+
+def make_qwen3_5_moe(out):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    d = os.path.join(out, "qwen3_5_moe_fp32")
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(4322)
+    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**QWEN3_5_MOE))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
+            elif p.dim() == 1:
+                p.normal_(1.0 if n.endswith("linear_attn.norm.weight") else 0.0, 0.3)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(d)
+    ref = Qwen3_5MoeForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    g = torch.Generator().manual_seed(18)
+    ids = torch.randint(0, QWEN3_5_MOE["vocab_size"], (2, 70), generator=g)
+    o = ref(input_ids=ids, labels=ids, output_router_logits=True)
+    o.loss.backward()
+    tensors = {"input_ids": ids, "logits": o.logits.detach(), "loss": o.loss.detach().reshape(1), "aux_loss": o.aux_loss.detach().reshape(1)}
+    for i, r in enumerate(o.router_logits):
+        tensors[f"router_logits.{i}"] = r.detach()
+    for n, p in ref.named_parameters():
+        tensors["grad." + n] = p.grad
+    tensors.update(qwen3_5_generation(ref))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
+    print(f"qwen3_5_moe_fp32: {sorted(os.listdir(d))}")
+
+
 # The fp32 checkpoint laid out as the published vision-language ones are: the text model under
 # model.language_model., a vision tower and an MTP head beside it, config.json with text_config.
 def make_qwen3_5_vl_layout(out):
@@ -474,6 +513,7 @@ def make(out):
     make_gated_delta_rule(out)
     make_gated_delta_net(out)
     make_qwen3_5(out)
+    make_qwen3_5_moe(out)
     for name, (dtype, tied, shard) in VARIANTS.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
@@ -512,7 +552,9 @@ def check(ours, ref_dir):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "make":
+    if len(sys.argv) >= 3 and sys.argv[1] == "make_qwen3_5_moe":
+        make_qwen3_5_moe(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "make":
         make(sys.argv[2])
     elif len(sys.argv) >= 4 and sys.argv[1] == "check":
         failed = [d for d in sys.argv[3:] if check(d, os.path.join(sys.argv[2], os.path.basename(d).split("_", 1)[1]))]

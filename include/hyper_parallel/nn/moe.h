@@ -5,6 +5,7 @@
 // parallel styles (expert_parallel/) split the experts and set how tokens reach them; the block's
 // code is the same on one process and split.
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/nn/swiglu_mlp.h>
 #include <hyper_parallel/runtime/process_group.h>
 
 #include <vector>
@@ -20,6 +21,9 @@ struct MoEOptions {
   TORCH_ARG(int64_t, num_experts);
   TORCH_ARG(int64_t, top_k);              ///< experts per token (HF's num_experts_per_tok)
   TORCH_ARG(bool, norm_topk_prob) = false;  ///< renormalise the top-k probabilities to sum to 1
+  /// A shared expert beside the routed ones (transformers' shared_expert_intermediate_size): every
+  /// token goes through it, scaled by sigmoid(shared_expert_gate(x)). 0: none.
+  TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
 };
 
 /// What the router decided for T tokens: the scores before the softmax [T, E] (in the input's
@@ -75,7 +79,9 @@ class GroupedExpertsImpl : public ModuleBase<GroupedExpertsImpl> {
 };
 HP_MODULE(GroupedExperts);
 
-/// The sparse block (HF's Qwen3MoeSparseMoeBlock): `gate` (the router) and `experts`.
+/// The sparse block (HF's Qwen3MoeSparseMoeBlock): `gate` (the router) and `experts`; with
+/// shared_expert_intermediate_size, also `shared_expert` (a SwiGLU MLP) and `shared_expert_gate`
+/// (H -> 1), added as sigmoid(shared_expert_gate(x)) · shared_expert(x) (Qwen3_5MoeSparseMoeBlock).
 /// forward(x [..., H]) -> [..., H]. The router logits of the last forward stay in
 /// `router_logits` [T, E] (in the graph) for the load-balancing loss.
 class SparseMoeBlockImpl : public ModuleBase<SparseMoeBlockImpl> {
@@ -85,6 +91,8 @@ class SparseMoeBlockImpl : public ModuleBase<SparseMoeBlockImpl> {
   MoEOptions options;
   TopKRouter gate{nullptr};
   GroupedExperts experts{nullptr};
+  SwiGLUMlp shared_expert{nullptr};  // empty without a shared expert
+  Linear shared_expert_gate{nullptr};
   at::Tensor router_logits;
 };
 HP_MODULE(SparseMoeBlock);

@@ -1,5 +1,7 @@
 #include <hyper_parallel/models/qwen3/parallelize.h>
 
+#include "../parallelize_experts.h"
+
 #include <memory>
 
 #include "../replicated_kv_heads.h"
@@ -75,22 +77,13 @@ void parallelize_qwen3_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, bo
 
 void parallelize_qwen3_experts(CausalLMImpl& model, const hp::DeviceMesh& mesh, bool tensor_parallel, const std::string& token_dispatcher) {
   HP_CHECK_T(c10::ValueError, model.config.is_moe(), "hyper_parallel::qwen3::parallelize_qwen3_experts: the model has no MoE layer (num_experts is 0)");
-  HP_CHECK_T(c10::ValueError, mesh.defined() && (mesh.ndim() == 1 || (mesh.ndim() == 2 && !tensor_parallel)),
-             "hyper_parallel::qwen3::parallelize_qwen3_experts: expects a 1-D mesh (ep, or tp with tensor_parallel) or a 2-D [ep, tp] mesh, got ",
-             mesh.defined() ? mesh.ndim() : 0, "-D");
-  std::unique_ptr<hp::ParallelStyle> style;
-  if (mesh.ndim() == 2) style = std::make_unique<hp::ExpertTensorParallel>();
-  else if (tensor_parallel) style = std::make_unique<hp::expert::TensorParallel>();
-  else style = std::make_unique<hp::ExpertParallel>(token_dispatcher);
   std::vector<std::pair<std::string, hnn::GroupedExpertsImpl*>> experts;
   int64_t l = model.layers->first_index();
   for (const auto& layer : *model.layers) {
     if (auto moe = layer->as<DecoderLayerImpl>()->moe) experts.emplace_back("layers." + std::to_string(l) + ".mlp.experts", moe->experts.get());
     ++l;
   }
-  // All or nothing: every layer is checked before the first is split.
-  for (auto& [fqn, e] : experts) style->validate(*e, fqn, mesh);
-  for (auto& [fqn, e] : experts) style->apply(*e, mesh);
+  models::parallelize_experts(experts, mesh, tensor_parallel, token_dispatcher, "qwen3::parallelize_qwen3_experts");
 }
 
 void parallelize_qwen3_cp(CausalLMImpl& model, const hp::DeviceMesh& cp_mesh, const std::string& mode, bool load_balance) {

@@ -16,11 +16,12 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   json top = models::parse_config(text, origin, "qwen3_5::config_from_json");
   const Reader outer{top, origin, "qwen3_5::config_from_json"};
   const std::string model_type = outer.has("model_type") && top["model_type"].is_string() ? top["model_type"].get<std::string>() : "";
-  if (model_type != "qwen3_5" && model_type != "qwen3_5_text")
+  if (model_type != "qwen3_5" && model_type != "qwen3_5_text" && model_type != "qwen3_5_moe" && model_type != "qwen3_5_moe_text")
     outer.fail("model_type is " + (outer.has("model_type") ? top["model_type"].dump() : std::string("missing")) +
-               ", this model implements \"qwen3_5_text\" and \"qwen3_5\"");
+               ", this model implements \"qwen3_5_text\", \"qwen3_5\", \"qwen3_5_moe_text\" and \"qwen3_5_moe\"");
   Config c;
-  c.vision_language = model_type == "qwen3_5";
+  c.vision_language = model_type == "qwen3_5" || model_type == "qwen3_5_moe";
+  const bool moe = model_type == "qwen3_5_moe" || model_type == "qwen3_5_moe_text";
   if (c.vision_language && !(outer.has("text_config") && top["text_config"].is_object()))
     outer.fail("a \"qwen3_5\" config holds its text model under \"text_config\", which is missing or not an object");
   const json& j = c.vision_language ? top["text_config"] : top;
@@ -30,11 +31,24 @@ Config config_from_json(const std::string& text, const std::string& origin) {
   if (r.has("rope_scaling")) r.fail("'rope_scaling' " + j["rope_scaling"].dump() + " is not supported (only default RoPE)");
   if (r.has("attention_bias") && j["attention_bias"] != false) r.fail("'attention_bias' is " + j["attention_bias"].dump() + "; projections without bias only");
   if (r.has("hidden_act") && j["hidden_act"] != "silu") r.fail("'hidden_act' is " + j["hidden_act"].dump() + "; only \"silu\"");
-  if (r.has("num_experts") && !(j["num_experts"].is_number_integer() && j["num_experts"].get<int64_t>() == 0))
-    r.fail("'num_experts' is " + j["num_experts"].dump() + ": Qwen3.5-MoE (model_type \"qwen3_5_moe\") is another model");
+  if (!moe && r.has("num_experts") && !(j["num_experts"].is_number_integer() && j["num_experts"].get<int64_t>() == 0))
+    r.fail("'num_experts' is " + j["num_experts"].dump() + " in a dense config; Qwen3.5-MoE's model_type is \"qwen3_5_moe_text\" (or \"qwen3_5_moe\")");
   c.vocab_size = r.integer("vocab_size", 1);
   c.hidden_size = r.integer("hidden_size", 1);
-  c.intermediate_size = r.integer("intermediate_size", 1);
+  if (moe) {
+    // Every layer's MLP is the sparse block (transformers' Qwen3_5MoeDecoderLayer).
+    c.num_experts = r.integer("num_experts", 1);
+    c.num_experts_per_tok = r.integer("num_experts_per_tok", 1);
+    c.moe_intermediate_size = r.integer("moe_intermediate_size", 1);
+    c.shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size", 1);
+    if (c.num_experts_per_tok > c.num_experts)
+      r.fail("num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " is larger than num_experts " + std::to_string(c.num_experts));
+    if (r.has("router_aux_loss_coef")) c.router_aux_loss_coef = r.number(j["router_aux_loss_coef"], "router_aux_loss_coef");
+    if (r.has("output_router_logits")) c.output_router_logits = r.boolean("output_router_logits");
+    c.intermediate_size = r.has("intermediate_size") ? r.integer("intermediate_size", 1) : c.moe_intermediate_size;
+  } else {
+    c.intermediate_size = r.integer("intermediate_size", 1);
+  }
   c.num_layers = r.integer("num_hidden_layers", 1);
   c.num_heads = r.integer("num_attention_heads", 1);
   c.num_kv_heads = r.has("num_key_value_heads") ? r.integer("num_key_value_heads", 1) : c.num_heads;
@@ -104,11 +118,20 @@ Config load_config(const std::string& path) { return config_from_json(models::re
 
 std::string config_to_json(const Config& c) {
   json j;
-  j["architectures"] = {"Qwen3_5ForCausalLM"};
-  j["model_type"] = "qwen3_5_text";
+  j["architectures"] = {c.is_moe() ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"};
+  j["model_type"] = c.is_moe() ? "qwen3_5_moe_text" : "qwen3_5_text";
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
+  if (c.is_moe()) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+  } else {
+    j["intermediate_size"] = c.intermediate_size;
+  }
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
@@ -152,6 +175,13 @@ CheckpointKeyMap hf_key_map(const Config& config) {
                     v_rows = "[" + std::to_string(2 * key_dim) + ":" + std::to_string(conv_dim) + "]";
   return [=](const std::string& fqn) -> std::string {
     if (fqn.rfind("lm_head.", 0) == 0) return fqn;
+    // Stacked experts [E, ...] are per-expert Linear weights, as transformers' save_pretrained
+    // writes them.
+    static const std::string experts = ".mlp.experts.";
+    if (const size_t e = fqn.find(experts); e != std::string::npos) {
+      const std::string proj = fqn.substr(e + experts.size());
+      return prefix + fqn.substr(0, e + experts.size()) + "*." + proj + ".weight";
+    }
     static const std::string linear = ".linear_attn.";
     const size_t at = fqn.find(linear);
     if (at == std::string::npos) return prefix + fqn;

@@ -126,13 +126,19 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
   if (c.full_attention.at(static_cast<size_t>(layer_idx))) self_attn = register_module("self_attn", GatedAttention(c, layer_idx));
   else linear_attn = register_module("linear_attn", LinearAttention(c, layer_idx));
   post_attention_layernorm = register_module("post_attention_layernorm", zero_centered_norm(c.hidden_size, c.rms_norm_eps));
-  mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
+  if (c.is_moe())
+    moe = register_module("mlp", hnn::SparseMoeBlock(hnn::MoEOptions(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok)
+                                                         .norm_topk_prob(true)
+                                                         .shared_expert_intermediate_size(c.shared_expert_intermediate_size)));
+  else
+    mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
   const at::Tensor x = input_layernorm(hidden);
   const at::Tensor h = hidden + (self_attn ? self_attn(x, rotary) : linear_attn(x));
-  return h + mlp(post_attention_layernorm(h));
+  const at::Tensor y = post_attention_layernorm(h);
+  return h + (moe ? moe(y) : mlp(y));
 }
 
 StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
@@ -163,6 +169,19 @@ CausalLMImpl::CausalLMImpl(const Config& c, const StageSpan& stage) : config(c),
 
 void CausalLMImpl::tie_weights() {
   if (config.tie_word_embeddings && embed_tokens && lm_head) lm_head->replace_parameter("weight", embed_tokens->weight());
+}
+
+std::vector<at::Tensor> CausalLMImpl::router_logits() const {
+  std::vector<at::Tensor> out;
+  for (const auto& layer : *layers)
+    if (const auto& moe = layer->as<DecoderLayerImpl>()->moe) out.push_back(moe->router_logits);
+  return out;
+}
+
+at::Tensor CausalLMImpl::load_balancing_loss(const hp::Group& data_group) const {
+  HP_CHECK_T(c10::ValueError, config.is_moe(), "hyper_parallel::qwen3_5::CausalLMImpl::load_balancing_loss: the model has no MoE layer ",
+             "(num_experts is 0)");
+  return hnn::load_balancing_loss(router_logits(), config.num_experts, config.num_experts_per_tok, data_group);
 }
 
 Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {

@@ -1,5 +1,6 @@
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
 
+#include "../parallelize_experts.h"
 #include "../replicated_kv_heads.h"
 
 namespace hyper_parallel {
@@ -23,6 +24,8 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     if (value % tp != 0) bad.push_back(std::string(name) + " (" + std::to_string(value) + ")");
   HP_CHECK_T(c10::ValueError, bad.empty(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: ", hp::join_listed(bad),
              " must be divisible by the tensor-parallel size ", tp);
+  HP_CHECK_T(c10::ValueError, !(sequence_parallel && c.is_moe() && tp > 1), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: sequence ",
+             "parallelism with MoE layers is not built yet (their sparse blocks take the replicated stream); pass sequence_parallel=false");
   const bool replicate_kv = models::kv_heads_replicated("qwen3_5::parallelize_qwen3_5_tp", c.num_kv_heads, tp);
   const hp::Placement act = sequence_parallel ? hp::Placement(hp::Shard(1)) : hp::Placement(hp::Replicate());
   const bool dtensor_stream = sequence_parallel;
@@ -31,11 +34,14 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
   };
   const hp::SequenceParallel head_norm(/*sequence_dim=*/2, /*use_local_output=*/true);
   const hp::PrepareModuleInput replicate_input(hp::Layouts{act}, hp::Layouts{hp::Replicate()});
+  // A MoE layer's shared expert splits as the dense MLP does; its routed experts go over the ranks
+  // with parallelize_qwen3_5_experts, and the router and shared_expert_gate stay whole.
+  const std::string mlp = c.is_moe() ? "layers.*.mlp.shared_expert" : "layers.*.mlp";
   std::vector<hp::PlanEntry> entries{
-      {"layers.*.mlp", replicate_input},
-      {"layers.*.mlp.gate_proj", hp::ColwiseParallel()},
-      {"layers.*.mlp.up_proj", hp::ColwiseParallel()},
+      {mlp + ".gate_proj", hp::ColwiseParallel()},
+      {mlp + ".up_proj", hp::ColwiseParallel()},
   };
+  if (!c.is_moe()) entries.emplace_back("layers.*.mlp", replicate_input);
   // A pipeline stage holds the embedding, the head, both or neither.
   if (model.embed_tokens) entries.emplace_back("embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream));
   if (model.lm_head)
@@ -50,7 +56,7 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     const std::string layer = "layers." + std::to_string(l);
     const bool full = c.full_attention.at(static_cast<size_t>(l));
     // HyperParallel's training plan reduces the mixers' outputs, and a full layer's MLP, in reduce_dtype.
-    entries.emplace_back(layer + ".mlp.down_proj", rowwise(full));
+    entries.emplace_back(layer + (c.is_moe() ? ".mlp.shared_expert.down_proj" : ".mlp.down_proj"), rowwise(full));
     if (full) {
       const std::string a = layer + ".self_attn";
       entries.emplace_back(a, replicate_input);
@@ -85,6 +91,18 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
   }
   if (replicate_kv) models::replicate_kv_heads(kv, c.num_kv_heads, tp_mesh);
   model.tie_weights();
+}
+
+void parallelize_qwen3_5_experts(CausalLMImpl& model, const hp::DeviceMesh& mesh, bool tensor_parallel, const std::string& token_dispatcher) {
+  HP_CHECK_T(c10::ValueError, model.config.is_moe(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_experts: the model has no MoE layer ",
+             "(num_experts is 0)");
+  std::vector<std::pair<std::string, hnn::GroupedExpertsImpl*>> experts;
+  int64_t l = model.layers->first_index();
+  for (const auto& layer : *model.layers) {
+    if (auto moe = layer->as<DecoderLayerImpl>()->moe) experts.emplace_back("layers." + std::to_string(l) + ".mlp.experts", moe->experts.get());
+    ++l;
+  }
+  models::parallelize_experts(experts, mesh, tensor_parallel, token_dispatcher, "qwen3_5::parallelize_qwen3_5_experts");
 }
 
 void parallelize_qwen3_5_cp(CausalLMImpl& model, const hp::DeviceMesh& cp_mesh, const std::string& linear_mode,

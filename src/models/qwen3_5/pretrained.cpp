@@ -18,6 +18,10 @@ CausalLM build_meta_model(const Config& config, const c10::optional<hyper_parall
   }
   // Generation decodes one position at a time: no sequence parallelism.
   if (tp_mesh) parallelize_qwen3_5_tp(*model, *tp_mesh, /*sequence_parallel=*/false);
+  // Every tp rank holds the same tokens: its experts run on them and the outputs are summed;
+  // experts that do not divide over tp are split by columns instead.
+  if (tp_mesh && config.is_moe())
+    parallelize_qwen3_5_experts(*model, *tp_mesh, /*tensor_parallel=*/config.num_experts % tp_mesh->size() != 0, "all_reduce");
   return model;
 }
 

@@ -9,7 +9,7 @@
 #include <hyper_parallel/nn/moe.h>
 #include <hyper_parallel/models/generate.h>
 #include <hyper_parallel/models/stage_span.h>
-#include <hyper_parallel/models/swiglu_mlp.h>
+#include <hyper_parallel/nn/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
 
@@ -98,8 +98,8 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
 HP_MODULE(Attention);
 
 /// The SwiGLU MLP (gate_proj, up_proj, down_proj).
-using MlpImpl = hyper_parallel::models::SwiGLUMlpImpl;
-using Mlp = hyper_parallel::models::SwiGLUMlp;
+using MlpImpl = hyper_parallel::nn::SwiGLUMlpImpl;
+using Mlp = hyper_parallel::nn::SwiGLUMlp;
 
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:

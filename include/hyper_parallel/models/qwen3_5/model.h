@@ -7,9 +7,10 @@
 #include <hyper_parallel/nn/attention.h>
 #include <hyper_parallel/nn/gated_delta_net.h>
 #include <hyper_parallel/nn/layers.h>
+#include <hyper_parallel/nn/moe.h>
 #include <hyper_parallel/models/generate.h>
 #include <hyper_parallel/models/stage_span.h>
-#include <hyper_parallel/models/swiglu_mlp.h>
+#include <hyper_parallel/nn/swiglu_mlp.h>
 
 #include <c10/util/Optional.h>
 
@@ -35,6 +36,15 @@ struct Config {
   int64_t linear_conv_kernel_dim = 4;
   /// Per layer: full attention (true) or linear attention (false).
   std::vector<bool> full_attention{false, false, false, true};
+  /// Qwen3.5-MoE (model_type "qwen3_5_moe_text"): every layer's MLP is a sparse block of
+  /// num_experts routed experts (top num_experts_per_tok, the top-k probabilities always
+  /// renormalised) beside a shared expert behind a sigmoid gate. num_experts == 0: dense.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;  // transformers adds the aux loss to its loss when true
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 0.25;  // the share of each head's dims that rotate
@@ -48,6 +58,7 @@ struct Config {
   std::vector<int64_t> eos_token_ids;
   c10::optional<int64_t> bos_token_id, pad_token_id;
 
+  bool is_moe() const { return num_experts > 0; }
   /// The rotated dims of each full-attention head: head_dim · partial_rotary_factor.
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
 };
@@ -109,10 +120,11 @@ class LinearAttentionImpl : public hnn::ModuleBase<LinearAttentionImpl> {
 HP_MODULE(LinearAttention);
 
 /// The SwiGLU MLP (gate_proj, up_proj, down_proj), as Qwen3's.
-using MlpImpl = hyper_parallel::models::SwiGLUMlpImpl;
-using Mlp = hyper_parallel::models::SwiGLUMlp;
+using MlpImpl = hyper_parallel::nn::SwiGLUMlpImpl;
+using Mlp = hyper_parallel::nn::SwiGLUMlp;
 
-/// Pre-norm residual layer: `self_attn` (full attention) or `linear_attn`, then the MLP.
+/// Pre-norm residual layer: `self_attn` (full attention) or `linear_attn`, then the MLP (`mlp`, or
+/// in a MoE model the sparse block `moe`, named `mlp` in the checkpoint as in transformers).
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
   DecoderLayerImpl(const Config& c, int64_t layer_idx);
@@ -121,6 +133,7 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
   GatedAttention self_attn{nullptr};
   LinearAttention linear_attn{nullptr};
   Mlp mlp{nullptr};
+  hnn::SparseMoeBlock moe{nullptr};
 };
 HP_MODULE(DecoderLayer);
 
@@ -147,6 +160,13 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   Cache make_cache(int64_t batch, int64_t capacity) const;
   /// With tie_word_embeddings, makes lm_head's weight embed_tokens' weight (one tensor).
   void tie_weights();
+  /// The router logits [T, E] of every MoE layer of the last forward, in layer order (empty for a
+  /// dense model): what transformers returns with output_router_logits.
+  std::vector<at::Tensor> router_logits() const;
+  /// transformers' load_balancing_loss_func over router_logits() (over the whole batch of
+  /// `data_group` when given: hyper_parallel::nn::load_balancing_loss); add
+  /// config.router_aux_loss_coef times it to the loss.
+  at::Tensor load_balancing_loss(const hyper_parallel::Group& data_group = {}) const;
   Config config;
   StageSpan span;  // end_layer resolved
   hnn::Embedding embed_tokens{nullptr};  // empty on a stage without the embedding

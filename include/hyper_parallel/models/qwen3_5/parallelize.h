@@ -12,10 +12,10 @@ namespace qwen3_5 {
 /// - embed_tokens Rowwise (ids Replicate -> Shard(1) with sequence parallelism); the layer and final
 ///   norms SequenceParallel(sequence_dim=1) (NoParallel without);
 /// - self_attn, linear_attn and mlp PrepareModuleInput(Shard(1) -> Replicate);
-/// - q/k/v_proj, gate/up_proj, in_proj_q/k/v/z/b/a Colwise; q_norm/k_norm and linear_attn.norm
+/// - q/k/v_proj, gate/up_proj (a MoE layer's shared_expert.gate/up_proj), in_proj_q/k/v/z/b/a Colwise; q_norm/k_norm and linear_attn.norm
 ///   SequenceParallel(sequence_dim=2, use_local_output=true): Replicate weights on head shards,
 ///   their gradients summed over tp;
-/// - o_proj, out_proj and down_proj Rowwise(Shard(-1) -> Shard(1), use_local_output=false), in
+/// - o_proj, out_proj and down_proj (shared_expert.down_proj) Rowwise(Shard(-1) -> Shard(1), use_local_output=false), in
 ///   `reduce_dtype` on o_proj, out_proj and the full-attention layers' down_proj;
 /// - the GatedDeltaNet's conv_q/k/v, A_log and dt_bias Shard(0): each rank keeps whole key heads
 ///   with the value heads they serve (HF's fused in_proj_qkv and conv1d load into the q/k/v
@@ -29,6 +29,16 @@ namespace qwen3_5 {
 /// e.g. `qwen3_5::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/true);`
 void parallelize_qwen3_5_tp(CausalLMImpl& model, const hyper_parallel::DeviceMesh& tp_mesh, bool sequence_parallel = true,
                             bool loss_parallel = false, c10::optional<at::ScalarType> reduce_dtype = c10::nullopt);
+
+/// Qwen3.5-MoE: every MoE layer's routed experts (`layers.*.mlp.experts`) over `mesh`, as
+/// parallelize_qwen3_experts does for Qwen3-MoE: a 1-D ep mesh, ExpertParallel(token_dispatcher)
+/// ("all_to_all" when the ranks hold different tokens, ep taken from data ranks; "all_reduce" when
+/// they hold the same, ep over the tp ranks); with `tensor_parallel`, each expert's intermediate dim
+/// split over a 1-D tp mesh; a 2-D [ep, tp] mesh, ExpertTensorParallel. The router, the shared
+/// expert's gate and (without parallelize_qwen3_5_tp) the shared expert stay whole. All or nothing.
+/// e.g. `qwen3_5::parallelize_qwen3_5_experts(*model, mesh["ep"]);`
+void parallelize_qwen3_5_experts(CausalLMImpl& model, const hyper_parallel::DeviceMesh& mesh, bool tensor_parallel = false,
+                                 const std::string& token_dispatcher = "all_to_all");
 
 /// Splits the sequence of `model` over the 1-D `cp_mesh` in one parallelize_module plan:
 /// LinearAttentionContextParallel(linear_mode) on every linear-attention layer's sequence mixing
