@@ -26,9 +26,11 @@ inline at::Tensor hf_expected(const std::string& variant_dir, const char* name) 
   return f.tensor(name).clone();
 }
 
-/// The reference's prompts, without their left padding.
-inline std::vector<std::vector<int64_t>> hf_prompts(const std::string& variant_dir) {
-  const at::Tensor ids = hf_expected(variant_dir, "prompt_ids"), mask = hf_expected(variant_dir, "prompt_mask");
+/// The reference's prompts, without their left padding (Qwen3's `prompt_ids`/`prompt_mask`, or
+/// with `prefix` "gen." Qwen3.5's `gen.prompt_ids`/`gen.attention_mask`).
+inline std::vector<std::vector<int64_t>> hf_prompts(const std::string& variant_dir, const std::string& prefix = "") {
+  const at::Tensor ids = hf_expected(variant_dir, (prefix + "prompt_ids").c_str()),
+                   mask = hf_expected(variant_dir, (prefix.empty() ? "prompt_mask" : prefix + "attention_mask").c_str());
   std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(ids.size(0)));
   for (int64_t b = 0; b < ids.size(0); ++b)
     for (int64_t s = 0; s < ids.size(1); ++s)

@@ -395,6 +395,20 @@ QWEN3_5 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_
 QWEN3_5_VARIANTS = {"qwen3_5_fp32": (torch.float32, False, None), "qwen3_5_bf16_tied_sharded": (torch.bfloat16, True, "40KB")}
 
 
+# Every 1-D weight away from its initial value (the norms' (1 + w) and w conventions, A_log and
+# dt_bias would hide behind them), and a MoE router wide enough to route decisively (HF starts it
+# at zero).
+def randomize_qwen3_5(model):
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
+            elif p.dim() == 1:
+                p.normal_(1.0 if n.endswith("linear_attn.norm.weight") else 0.0, 0.3)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+
+
 def make_qwen3_5(out):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     for name, (dtype, tied, shard) in QWEN3_5_VARIANTS.items():
@@ -402,12 +416,7 @@ def make_qwen3_5(out):
         os.makedirs(d, exist_ok=True)
         torch.manual_seed(4321)
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**QWEN3_5, tie_word_embeddings=tied))
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if n.endswith("A_log"):
-                    p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
-                elif p.dim() == 1:
-                    p.normal_(1.0 if n.endswith("linear_attn.norm.weight") else 0.0, 0.3)
+        randomize_qwen3_5(model)
         model = model.to(dtype)
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(d, **kwargs)
@@ -462,14 +471,7 @@ def make_qwen3_5_moe(out):
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(4322)
     model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**QWEN3_5_MOE))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("A_log"):
-                p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
-            elif p.dim() == 1:
-                p.normal_(1.0 if n.endswith("linear_attn.norm.weight") else 0.0, 0.3)
-            elif n.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.5)
+    randomize_qwen3_5(model)
     model.save_pretrained(d)
     ref = Qwen3_5MoeForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
     g = torch.Generator().manual_seed(18)

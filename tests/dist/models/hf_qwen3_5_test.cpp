@@ -227,14 +227,9 @@ TEST(HFQwen3_5, GreedyGenerationMatchesTransformers) {
     auto model = loaded(d, [](q35::CausalLMImpl& m) {
       if (hp::get_world_size() > 1) q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), /*sequence_parallel=*/false);
     });
-    const at::Tensor ids = hp_test::hf_expected(d, "gen.prompt_ids"), mask = hp_test::hf_expected(d, "gen.attention_mask");
+    const at::Tensor ids = hp_test::hf_expected(d, "gen.prompt_ids");
     const at::Tensor want_tokens = hp_test::hf_expected(d, "gen.tokens"), want_logits = hp_test::hf_expected(d, "gen.logits");
-    std::vector<std::vector<int64_t>> prompts;
-    for (int64_t b = 0; b < ids.size(0); ++b) {
-      const int64_t n = mask[b].sum().item<int64_t>();
-      const at::Tensor row = ids[b].narrow(0, ids.size(1) - n, n).contiguous();
-      prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + n);
-    }
+      const std::vector<std::vector<int64_t>> prompts = hp_test::hf_prompts(d, "gen.");
     hp::models::GenerationConfig g;
     g.max_new_tokens = want_tokens.size(1);
     g.output_logits = true;
