@@ -107,15 +107,18 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
   std::vector<Load> loads;
   std::vector<std::string> missing, mismatched;
   std::set<std::string> claimed;
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> claimed_rows;  // row ranges of shared tensors
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> claimed_rows;  // ranges of shared tensors
+  std::map<std::string, std::set<int64_t>> claimed_dims;                          // the dims they range over
   for (const auto& e : entries) {
     const int64_t stack = e.value.dim() > 0 ? e.value.size(0) : 0;
     for (const auto& k : e.keys) {
       if (k.empty()) continue;
       if (hf_entries::is_stacked(k))
         for (int64_t i = 0; i < stack; ++i) claimed.insert(hf_entries::stacked_key(k, i));
-      else if (const auto r = hf_entries::row_range(k); r.ranged)
+      else if (const auto r = hf_entries::row_range(k); r.ranged) {
         claimed_rows[r.name].emplace_back(r.begin, r.end);
+        claimed_dims[r.name].insert(r.dim);
+      }
       else
         claimed.insert(k);
     }
@@ -170,16 +173,22 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
     const SafetensorsTensorInfo& t = *f->find(range.name);
     HP_CHECK_T(c10::ValueError, !is_dtensor(e.value) || !DTensor(e.value).spec().has_partial(), "hyper_parallel::load_hf_checkpoint: ",
                e.fqn_list(), " is a Partial DTensor, which has no values of its own to load into");
-    // A row range: the value is rows [begin, end) of the checkpoint tensor, whose other dims it shares.
+    // A range: the value is [begin, end) of the checkpoint tensor's dim `d`, whose other dims it shares.
+    const int64_t d = range.dim;
     std::vector<int64_t> want = e.value.sizes().vec();
-    if (range.ranged && !want.empty()) want[0] = t.shape.empty() ? -1 : t.shape[0];
-    const bool rows_fit = !range.ranged || (!want.empty() && range.end <= want[0] && range.end - range.begin == e.value.size(0));
+    const bool has_dim = static_cast<int64_t>(want.size()) > d;
+    if (range.ranged && has_dim) want[static_cast<size_t>(d)] = static_cast<int64_t>(t.shape.size()) > d ? t.shape[static_cast<size_t>(d)] : -1;
+    const bool rows_fit =
+        !range.ranged || (has_dim && range.end <= want[static_cast<size_t>(d)] && range.end - range.begin == e.value.size(d));
     if (c10::IntArrayRef(t.shape) != c10::IntArrayRef(want) || !rows_fit || !same_kind(t.dtype, e.value.scalar_type()))
       mismatched.push_back("'" + range.name + "' in " + f->path() + " is " + t.dtype_name + " " + c10::str(c10::IntArrayRef(t.shape)) +
-                           ", " + e.fqn_list() + (range.ranged ? " (its rows " + std::to_string(range.begin) + ":" + std::to_string(range.end) + ")" : "") +
+                           ", " + e.fqn_list() +
+                           (range.ranged ? std::string(d == 0 ? " (its rows " : " (its range of dim " + std::to_string(d) + ", ") +
+                                               std::to_string(range.begin) + ":" + std::to_string(range.end) + ")"
+                                         : "") +
                            " is " + c10::toString(e.value.scalar_type()) + " " + c10::str(e.value.sizes()));
     hf_entries::LocalBox box = hf_entries::local_box(e.value);
-    if (range.ranged) box.offset[0] += range.begin;
+    if (range.ranged && has_dim) box.offset[static_cast<size_t>(d)] += range.begin;
     loads.push_back({e.value, range.name, f, t.begin, box});
   }
   // Rows of a shared tensor that no parameter takes would be dropped silently, and rows two
@@ -189,10 +198,18 @@ std::vector<Load> plan_loads(const std::vector<hf_entries::Entry>& entries, cons
     auto it = ck.where.find(name);
     if (it == ck.where.end()) continue;  // reported as missing
     const auto& shape = it->second->find(name)->shape;
-    const int64_t rows = shape.empty() ? 0 : shape[0];
+    const std::set<int64_t>& dims = claimed_dims[name];
+    if (dims.size() != 1) {
+      untiled.push_back("'" + name + "' (the parameters take ranges of " + std::to_string(dims.size()) + " different dims)");
+      continue;
+    }
+    const int64_t d = *dims.begin();
+    const int64_t rows = static_cast<int64_t>(shape.size()) > d ? shape[static_cast<size_t>(d)] : 0;
     const hf_entries::RowTiling tiling = hf_entries::row_tiling(ranges, rows);
-    if (tiling.tiled && !shape.empty()) claimed.insert(name);
-    else untiled.push_back("'" + name + "' (" + std::to_string(rows) + " rows; the parameters take " + tiling.listed + ")");
+    if (tiling.tiled && static_cast<int64_t>(shape.size()) > d) claimed.insert(name);
+    else
+      untiled.push_back("'" + name + "' (" + std::to_string(rows) + (d == 0 ? " rows" : " along dim " + std::to_string(d)) +
+                        "; the parameters take " + tiling.listed + ")");
   }
   std::vector<std::regex> ignore;
   for (const auto& pattern : options.ignore) {

@@ -74,6 +74,9 @@ std::vector<PlannedFile> plan_files(const std::vector<hf_entries::Entry>& entrie
     safetensors_dtype_name(dtype);  // throws for a dtype the format lacks
     const hf_entries::RowRange range = hf_entries::row_range(key);
     if (range.ranged) {
+      HP_CHECK_T(c10::ValueError, range.dim == 0, "hyper_parallel::save_hf_checkpoint: ", e.fqn_list(), " maps to a range of dim ", range.dim,
+                 " of '", range.name, "' ('", key, "'); a save writes row ranges (dim 0) only: give the key map's name for saving first ",
+                 "(alternatives 'a|b' are written as 'a')");
       HP_CHECK_T(c10::ValueError, e.value.dim() >= 1 && e.value.size(0) == range.end - range.begin, "hyper_parallel::save_hf_checkpoint: ",
                  e.fqn_list(), " ", e.value.sizes(), " maps to rows ", range.begin, ":", range.end, " of '", range.name, "', which is ",
                  range.end - range.begin, " rows");

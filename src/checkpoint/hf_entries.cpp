@@ -36,7 +36,6 @@ RowRange row_range(const std::string& key) {
   RowRange r{key};
   if (key.empty() || key.back() != ']') return r;
   const size_t open = key.rfind('[');
-  const size_t colon = key.find(':', open == std::string::npos ? 0 : open);
   auto number = [&](size_t from, size_t to, int64_t& out) {
     if (from >= to) return false;
     out = 0;
@@ -46,10 +45,18 @@ RowRange row_range(const std::string& key) {
     }
     return true;
   };
+  // Leading ":," (numpy's "all of this dim") move the range to a later dim: "[:, a:b]" is dim 1.
+  size_t at = open == std::string::npos ? key.size() : open + 1;
+  while (at + 1 < key.size() && key[at] == ':' && key[at + 1] == ',') {
+    ++r.dim;
+    at += 2;
+    while (at < key.size() && key[at] == ' ') ++at;
+  }
+  const size_t colon = key.find(':', at);
   HP_CHECK_T(c10::ValueError,
-             open != std::string::npos && open > 0 && colon != std::string::npos && number(open + 1, colon, r.begin) &&
+             open != std::string::npos && open > 0 && colon != std::string::npos && number(at, colon, r.begin) &&
                  number(colon + 1, key.size() - 1, r.end) && r.begin < r.end,
-             "hyper_parallel::CheckpointKeyMap: '", key, "' ends in ']' but not in a row range [a:b] with a < b");
+             "hyper_parallel::CheckpointKeyMap: '", key, "' ends in ']' but not in a range [a:b] or [:, a:b] with a < b");
   r.name = key.substr(0, open);
   r.ranged = true;
   return r;
@@ -77,7 +84,13 @@ std::vector<Entry> entries_of(torch::nn::Module& model, const CheckpointKeyMap& 
     auto [it, fresh] = seen.emplace(e.value.unsafeGetTensorImpl(), out.size());
     if (fresh) out.push_back({e.value, {}, {}});
     out[it->second].fqns.push_back(e.name);
-    out[it->second].keys.push_back(key);
+    // "a|b": alternative names, the first one a checkpoint holds being read, the first written.
+    size_t from = 0;
+    for (size_t bar = key.find('|'); ; bar = key.find('|', from)) {
+      out[it->second].keys.push_back(key.substr(from, bar == std::string::npos ? std::string::npos : bar - from));
+      if (bar == std::string::npos) break;
+      from = bar + 1;
+    }
   }
   return out;
 }

@@ -26,12 +26,14 @@ bool is_stacked(const std::string& key);
 // `key` with `index` in place of its '*'.
 std::string stacked_key(const std::string& key, int64_t index);
 
-// A key that ends in "[a:b]": the checkpoint tensor `name`'s rows [begin, end) (CheckpointKeyMap).
-// `ranged` false for any other key (name is the key itself). A malformed range raises ValueError.
+// A key that ends in "[a:b]": the checkpoint tensor `name`'s rows [begin, end) (CheckpointKeyMap);
+// "[:, a:b]" the same range of dim 1 (`dim`). `ranged` false for any other key (name is the key
+// itself). A malformed range raises ValueError.
 struct RowRange {
   std::string name;
   bool ranged = false;
   int64_t begin = 0, end = 0;
+  int64_t dim = 0;
 };
 RowRange row_range(const std::string& key);
 

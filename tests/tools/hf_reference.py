@@ -486,6 +486,48 @@ def make_qwen3_5_moe(out):
     tensors.update(qwen3_5_generation(ref))
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
     print(f"qwen3_5_moe_fp32: {sorted(os.listdir(d))}")
+    make_qwen3_5_moe_fused_vl(out)
+
+
+# The MoE checkpoint laid out as the published vision-language ones are, with the experts fused as
+# transformers holds them (gate_up_proj [E, 2I, H], gate rows first; down_proj [E, H, I]): the text
+# model under model.language_model., a vision tower and an MTP head beside it, config.json with
+# text_config. transformers reads this layout too (checked here).
+def make_qwen3_5_moe_fused_vl(out):
+    import json
+    import shutil
+    src, d = os.path.join(out, "qwen3_5_moe_fp32"), os.path.join(out, "qwen3_5_moe_fused_vl")
+    os.makedirs(d, exist_ok=True)
+    per_expert = load_file(os.path.join(src, "model.safetensors"))
+    e, i = QWEN3_5_MOE["num_experts"], QWEN3_5_MOE["moe_intermediate_size"]
+    text = {k: v for k, v in per_expert.items() if ".mlp.experts." not in k}
+    for layer in range(QWEN3_5_MOE["num_hidden_layers"]):
+        b = f"model.layers.{layer}.mlp.experts."
+        text[b + "gate_up_proj"] = torch.stack([torch.cat([per_expert[f"{b}{x}.gate_proj.weight"], per_expert[f"{b}{x}.up_proj.weight"]]) for x in range(e)])
+        text[b + "down_proj"] = torch.stack([per_expert[f"{b}{x}.down_proj.weight"] for x in range(e)])
+        assert text[b + "gate_up_proj"].shape[1] == 2 * i
+    from transformers import Qwen3_5MoeForCausalLM
+    check = os.path.join(out, "qwen3_5_moe_fused_text")
+    os.makedirs(check, exist_ok=True)
+    save_file(text, os.path.join(check, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), check)
+    ids = load_file(os.path.join(src, "expected.safetensors"))["input_ids"]
+    with torch.no_grad():
+        logits = Qwen3_5MoeForCausalLM.from_pretrained(check, dtype=torch.float32, attn_implementation="eager")(input_ids=ids).logits
+    assert torch.allclose(logits, load_file(os.path.join(src, "expected.safetensors"))["logits"], rtol=1e-4, atol=1e-5)
+    shutil.rmtree(check)
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in text.items()}
+    g = torch.Generator().manual_seed(3)
+    tensors["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, generator=g)
+    tensors["mtp.fc.weight"] = torch.randn(4, 4, generator=g)
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        text_config = json.load(f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+                   "text_config": text_config}, f, indent=2)
+    shutil.copy(os.path.join(src, "expected.safetensors"), d)
+    print(f"qwen3_5_moe_fused_vl: {sorted(os.listdir(d))}")
 
 
 # The fp32 checkpoint laid out as the published vision-language ones are: the text model under

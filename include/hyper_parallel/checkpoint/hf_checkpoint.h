@@ -22,7 +22,9 @@ namespace hyper_parallel {
 /// maps the tensor to rows a..b-1 (dim 0) of one checkpoint tensor that several parameters share
 /// (a fused projection held as separate parameters, e.g. the q, k and v sections of
 /// `in_proj_qkv.weight[0:2048]`, `[2048:4096]`, `[4096:6144]`): the ranges of one name must tile
-/// its rows exactly, and a save writes them as one tensor.
+/// its rows exactly, and a save writes them as one tensor. `[:, a:b]` is the same for dim 1, on
+/// load only (the gate and up halves of a fused `experts.gate_up_proj` [E, 2I, H]). A name may list
+/// alternatives as `a|b`: a load reads the first one the checkpoint holds, a save writes the first.
 /// e.g. `[](const std::string& fqn) { return fqn.rfind("lm_head", 0) == 0 ? fqn : "model." + fqn; }`
 using CheckpointKeyMap = std::function<std::string(const std::string& fqn)>;
 

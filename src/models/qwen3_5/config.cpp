@@ -170,17 +170,22 @@ CheckpointKeyMap hf_key_map(const Config& config) {
   const std::string prefix = config.vision_language ? "model.language_model." : "model.";
   const int64_t key_dim = config.linear_num_key_heads * config.linear_key_head_dim;
   const int64_t conv_dim = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim;
+  const int64_t moe_i = config.moe_intermediate_size;
   // [Q ‖ K ‖ V] rows of the fused tensors.
   const std::string q_rows = "[0:" + std::to_string(key_dim) + "]", k_rows = "[" + std::to_string(key_dim) + ":" + std::to_string(2 * key_dim) + "]",
                     v_rows = "[" + std::to_string(2 * key_dim) + ":" + std::to_string(conv_dim) + "]";
   return [=](const std::string& fqn) -> std::string {
     if (fqn.rfind("lm_head.", 0) == 0) return fqn;
     // Stacked experts [E, ...] are per-expert Linear weights, as transformers' save_pretrained
-    // writes them.
+    // writes them (and a save writes); or, as the published checkpoints hold them, the fused
+    // gate_up_proj [E, 2I, H] (gate rows first) and down_proj [E, H, I].
     static const std::string experts = ".mlp.experts.";
     if (const size_t e = fqn.find(experts); e != std::string::npos) {
-      const std::string proj = fqn.substr(e + experts.size());
-      return prefix + fqn.substr(0, e + experts.size()) + "*." + proj + ".weight";
+      const std::string base = prefix + fqn.substr(0, e + experts.size()), proj = fqn.substr(e + experts.size());
+      const std::string per_expert = base + "*." + proj + ".weight";
+      if (proj == "gate_proj") return per_expert + "|" + base + "gate_up_proj[:, 0:" + std::to_string(moe_i) + "]";
+      if (proj == "up_proj") return per_expert + "|" + base + "gate_up_proj[:, " + std::to_string(moe_i) + ":" + std::to_string(2 * moe_i) + "]";
+      return per_expert + "|" + base + proj;
     }
     static const std::string linear = ".linear_attn.";
     const size_t at = fqn.find(linear);

@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/checkpoint/safetensors.h>
 #include <hyper_parallel/nn/init_parameters.h>
+
 
 #include "../../common/hf_reference.h"
 #include "../../common/test_util.h"
@@ -148,6 +150,45 @@ TEST(HFQwen3_5Moe, GreedyGenerationMatchesTransformers) {
   }
   for (int64_t step = 0; step < g.max_new_tokens; ++step)
     EXPECT_TRUE(hp_test::near_relative(out.logits[static_cast<size_t>(step)], want_logits[step], 1e-4)) << "step " << step;
+}
+
+// The published layout (text model under model.language_model., vision tower and MTP head skipped)
+// with the experts fused, gate_up_proj [E, 2I, H] and down_proj [E, H, I]: the gate and up halves
+// load into the stacked gate_proj / up_proj through the key map's dim-1 ranges, whole experts over
+// the ranks and with each expert's columns split (expert tensor parallelism); a save writes the
+// per-expert keys transformers' save_pretrained writes, and our reload gives the same logits.
+TEST(HFQwen3_5Moe, FusedExpertsInThePublishedLayoutLoadAndSaveAsPerExpertKeys) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_moe_fused_vl");
+  const std::string d = ref + "/qwen3_5_moe_fused_vl";
+  const int64_t ws = hp::get_world_size();
+  const at::Tensor ids = hp_test::hf_expected(d, "input_ids"), want = hp_test::hf_expected(d, "logits");
+  for (bool columns : {false, true}) {
+    if (columns && ws == 1) continue;
+    SCOPED_TRACE(columns ? "each expert's columns over the ranks" : "whole experts over the ranks");
+    const q35::Config c = q35::load_config(d + "/config.json");
+    EXPECT_TRUE(c.vision_language && c.is_moe());
+    auto model = loaded(d, [&](q35::CausalLMImpl& m) {
+      if (ws == 1) return;
+      q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), /*sequence_parallel=*/false);
+      q35::parallelize_qwen3_5_experts(m, hp_test::world_mesh(), /*tensor_parallel=*/columns, "all_reduce");
+    });
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(hp_test::near_relative(model(ids), want, 1e-4)) << "logits";
+  }
+  c10::optional<hp::DeviceMesh> tp;
+  if (ws > 1) tp = hp_test::world_mesh();
+  auto pretrained = q35::from_pretrained(d, tp, at::kFloat, "cpu", /*progress=*/false);
+  EXPECT_EQ(pretrained.load.ignored, 2) << "the vision tower and the MTP head";
+  const std::string out = ::testing::TempDir() + "/hp_qwen3_5_moe_saved_" + std::to_string(ws);
+  q35::save_pretrained(*pretrained.model, out);
+  if (hp::get_rank() == 0) {
+    const hp::SafetensorsFile saved(out + "/model.safetensors");
+    EXPECT_NE(saved.find("model.layers.0.mlp.experts.7.up_proj.weight"), nullptr) << "per-expert keys";
+    EXPECT_EQ(saved.find("model.layers.0.mlp.experts.gate_up_proj"), nullptr) << "no fused key";
+  }
+  auto back = q35::from_pretrained(out, tp, at::kFloat, "cpu", /*progress=*/false);
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(hp_test::near_relative(back.model(ids), want, 1e-4)) << "our reload";
 }
 
 TEST(HFQwen3_5Moe, ExpertParallelOverDataRanksMatchesTransformersRows) {

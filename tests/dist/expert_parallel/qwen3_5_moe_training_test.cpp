@@ -1,0 +1,134 @@
+// Training Qwen3.5-MoE (Gated DeltaNet and gated attention layers, every MLP a sparse block of 4
+// routed experts, top-2, beside a shared expert behind its sigmoid gate) with the routed experts
+// split over ep, against one process, for 10 AdamW steps: each rank's loss (its rows'
+// cross-entropy plus router_aux_loss_coef times the load-balancing loss of the whole batch) and
+// every parameter's gradient equal the one-process model's on the same global batch. Layouts:
+// ep = 2 (ep borrowed from the data ranks, tokens dispatched by all-to-all), dp x ep = 2 x 2 (FSDP
+// of everything else over the data ranks), and ep x tp = 2 x 2 (the tp plan, the shared expert
+// split as a dense MLP, ExpertTensorParallel on [ep, tp]).
+#include <gtest/gtest.h>
+
+#include <torch/optim.h>
+
+#include "../../common/hf_reference.h"
+#include "../nn/training_util.h"
+
+#include <hyper_parallel/models/qwen3_5/model.h>
+#include <hyper_parallel/models/qwen3_5/parallelize.h>
+
+using namespace training_test;
+namespace q35 = hyper_parallel::qwen3_5;
+namespace hnn = hyper_parallel::nn;
+
+// Its own namespace: the test units are compiled in unity batches, where files share a scope.
+namespace t_dist_expert_parallel_qwen3_5_moe_training_test {
+namespace {
+
+q35::Config moe_config() {
+  q35::Config c;
+  c.vocab_size = 128;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = 8;
+  c.linear_value_head_dim = 8;
+  c.full_attention = {false, false, false, true};
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.shared_expert_intermediate_size = 48;
+  c.router_aux_loss_coef = 0.01;
+  return c;
+}
+
+q35::CausalLM reference() {
+  hp_test::manual_seed(23);
+  q35::CausalLM ref(moe_config());
+  at::NoGradGuard no_grad;
+  for (auto& p : ref->named_parameters()) {
+    // 1-D weights away from their initial values; the router wide enough to route decisively.
+    if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
+    if (p.key().find("mlp.gate.weight") != std::string::npos) p.value().normal_(0.0, 0.5);
+  }
+  return ref;
+}
+
+at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
+  ASSERT_EQ(dp * ep * tp, hp::get_world_size());
+  SCOPED_TRACE(c10::str("dp=", dp, " ep=", ep, " tp=", tp));
+  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {dp, ep, tp}, {"dp", "ep", "tp"});
+  const int64_t data_ranks = dp * ep, data_rank = mesh.get_local_rank(0) * ep + mesh.get_local_rank(1);
+  const q35::Config c = moe_config();
+  q35::CausalLM ref = reference(), model(c);
+  {
+    at::NoGradGuard no_grad;
+    auto ref_params = ref->named_parameters();
+    for (auto& p : model->named_parameters()) p.value().copy_(ref_params[p.key()]);
+  }
+  if (tp > 1) q35::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/false);
+  q35::parallelize_qwen3_5_experts(*model, tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
+  // The experts' gradients are summed over the ep ranks' tokens: divided by every data rank.
+  hp::FullyShardOptions experts_options;
+  experts_options.gradient_divide_factor = static_cast<double>(data_ranks);
+  for (const auto& layer : *model->layers) hp::fully_shard(*layer->as<q35::DecoderLayerImpl>()->moe->experts, mesh["dp"], experts_options);
+  hp::fully_shard(*model, mesh[{"dp", "ep"}]);
+  torch::optim::AdamW opt(hp::unique_parameters(*model), torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW ref_opt(hp::unique_parameters(*ref), torch::optim::AdamWOptions(1e-3));
+  const hp::Group data = data_group(mesh);
+  const int64_t seq = 24, batch = 2 * data_ranks;
+  for (int step = 0; step < 10; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const at::Tensor tokens = token_batch(c.vocab_size, batch, seq, 500 + static_cast<uint64_t>(step));
+    const at::Tensor mine = dp_rows(tokens, data_rank, data_ranks);
+    // The forward first: the load-balancing loss reads the router logits it leaves.
+    const at::Tensor ce = lm_loss(model(mine.narrow(1, 0, seq)), mine.narrow(1, 1, seq));
+    const at::Tensor loss = ce + c.router_aux_loss_coef * model->load_balancing_loss(data);
+    loss.backward();
+    // One process: this rank's rows' cross-entropy plus the whole batch's aux loss is this rank's
+    // loss, and the mean over the data ranks the objective.
+    const at::Tensor logits = ref(tokens.narrow(1, 0, seq));
+    const at::Tensor aux = ref->load_balancing_loss();
+    const at::Tensor ref_mine = lm_loss(dp_rows(logits, data_rank, data_ranks), mine.narrow(1, 1, seq)) + c.router_aux_loss_coef * aux;
+    (lm_loss(logits, tokens.narrow(1, 1, seq)) + c.router_aux_loss_coef * aux).backward();
+    EXPECT_NEAR(loss.item<double>(), ref_mine.item<double>(), 1e-5);
+    // Gradients within 1e-4 of each parameter's largest at step 0; after Adam steps, which turn
+    // rounding in gradients near zero into weight differences of a fraction of lr, 1e-3.
+    const double rel = step == 0 ? 1e-4 : 1e-3;
+    auto ref_params = ref->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+      EXPECT_TRUE(hp_test::near_relative(whole(p.value().grad()), ref_params[p.key()].grad(), rel)) << p.key();
+    }
+    opt.step();
+    ref_opt.step();
+    EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+}
+
+}  // namespace
+
+TEST(Qwen3_5MoETrainingDist, ExpertParallelTwoMatchesOneProcess) {
+  if (hp::get_world_size() != 2) GTEST_SKIP() << "2 ranks";
+  train_matches_one_process(1, 2, 1);
+}
+
+TEST(Qwen3_5MoETrainingDist, DataTimesExpertParallelTwoByTwoMatchesOneProcess) {
+  if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
+  train_matches_one_process(2, 2, 1);
+}
+
+TEST(Qwen3_5MoETrainingDist, ExpertTimesTensorParallelTwoByTwoMatchesOneProcess) {
+  if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
+  train_matches_one_process(1, 2, 2);
+}
+
+}  // namespace t_dist_expert_parallel_qwen3_5_moe_training_test
