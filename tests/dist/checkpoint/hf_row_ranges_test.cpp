@@ -112,7 +112,14 @@ TEST(HFCheckpoint, RowRangesThatDoNotTileTheirTensorAreRefusedByName) {
   const std::string len = hp_test::error_message([&] { hp::save_hf_checkpoint(*a, out_dir("row_ranges_len"), save); });
   EXPECT_NE(len.find("maps to rows 8:15 of 'qkv.weight', which is 7 rows"), std::string::npos) << len;
   const std::string bad = hp_test::error_message([&] { hp::load_hf_checkpoint(*b, dir, {fused("8:x")}); });
-  EXPECT_NE(bad.find("'qkv.weight[8:x]' ends in ']' but not in a row range [a:b] with a < b"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("'qkv.weight[8:x]' ends in ']' but not in a range [a:b] or [:, a:b] with a < b"), std::string::npos) << bad;
+  // A range of dim 1 is read, never written: a save names it.
+  save.key_map = fused(":, 0:4");
+  const std::string cols = hp_test::error_message([&] { hp::save_hf_checkpoint(*a, out_dir("row_ranges_cols"), save); });
+  EXPECT_NE(cols.find("maps to a range of dim 1 of 'qkv.weight' ('qkv.weight[:, 0:4]'); a save writes row ranges (dim 0) only"),
+            std::string::npos)
+      << cols;
+  EXPECT_FALSE(std::filesystem::exists(out_dir("row_ranges_cols") + "/model.safetensors"));
 }
 
 }  // namespace t_dist_checkpoint_hf_row_ranges_test

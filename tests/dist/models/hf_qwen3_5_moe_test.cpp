@@ -156,7 +156,8 @@ TEST(HFQwen3_5Moe, GreedyGenerationMatchesTransformers) {
 // with the experts fused, gate_up_proj [E, 2I, H] and down_proj [E, H, I]: the gate and up halves
 // load into the stacked gate_proj / up_proj through the key map's dim-1 ranges, whole experts over
 // the ranks and with each expert's columns split (expert tensor parallelism); a save writes the
-// per-expert keys transformers' save_pretrained writes, and our reload gives the same logits.
+// per-expert keys transformers' save_pretrained writes, and our reload (and transformers') gives the
+// same logits.
 TEST(HFQwen3_5Moe, FusedExpertsInThePublishedLayoutLoadAndSaveAsPerExpertKeys) {
   HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_moe_fused_vl");
   const std::string d = ref + "/qwen3_5_moe_fused_vl";
@@ -179,7 +180,9 @@ TEST(HFQwen3_5Moe, FusedExpertsInThePublishedLayoutLoadAndSaveAsPerExpertKeys) {
   if (ws > 1) tp = hp_test::world_mesh();
   auto pretrained = q35::from_pretrained(d, tp, at::kFloat, "cpu", /*progress=*/false);
   EXPECT_EQ(pretrained.load.ignored, 2) << "the vision tower and the MTP head";
-  const std::string out = ::testing::TempDir() + "/hp_qwen3_5_moe_saved_" + std::to_string(ws);
+  // Under HP_HF_OUT, hf_transformers_reads_ours then loads it with transformers against its logits.
+  const char* out_root = std::getenv("HP_HF_OUT");
+  const std::string out = (out_root ? std::string(out_root) : ::testing::TempDir()) + "/np" + std::to_string(ws) + "_qwen3_5_moe_fused_vl";
   q35::save_pretrained(*pretrained.model, out);
   if (hp::get_rank() == 0) {
     const hp::SafetensorsFile saved(out + "/model.safetensors");
