@@ -24,8 +24,6 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     if (value % tp != 0) bad.push_back(std::string(name) + " (" + std::to_string(value) + ")");
   HP_CHECK_T(c10::ValueError, bad.empty(), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: ", hp::join_listed(bad),
              " must be divisible by the tensor-parallel size ", tp);
-  HP_CHECK_T(c10::ValueError, !(sequence_parallel && c.is_moe() && tp > 1), "hyper_parallel::qwen3_5::parallelize_qwen3_5_tp: sequence ",
-             "parallelism with MoE layers is not built yet (their sparse blocks take the replicated stream); pass sequence_parallel=false");
   const bool replicate_kv = models::kv_heads_replicated("qwen3_5::parallelize_qwen3_5_tp", c.num_kv_heads, tp);
   const hp::Placement act = sequence_parallel ? hp::Placement(hp::Shard(1)) : hp::Placement(hp::Replicate());
   const bool dtensor_stream = sequence_parallel;
@@ -41,7 +39,16 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
       {mlp + ".gate_proj", hp::ColwiseParallel()},
       {mlp + ".up_proj", hp::ColwiseParallel()},
   };
-  if (!c.is_moe()) entries.emplace_back("layers.*.mlp", replicate_input);
+  if (!c.is_moe()) {
+    entries.emplace_back("layers.*.mlp", replicate_input);
+  } else {
+    // The sparse block takes the whole stream as a plain tensor on every tp rank (the routed
+    // experts over the ranks sum their outputs; the router and shared_expert_gate see every
+    // token) and gives it back in the stream's layout: with sequence parallelism its own positions.
+    entries.emplace_back("layers.*.mlp", hp::PrepareModuleInputOutput(hp::Layouts{act}, hp::Layouts{hp::Replicate()}, hp::Layouts{hp::Replicate()},
+                                                                      hp::Layouts{act}, c10::nullopt, c10::nullopt, /*use_local_input=*/true,
+                                                                      /*use_local_output=*/!dtensor_stream));
+  }
   // A pipeline stage holds the embedding, the head, both or neither.
   if (model.embed_tokens) entries.emplace_back("embed_tokens", hp::RowwiseParallel(hp::Replicate(), act, /*use_local_output=*/!dtensor_stream));
   if (model.lm_head)
@@ -56,7 +63,12 @@ void parallelize_qwen3_5_tp(CausalLMImpl& model, const hp::DeviceMesh& tp_mesh, 
     const std::string layer = "layers." + std::to_string(l);
     const bool full = c.full_attention.at(static_cast<size_t>(l));
     // HyperParallel's training plan reduces the mixers' outputs, and a full layer's MLP, in reduce_dtype.
-    entries.emplace_back(layer + (c.is_moe() ? ".mlp.shared_expert.down_proj" : ".mlp.down_proj"), rowwise(full));
+    // A shared expert's output joins the routed experts' (plain, replicated) inside the block.
+    if (c.is_moe())
+      entries.emplace_back(layer + ".mlp.shared_expert.down_proj",
+                           hp::RowwiseParallel(hp::Shard(-1), hp::Replicate(), /*use_local_output=*/true, full ? reduce_dtype : c10::nullopt));
+    else
+      entries.emplace_back(layer + ".mlp.down_proj", rowwise(full));
     if (full) {
       const std::string a = layer + ".self_attn";
       entries.emplace_back(a, replicate_input);

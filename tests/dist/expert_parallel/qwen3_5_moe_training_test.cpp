@@ -4,8 +4,8 @@
 // cross-entropy plus router_aux_loss_coef times the load-balancing loss of the whole batch) and
 // every parameter's gradient equal the one-process model's on the same global batch. Layouts:
 // ep = 2 (ep borrowed from the data ranks, tokens dispatched by all-to-all), dp x ep = 2 x 2 (FSDP
-// of everything else over the data ranks), and ep x tp = 2 x 2 (the tp plan, the shared expert
-// split as a dense MLP, ExpertTensorParallel on [ep, tp]).
+// of everything else over the data ranks), and ep x tp = 2 x 2 (the tp plan with and without
+// sequence parallelism, the shared expert split as a dense MLP, ExpertTensorParallel on [ep, tp]).
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
@@ -60,9 +60,9 @@ at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
-void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
+void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp, bool sequence_parallel = false) {
   ASSERT_EQ(dp * ep * tp, hp::get_world_size());
-  SCOPED_TRACE(c10::str("dp=", dp, " ep=", ep, " tp=", tp));
+  SCOPED_TRACE(c10::str("dp=", dp, " ep=", ep, " tp=", tp, sequence_parallel ? ", sequence parallel" : ""));
   const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {dp, ep, tp}, {"dp", "ep", "tp"});
   const int64_t data_ranks = dp * ep, data_rank = mesh.get_local_rank(0) * ep + mesh.get_local_rank(1);
   const q35::Config c = moe_config();
@@ -72,7 +72,7 @@ void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp) {
     auto ref_params = ref->named_parameters();
     for (auto& p : model->named_parameters()) p.value().copy_(ref_params[p.key()]);
   }
-  if (tp > 1) q35::parallelize_qwen3_5_tp(*model, mesh["tp"], /*sequence_parallel=*/false);
+  if (tp > 1) q35::parallelize_qwen3_5_tp(*model, mesh["tp"], sequence_parallel);
   q35::parallelize_qwen3_5_experts(*model, tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
   // The experts' gradients are summed over the ep ranks' tokens: divided by every data rank.
   hp::FullyShardOptions experts_options;
@@ -129,6 +129,7 @@ TEST(Qwen3_5MoETrainingDist, DataTimesExpertParallelTwoByTwoMatchesOneProcess) {
 TEST(Qwen3_5MoETrainingDist, ExpertTimesTensorParallelTwoByTwoMatchesOneProcess) {
   if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
   train_matches_one_process(1, 2, 2);
+  train_matches_one_process(1, 2, 2, /*sequence_parallel=*/true);
 }
 
 }  // namespace t_dist_expert_parallel_qwen3_5_moe_training_test
