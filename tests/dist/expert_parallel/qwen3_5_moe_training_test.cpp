@@ -13,6 +13,9 @@
 #include "../../common/hf_reference.h"
 #include "../nn/training_util.h"
 
+#include <hyper_parallel/pipelining/schedules.h>
+#include <hyper_parallel/pipelining/stage.h>
+
 #include <hyper_parallel/models/qwen3_5/model.h>
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
 
@@ -114,7 +117,72 @@ void train_matches_one_process(int64_t dp, int64_t ep, int64_t tp, bool sequence
   }
 }
 
+// Two pipeline stages, each with MoE layers of both mixer kinds ([linear, full | linear, full]),
+// 1F1B over 2 microbatches, against one process: the loss and every gradient for 5 AdamW steps. The
+// loss is the cross-entropy alone: transformers' load-balancing loss pools every layer's router
+// statistics before its product, so it is not a sum of the stages' parts. With tp, the stages'
+// layers are split by the tp plan and their routed experts over the tp ranks.
+void pipeline_matches_one_process(int64_t tp) {
+  const int64_t pp = 2;
+  SCOPED_TRACE(c10::str("1F1B pp=", pp, " tp=", tp));
+  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {pp, tp}, {"pp", "tp"});
+  q35::Config c = moe_config();
+  c.full_attention = {false, true, false, true};
+  hp_test::manual_seed(29);
+  q35::CausalLM ref(c);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : ref->named_parameters()) {
+      if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
+      if (p.key().find("mlp.gate.weight") != std::string::npos) p.value().normal_(0.0, 0.5);
+    }
+  }
+  q35::CausalLM part(c, q35::pipeline_stage_span(c, mesh.get_local_rank(0), pp));
+  {
+    at::NoGradGuard no_grad;
+    auto whole_params = ref->named_parameters();
+    for (auto& p : part->named_parameters()) p.value().copy_(whole_params[p.key()]);
+  }
+  if (tp > 1) {
+    q35::parallelize_qwen3_5_tp(*part, mesh["tp"], /*sequence_parallel=*/true);
+    q35::parallelize_qwen3_5_experts(*part, mesh["tp"], /*tensor_parallel=*/false, "all_reduce");
+  }
+  hp::PipelineStageOptions so;
+  if (tp > 1) so.device_mesh = mesh["tp"];
+  hp::PipelineStage stage(part.ptr(), mesh.get_local_rank(0), pp, mesh.get_group("pp"), so);
+  hp::PipelineSchedule schedule({&stage}, /*microbatches=*/2, lm_loss, hp::ScheduleKind::OneFOneB);
+  torch::optim::AdamW opt(part->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-3));
+  const int64_t seq = 24;
+  for (int64_t step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const at::Tensor ids = token_batch(c.vocab_size, 4, seq, 900 + static_cast<uint64_t>(step));
+    const at::Tensor x = ids.narrow(1, 0, seq), y = ids.narrow(1, 1, seq);
+    const at::Tensor loss = schedule.step(stage.is_first() ? x : at::Tensor(), stage.is_last() ? y : at::Tensor());
+    const at::Tensor ref_loss = lm_loss(ref(x), y);
+    ref_loss.backward();
+    if (stage.is_last()) EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5);
+    auto ref_params = ref->named_parameters();
+    const double rel = step == 0 ? 1e-4 : 1e-3;
+    for (const auto& p : part->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_TRUE(hp_test::near_relative(whole(p.value().grad()), ref_params[p.key()].grad(), rel)) << p.key();
+    }
+    opt.step();
+    ref_opt.step();
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+  EXPECT_TRUE(hp_test::replicas_bitwise_equal(*part));
+}
+
 }  // namespace
+
+TEST(Qwen3_5MoETrainingDist, PipelineStagesWithMoELayersMatchOneProcess) {
+  if (hp::get_world_size() == 2) pipeline_matches_one_process(1);
+  else if (hp::get_world_size() == 4) pipeline_matches_one_process(2);
+  else GTEST_SKIP() << "2 or 4 ranks";
+}
 
 TEST(Qwen3_5MoETrainingDist, ExpertParallelTwoMatchesOneProcess) {
   if (hp::get_world_size() != 2) GTEST_SKIP() << "2 ranks";
