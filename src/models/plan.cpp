@@ -77,7 +77,9 @@ struct MeshShape {
   std::vector<std::string> names;
   int64_t world = 1, tp = 1, dp = 1, dp_replicate = 1, ep = 1, pp = 1, cp = 1;
   std::string dp_name = "dp";
-  std::string cp_mode;
+  std::string cp_mode, linear_cp_mode;
+  // The dimension FSDP (and the experts' FSDP) shards over: dp, or "dp_cp" with context parallelism.
+  std::string data_name() const { return cp > 1 ? "dp_cp" : dp_name; }
 };
 
 // `what`: the function's name below hyper_parallel:: ("models::plan_training").
@@ -117,28 +119,41 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
                ": interleaved_1f1b (virtual stages) is not planned yet; plan gpipe or 1f1b");
     HP_CHECK_T(c10::ValueError, options.microbatches >= 1 && options.batch % options.microbatches == 0, "hyper_parallel::", what, ": batch ",
                options.batch, " does not split into ", options.microbatches, " microbatches");
-    if (options.qwen3_5) {
-      qwen3_5::pipeline_stage_span(*options.qwen3_5, 0, m.pp);  // enough layers, untied
-    } else {
-      HP_CHECK_T(c10::ValueError, !options.config.is_moe(), "hyper_parallel::", what, ": pipeline stages of MoE models are not planned yet");
-      qwen3::pipeline_stage_span(options.config, 0, m.pp);
-    }
+    if (options.qwen3_5) qwen3_5::pipeline_stage_span(*options.qwen3_5, 0, m.pp);  // enough layers, untied
+    else qwen3::pipeline_stage_span(options.config, 0, m.pp);
   }
-  HP_CHECK_T(c10::ValueError, !options.qwen3_5 || (m.cp == 1 && m.ep == 1), "hyper_parallel::", what,
-             ": Qwen3.5's context parallelism (its Gated DeltaNet's state passed along the ranks) and experts are not planned yet");
+  const bool moe = options.qwen3_5 ? options.qwen3_5->is_moe() : options.config.is_moe();
   if (m.cp > 1) {
-    HP_CHECK_T(c10::ValueError, m.pp == 1 && m.ep == 1 && m.dp_replicate == 1, "hyper_parallel::", what,
-               ": context parallelism with pipeline stages, experts or HSDP is not planned yet (plan dp, cp and tp)");
-    HP_CHECK_T(c10::ValueError, options.seq % (2 * m.cp) == 0, "hyper_parallel::", what, ": a sequence of ", options.seq,
-               " positions cannot be split over cp = ", m.cp, " with load_balance (2·cp = ", 2 * m.cp, " equal parts)");
-    HP_CHECK_T(c10::ValueError, options.config.num_heads % m.tp == 0, "hyper_parallel::", what, ": tp = ", m.tp, " does not divide the ",
-               options.config.num_heads, " query heads");
-    const int64_t heads = options.config.num_heads / m.tp;
+    HP_CHECK_T(c10::ValueError, m.dp_replicate == 1, "hyper_parallel::", what,
+               ": context parallelism with HSDP is not planned yet (plan dp, cp and tp, with pp and ep if wanted)");
+    // Qwen3's attention is load-balanced head-tail; Qwen3.5's Gated DeltaNet reads the sequence
+    // in order, so its shards are contiguous.
+    const int64_t parts = options.qwen3_5 ? m.cp : 2 * m.cp;
+    HP_CHECK_T(c10::ValueError, options.seq % parts == 0, "hyper_parallel::", what, ": a sequence of ", options.seq,
+               " positions cannot be split over cp = ", m.cp, options.qwen3_5 ? " (" : " with load_balance (2·cp = ", parts, " equal parts)");
+    const int64_t num_heads = options.qwen3_5 ? options.qwen3_5->num_heads : options.config.num_heads;
+    HP_CHECK_T(c10::ValueError, num_heads % m.tp == 0, "hyper_parallel::", what, ": tp = ", m.tp, " does not divide the ", num_heads,
+               " query heads");
+    const int64_t heads = num_heads / m.tp;
     m.cp_mode = options.cp_mode == "auto" ? (heads % m.cp == 0 ? "ulysses" : "allgather_kv") : options.cp_mode;
     HP_CHECK_T(c10::ValueError, m.cp_mode == "ulysses" || m.cp_mode == "allgather_kv" || m.cp_mode == "ring", "hyper_parallel::", what,
                ": cp_mode must be auto, ulysses, allgather_kv or ring, got \"", options.cp_mode, "\"");
     HP_CHECK_T(c10::ValueError, m.cp_mode != "ulysses" || heads % m.cp == 0, "hyper_parallel::", what, ": ulysses splits the ", heads,
                " query heads of a tp rank over cp = ", m.cp, ", which does not divide them; plan allgather_kv or ring");
+    if (options.qwen3_5) {
+      // The Gated DeltaNet: ulysses when cp divides the key and value heads a tp rank holds,
+      // else the state summaries gathered.
+      const qwen3_5::Config& c = *options.qwen3_5;
+      const bool splits = c.linear_num_key_heads % (m.tp * m.cp) == 0 && c.linear_num_value_heads % (m.tp * m.cp) == 0;
+      m.linear_cp_mode = options.linear_cp_mode == "auto" ? (splits ? "ulysses" : "all_gather") : options.linear_cp_mode;
+      HP_CHECK_T(c10::ValueError, m.linear_cp_mode == "ulysses" || m.linear_cp_mode == "all_gather" || m.linear_cp_mode == "p2p",
+                 "hyper_parallel::", what, ": linear_cp_mode must be auto, ulysses, all_gather or p2p, got \"", options.linear_cp_mode, "\"");
+      HP_CHECK_T(c10::ValueError, m.linear_cp_mode != "ulysses" || splits, "hyper_parallel::", what, ": ulysses splits the ",
+                 c.linear_num_key_heads / m.tp, " key heads and ", c.linear_num_value_heads / m.tp, " value heads of a tp rank over cp = ", m.cp,
+                 ", which does not divide them; plan all_gather or p2p");
+      HP_CHECK_T(c10::ValueError, options.seq / m.cp >= c.linear_conv_kernel_dim - 1, "hyper_parallel::", what, ": ", options.seq / m.cp,
+                 " positions per cp rank are fewer than the Gated DeltaNet's convolution halo (", c.linear_conv_kernel_dim - 1, ")");
+    }
     // fully_shard over dp x cp: one mesh dimension of both (the cp groups come from unflattening it).
     const auto cp_at = std::find(m.names.begin(), m.names.end(), "cp");
     const size_t i = static_cast<size_t>(cp_at - m.names.begin());
@@ -154,12 +169,13 @@ MeshShape mesh_shape_of(const PlanOptions& options, const char* what) {
     }
   }
   if (m.ep > 1) {
-    HP_CHECK_T(c10::ValueError, options.config.is_moe(), "hyper_parallel::", what, ": an 'ep' dimension needs a mixture-of-experts config (num_experts > 0)");
+    HP_CHECK_T(c10::ValueError, moe, "hyper_parallel::", what, ": an 'ep' dimension needs a mixture-of-experts config (num_experts > 0)");
     HP_CHECK_T(c10::ValueError, m.dp_replicate == 1, "hyper_parallel::", what, ": 'ep' with 'dp_replicate' is not planned yet (use dp and ep)");
-    HP_CHECK_T(c10::ValueError, !options.sequence_parallel || m.tp == 1, "hyper_parallel::", what,
-               ": sequence parallelism with MoE layers is not supported (their blocks take the replicated stream)");
-    // The experts are fully_shard-ed over dp: the mesh always has one (of size 1 when not given).
-    if (m.dp == 1) {
+    HP_CHECK_T(c10::ValueError, options.qwen3_5 || !options.sequence_parallel || m.tp == 1, "hyper_parallel::", what,
+               ": sequence parallelism with Qwen3-MoE layers is not supported (their blocks take the replicated stream)");
+    // The experts are fully_shard-ed over dp (dp x cp): the mesh always has one (of size 1 when
+    // not given).
+    if (m.dp == 1 && m.cp == 1) {
       const auto at = std::find(m.names.begin(), m.names.end(), "ep");
       const size_t i = static_cast<size_t>(at - m.names.begin());
       m.names.insert(m.names.begin() + static_cast<std::ptrdiff_t>(i), "dp");
@@ -191,6 +207,22 @@ void describe(Built& b, Holder model) {
   b.forward = [model](const at::Tensor& x, const hnn::Kwargs& kw) mutable { return kw.empty() ? model(x) : model(x, kw); };
 }
 
+// The routed experts fully_shard-ed over the data ranks that hold the same experts (dp, or dp x
+// cp), their gradients' sum divided by every data rank (dp x cp x ep); the rest is sharded over
+// all of those by run_step.
+template <class Model>
+void shard_experts(Model& model, const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh) {
+  hp::FullyShardOptions eo;
+  if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
+  eo.gradient_divide_factor = static_cast<double>(m.dp * m.cp * m.ep);
+  for (const auto& layer : *model.layers) {
+    auto* l = dynamic_cast<qwen3::DecoderLayerImpl*>(layer.get());
+    auto* l5 = dynamic_cast<qwen3_5::DecoderLayerImpl*>(layer.get());
+    hnn::SparseMoeBlock moe = l ? l->moe : l5 ? l5->moe : hnn::SparseMoeBlock{nullptr};
+    if (moe) hp::fully_shard(*moe->experts, mesh[m.data_name()], eo);
+  }
+}
+
 Built build_qwen3(const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh, const std::string& device, at::ScalarType dtype) {
   using namespace hyper_parallel::qwen3;
   CausalLM model{nullptr};
@@ -206,11 +238,7 @@ Built build_qwen3(const PlanOptions& options, const MeshShape& m, const hp::Devi
     // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
     // every data rank divided by their number; the rest over dp x ep (HSDP: replicated over dp).
     parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
-    hp::FullyShardOptions eo;
-    if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
-    eo.gradient_divide_factor = static_cast<double>(m.dp * m.ep);
-    for (const auto& layer : *model->layers)
-      if (auto moe = layer->as<DecoderLayerImpl>()->moe) hp::fully_shard(*moe->experts, mesh[m.dp_name], eo);
+    shard_experts(*model, options, m, mesh);
   }
   if (m.cp > 1) {
     b.cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
@@ -234,6 +262,18 @@ Built build_qwen3_5(const PlanOptions& options, const MeshShape& m, const hp::De
   hp::apply_activation_checkpointing(*model, options.activation_checkpointing);
   if (m.tp > 1) parallelize_qwen3_5_tp(*model, mesh["tp"], options.sequence_parallel, options.loss_parallel);
   Built b;
+  if (m.ep > 1) {
+    // Routed experts over ep (with tp: ExpertTensorParallel on [ep, tp]), tokens by all-to-all.
+    parallelize_qwen3_5_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
+    shard_experts(*model, options, m, mesh);
+  } else if (c.is_moe() && m.tp > 1) {
+    // Every tp rank holds the same tokens: the experts over the tp ranks, their outputs summed.
+    parallelize_qwen3_5_experts(*model, mesh["tp"], /*tensor_parallel=*/c.num_experts % m.tp != 0, "all_reduce");
+  }
+  if (m.cp > 1) {
+    b.cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
+    parallelize_qwen3_5_cp(*model, b.cp_mesh, m.linear_cp_mode, m.cp_mode);
+  }
   describe(b, model);
   b.vocab_size = c.vocab_size;
   b.hidden_size = c.hidden_size;
@@ -255,8 +295,8 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   if (m.cp > 1 || m.dp * m.dp_replicate * m.ep > 1) {
     // The data ranks: dp x cp (one "dp_cp" dimension) with context parallelism, dp (HSDP:
     // dp_replicate x dp), or dp x ep with experts.
-    const hp::DeviceMesh data = m.cp > 1 ? mesh["dp_cp"]
-                                : m.ep > 1 ? (m.dp > 1 ? mesh[{m.dp_name, "ep"}] : mesh["ep"])
+    const hp::DeviceMesh data = m.ep > 1 ? mesh[{m.data_name(), "ep"}]
+                                : m.cp > 1 ? mesh["dp_cp"]
                                 : m.dp_replicate > 1 ? mesh[{"dp_replicate", m.dp_name}] : mesh[m.dp_name];
     for (const auto& layer : model.layers) hp::fully_shard(*layer, data, o);
     // The logits in float32 for the loss; a stage without the head hands on the compute dtype.
@@ -271,6 +311,7 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   r.measured = device != "meta";
   r.cp = m.cp;
   r.cp_mode = m.cp_mode;
+  r.linear_cp_mode = m.linear_cp_mode;
   const std::vector<at::Tensor> params = hp::unique_parameters(*model.root);  // tied weights count once
   int64_t elements = 0;
   for (const at::Tensor& p : params) {
@@ -293,12 +334,20 @@ PlanReport run_step(const PlanOptions& options, const MeshShape& m, const std::s
   const at::Tensor ids = device == "meta" ? at::empty({rows, local_seq}, ids_options)
                                           : at::randint(model.vocab_size, {rows, local_seq}, ids_options);
   hnn::Kwargs positions;
-  if (m.cp > 1) positions.emplace_back("position_ids", hp::context_parallel_positions(options.seq, cp_mesh, true).unsqueeze(0).to(device));
+  if (m.cp > 1)
+    positions.emplace_back("position_ids",
+                           hp::context_parallel_positions(options.seq, cp_mesh, /*load_balance=*/!options.qwen3_5).unsqueeze(0).to(device));
+  if (options.qwen3_5) {
+    const qwen3_5::Config& c = *options.qwen3_5;
+    int64_t linear_layers = 0;
+    for (const auto& layer : model.layers) linear_layers += static_cast<qwen3_5::DecoderLayerImpl&>(*layer).linear_attn ? 1 : 0;
+    r.gdn_state_bytes = linear_layers * rows * (c.linear_num_value_heads / m.tp) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
+  }
   at::Tensor input = ids;
   if (!model.embedding) {
     const at::ScalarType act = options.mixed_precision ? *options.mixed_precision : config_dtype(options);
     const bool sharded = options.sequence_parallel && m.tp > 1;
-    const at::Tensor local = at::randn({rows, sharded ? options.seq / m.tp : options.seq, model.hidden_size},
+    const at::Tensor local = at::randn({rows, sharded ? local_seq / m.tp : local_seq, model.hidden_size},
                                        at::TensorOptions().dtype(act).device(device));
     input = sharded ? hp::DTensor::from_local(local, mesh["tp"], {hp::Shard(1)}) : local;
     input.requires_grad_(true);

@@ -64,14 +64,21 @@ std::string PlanReport::to_table() const {
     os << line;
   }
   if (cp > 1) {
-    std::snprintf(line, sizeof line, "context parallel: cp %lld, %s attention, %lld of %lld positions per rank (head-tail)\n",
-                  static_cast<long long>(cp), cp_mode.c_str(), static_cast<long long>(options.seq / cp), static_cast<long long>(options.seq));
+    if (linear_cp_mode.empty())
+      std::snprintf(line, sizeof line, "context parallel: cp %lld, %s attention, %lld of %lld positions per rank (head-tail)\n",
+                    static_cast<long long>(cp), cp_mode.c_str(), static_cast<long long>(options.seq / cp), static_cast<long long>(options.seq));
+    else
+      std::snprintf(line, sizeof line,
+                    "context parallel: cp %lld, %s attention, %s Gated DeltaNet, %lld of %lld positions per rank (contiguous)\n",
+                    static_cast<long long>(cp), cp_mode.c_str(), linear_cp_mode.c_str(), static_cast<long long>(options.seq / cp),
+                    static_cast<long long>(options.seq));
     os << line;
   }
   os << "memory per rank:\n";
   row("parameters", param_bytes);
   if (kv_replica_bytes > 0) row("  of which KV replicas", kv_replica_bytes);
   row("gradients", grad_bytes);
+  if (gdn_state_bytes > 0) row("Gated DeltaNet states (per microbatch)", gdn_state_bytes);
   row(optimizer_dtype_row().c_str(), optimizer_bytes);
   if (num_stages > 1) {
     row("saved per microbatch", microbatch_saved_bytes);
@@ -129,7 +136,11 @@ std::string PlanReport::to_json() const {
                      {"microbatches_in_flight", microbatches_in_flight}, {"microbatch_saved_bytes", microbatch_saved_bytes},
                      {"p2p_bytes_per_microbatch", p2p_bytes_per_microbatch}, {"bubble_fraction", bubble_fraction}};
   }
-  if (cp > 1) j["context_parallel"] = {{"cp", cp}, {"mode", cp_mode}, {"positions_per_rank", options.seq / cp}};
+  if (cp > 1) {
+    j["context_parallel"] = {{"cp", cp}, {"mode", cp_mode}, {"positions_per_rank", options.seq / cp}};
+    if (!linear_cp_mode.empty()) j["context_parallel"]["linear_mode"] = linear_cp_mode;
+  }
+  if (gdn_state_bytes > 0) j["gdn_state_bytes"] = gdn_state_bytes;
   j["seconds"] = seconds;
   j["measured"] = measured;
   return j.dump(2);

@@ -139,7 +139,7 @@ struct Loaded {
 Loaded load(const std::string& dir, const c10::optional<hp::DeviceMesh>& tp, at::ScalarType dtype, const std::string& device, bool progress) {
   const std::string type = hp::models::hf_model_type(dir);
   Loaded out;
-  if (type == "qwen3_5" || type == "qwen3_5_text") {
+  if (hp::models::is_qwen3_5_type(type)) {
     auto p = std::make_shared<qwen3_5::Pretrained>(qwen3_5::from_pretrained(dir, tp, dtype, device, progress));
     out.generate = [p](const auto& prompts, const auto& g) { return qwen3_5::generate(*p->model, prompts, g); };
     out.load = p->load;

@@ -6,6 +6,7 @@
 //   hp_plan --config config.json --mesh dp=16,tp=8 [--sp] [--loss-parallel] [--batch B] [--seq S] [--json]
 //           [--schedule gpipe|1f1b] [--microbatches M]   with a pp dimension, e.g. --mesh pp=8,dp=16,tp=8
 //           [--cp-mode auto|ulysses|allgather_kv|ring]     with a cp dimension, e.g. --mesh dp=8,cp=4,tp=8 --seq 32768
+//           [--linear-cp-mode auto|ulysses|all_gather|p2p] Qwen3.5's Gated DeltaNet under cp
 //           [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]
 //           [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]
 //   hp_plan --config config.json --world 128 --dp 16 [--dp-replicate 2] ...   tp takes the rest
@@ -38,6 +39,7 @@ namespace {
                "usage: hp_plan --config config.json --mesh [pp=8,]dp=16,tp=8 [--sp] [--loss-parallel] [--batch B] [--seq S] [--json]\n"
                "               [--schedule gpipe|1f1b] [--microbatches M] (with pp: the batch per dp rank splits into M)\n"
                "               [--cp-mode auto|ulysses|allgather_kv|ring] (with cp: the attention algorithm)\n"
+               "               [--linear-cp-mode auto|ulysses|all_gather|p2p] (Qwen3.5 with cp: the Gated DeltaNet's)\n"
                "               [--rank R] [--optimizer-dtype float32|bfloat16] [--device cuda|cpu]\n"
                "               [--mixed-precision none|bf16] [--activation-checkpointing none|selective|full|full:N]\n"
                "       hp_plan --config config.json --world N --dp N [--dp-replicate N] ... (tp takes the rest of the world)\n"
@@ -82,6 +84,7 @@ int run(int argc, char** argv) {
     else if (f == "--schedule") o.schedule = value();
     else if (f == "--microbatches") o.microbatches = positive(f, value());
     else if (f == "--cp-mode") o.cp_mode = value();
+    else if (f == "--linear-cp-mode") o.linear_cp_mode = value();
     else if (f == "--measure") measure = true;
     else if (f == "--device") o.device_type = value();
     else if (f == "--world") world = positive(f, value());
@@ -108,7 +111,7 @@ int run(int argc, char** argv) {
     type = models::hf_model_type(config);
   } catch (const c10::ValueError&) {
   }
-  if (type == "qwen3_5" || type == "qwen3_5_text") o.qwen3_5 = hyper_parallel::qwen3_5::load_config(config);
+  if (models::is_qwen3_5_type(type)) o.qwen3_5 = hyper_parallel::qwen3_5::load_config(config);
   else o.config = qwen3::load_config(config);
   o.mesh = mesh.empty() ? models::mesh_from_degrees(world, dp_replicate, dp) : models::parse_mesh(mesh);
   if (measure) {

@@ -13,5 +13,11 @@ namespace models {
 /// e.g. `if (models::hf_model_type(dir) == "qwen3_5_text") ...`
 std::string hf_model_type(const std::string& path);
 
+/// Whether `model_type` is one qwen3_5::load_config reads: "qwen3_5_text", "qwen3_5" (vision-language),
+/// "qwen3_5_moe_text" or "qwen3_5_moe".
+inline bool is_qwen3_5_type(const std::string& model_type) {
+  return model_type == "qwen3_5" || model_type == "qwen3_5_text" || model_type == "qwen3_5_moe" || model_type == "qwen3_5_moe_text";
+}
+
 }  // namespace models
 }  // namespace hyper_parallel

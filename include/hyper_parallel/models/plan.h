@@ -18,10 +18,11 @@ namespace models {
 struct PlanOptions {
   /// The Qwen3 (or Qwen3-MoE) model planned ...
   qwen3::Config config;
-  /// ... unless this Qwen3.5 model is given: Gated DeltaNet and gated attention layers under
-  /// parallelize_qwen3_5_tp (tp, sequence parallelism, KV heads replicated beyond their count),
-  /// fully_shard (dp, HSDP), pipeline stages, activation checkpointing and mixed precision; its
-  /// context and expert parallelism are not planned yet.
+  /// ... unless this Qwen3.5 (or Qwen3.5-MoE) model is given: Gated DeltaNet and gated attention
+  /// layers under parallelize_qwen3_5_tp (tp, sequence parallelism, KV heads replicated beyond
+  /// their count), fully_shard (dp, HSDP), pipeline stages, context parallelism
+  /// (parallelize_qwen3_5_cp: contiguous shards), the routed experts over ep
+  /// (parallelize_qwen3_5_experts), activation checkpointing and mixed precision.
   c10::optional<qwen3_5::Config> qwen3_5;
   /// Mesh dimensions, outermost first, in the canonical order (mesh/parallel_dims.h), named "pp"
   /// (pipeline stages), "dp_replicate" (HSDP replicas), "dp" or "dp_shard" (fully_shard), "ep"
@@ -52,6 +53,10 @@ struct PlanOptions {
   /// (key heads replicated up to cp when fewer), else allgather_kv. fully_shard then shards over
   /// dp x cp (torchtitan's dp_shard_cp), one mesh dimension "dp_cp".
   std::string cp_mode = "auto";
+  /// Qwen3.5 under cp: LinearAttentionContextParallel's mode for the Gated DeltaNet layers,
+  /// "ulysses", "all_gather", "p2p", or "auto": ulysses when cp divides the key and value heads a tp
+  /// rank holds, else all_gather.
+  std::string linear_cp_mode = "auto";
   int64_t rank = 0;             ///< which rank of the world this process plays
   std::string device_type = "cuda";  ///< what the job runs on (names only: nothing is allocated)
 };
@@ -90,9 +95,14 @@ struct PlanReport {
   int64_t stage = 0, num_stages = 1, microbatches_in_flight = 1;
   int64_t microbatch_saved_bytes = 0, p2p_bytes_per_microbatch = 0;
   double bubble_fraction = 0;
-  /// Context parallelism: its degree and the attention algorithm used (cp_mode resolved).
+  /// Context parallelism: its degree and the attention algorithm used (cp_mode resolved), and for
+  /// Qwen3.5 the Gated DeltaNet's (linear_cp_mode resolved).
   int64_t cp = 1;
-  std::string cp_mode;
+  std::string cp_mode, linear_cp_mode;
+  /// Qwen3.5: the recurrent state this rank's Gated DeltaNet layers carry per microbatch
+  /// (rows · nv/tp · dk · dv float32 per layer), the analytic count the comm entries' cp bytes
+  /// follow from.
+  int64_t gdn_state_bytes = 0;
   /// Collectives per step. With microbatches, one microbatch's forward and backward collectives
   /// are counted m times, FSDP's gradient reduction (reduce_scatter, HSDP's all_reduce) once.
   std::vector<CommEntry> comm;

@@ -98,7 +98,149 @@ q35::Config small_config() {
   return c;
 }
 
+// small_config with every MLP a sparse block: 8 experts, top-2, beside a shared expert.
+q35::Config small_moe_config() {
+  q35::Config c = small_config();
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.shared_expert_intermediate_size = 48;
+  return c;
+}
+
+const models::CommEntry* find_entry(const models::PlanReport& r, const std::string& dim, const std::string& kind, const std::string& phase) {
+  for (const auto& e : r.comm)
+    if (e.mesh_dim == dim && e.collective == kind && e.phase == phase) return &e;
+  return nullptr;
+}
+
 }  // namespace
+
+// Qwen3.5-397B-A17B (the published config shipped in examples/) at 32k tokens on 1,024 ranks with
+// every dimension: pp = 8 stages, dp = 2, cp = 4 (ulysses attention; the Gated DeltaNet's 2 key
+// heads per tp rank do not split over 4, so its state summaries are gathered), ep = 2, tp = 8
+// with sequence parallelism; batch 1 (1 microbatch), bf16 compute over a float32 master and
+// moments, full activation checkpointing. Every stage fits in 80 GiB; the Gated DeltaNet's state,
+// the summaries' and the halo's bytes and the experts' all-to-all bytes are the analytic counts.
+TEST(PlanReportQwen3_5Fake, Qwen3_5_397B_A17BAt32kTokensOn1024RanksFitsAndIsTheFormulas) {
+  const q35::Config c = q35::load_config(plan_util::repo_file("examples/qwen3/configs/qwen3_5_397b_a17b.json"));
+  ASSERT_TRUE(c.is_moe());
+  ASSERT_EQ(c.num_experts, 512);
+  const int64_t pp = 8, cp = 4, tp = 8, seq = 32768, b = 1, local = b * seq / cp;
+  const int64_t conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
+  const int64_t nv = c.linear_num_value_heads / tp, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  // Ranks: pp outermost (128 per stage), then dp x cp as one dimension (dp_cp, 16 ranks apart, cp
+  // the inner factor), ep (8), tp. Stage 0 and the last stage, at cp rank 0 (sends a halo,
+  // receives none) and at the last cp rank.
+  for (int64_t rank : {0, 48, 7 * 128, 7 * 128 + 48}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    models::PlanOptions o = options(c, "pp=8,dp=2,cp=4,ep=2,tp=8", /*sp=*/true, b, seq, rank);
+    o.microbatches = 1;
+    o.mixed_precision = at::kBFloat16;
+    o.activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::full();
+    o.device_type = "cuda";
+    const models::PlanReport r = models::plan_training(o);
+    EXPECT_EQ(r.num_stages, pp);
+    EXPECT_EQ(r.cp_mode, "ulysses");
+    EXPECT_EQ(r.linear_cp_mode, "all_gather");
+    std::printf("397B-A17B rank %lld (stage %lld): step peak %.2f GiB, activation peak %.2f GiB, parameters %.2f GiB\n",
+                static_cast<long long>(rank), static_cast<long long>(r.stage), r.step_peak_bytes / 1073741824.0,
+                r.activation_peak_bytes / 1073741824.0, r.param_bytes / 1073741824.0);
+    EXPECT_LT(r.step_peak_bytes, int64_t{80} << 30);
+    const q35::StageSpan span = q35::pipeline_stage_span(c, r.stage, pp);
+    int64_t linear = 0, layers = span.end_layer - span.first_layer;
+    for (int64_t l = span.first_layer; l < span.end_layer; ++l) linear += c.full_attention[static_cast<size_t>(l)] ? 0 : 1;
+    // The recurrent state: per linear layer B · nv/tp · dk · dv float32.
+    EXPECT_EQ(r.gdn_state_bytes, linear * b * nv * dk * dv * 4);
+    // all_gather of [S | M] per linear layer: B · nv/tp · dk · (dv + dk) float32 (its recompute
+    // under full checkpointing runs in backward, beside the reduce-scatter of its gradient).
+    const auto* gather = find_entry(r, "cp", "all_gather", "forward");
+    ASSERT_NE(gather, nullptr);
+    EXPECT_EQ(gather->count, linear);
+    EXPECT_EQ(gather->bytes, linear * b * nv * dk * (dv + dk) * 4);
+    // The halo: the last K-1 pre-conv inputs of this rank's conv channels (bf16) to the next cp rank.
+    const bool last_cp = (rank / 16) % cp == cp - 1;
+    const auto* halo = find_entry(r, "cp", "send", "forward");
+    if (last_cp) {
+      EXPECT_EQ(halo, nullptr);
+    } else {
+      ASSERT_NE(halo, nullptr);
+      EXPECT_EQ(halo->bytes, linear * b * (c.linear_conv_kernel_dim - 1) * (conv_dim / tp) * 2);
+    }
+    // The routed experts' all-to-all per MoE layer (every layer): the tokens this rank holds (its
+    // cp shard, whole over tp) times top-k, out and back, plus the counts.
+    const auto* a2a = find_entry(r, "ep", "all_to_all", "forward");
+    ASSERT_NE(a2a, nullptr);
+    EXPECT_EQ(a2a->count, 3 * layers);
+    EXPECT_EQ(a2a->bytes, layers * (2 * local * c.num_experts_per_tok * c.hidden_size * 2 + c.num_experts * 8));
+    // Ulysses on the full-attention layers: 4 all-to-alls each.
+    const auto* ulysses = find_entry(r, "cp", "all_to_all", "forward");
+    ASSERT_NE(ulysses, nullptr);
+    EXPECT_EQ(ulysses->count, 4 * (layers - linear));
+  }
+}
+
+// Qwen3.5-27B at 128k tokens: cp = 8 (ring attention, the Gated DeltaNet's summaries gathered),
+// dp = 4, tp = 8 with sequence parallelism, bf16 over float32, full checkpointing.
+TEST(PlanReportQwen3_5Fake, Qwen3_5_27BAt128kTokensWithContextParallelismFits) {
+  const q35::Config c = q35::load_config(plan_util::repo_file("examples/qwen3/configs/qwen3_5_27b.json"));
+  models::PlanOptions o = options(c, "dp=4,cp=8,tp=8", /*sp=*/true, 1, 131072);
+  o.cp_mode = "ring";
+  o.mixed_precision = at::kBFloat16;
+  o.activation_checkpointing = hyper_parallel::ActivationCheckpointPolicy::full();
+  o.device_type = "cuda";
+  const models::PlanReport r = models::plan_training(o);
+  std::printf("27B at 128k, dp=4 cp=8 tp=8: step peak %.2f GiB, activation peak %.2f GiB\n", r.step_peak_bytes / 1073741824.0,
+              r.activation_peak_bytes / 1073741824.0);
+  EXPECT_EQ(r.linear_cp_mode, "all_gather");
+  EXPECT_LT(r.step_peak_bytes, int64_t{80} << 30);
+  // Every linear layer gathers one summary per rank: 48 layers of B · 6 · 128 · 256 float32.
+  const auto* gather = find_entry(r, "cp", "all_gather", "forward");
+  ASSERT_NE(gather, nullptr);
+  EXPECT_EQ(gather->count, 48);
+  EXPECT_EQ(gather->bytes, 48 * 6 * 128 * 256 * 4);
+}
+
+// The compositions the planner used to refuse, each planned and then run for real at 8 ranks
+// (hp_plan --measure under hprun) with a small Qwen3.5-MoE: cp with pp, cp with ep, pp with MoE
+// layers, and all of them at once. The real run holds the planned parameters, gradients and
+// optimizer state and issues the planned collectives (count and bytes; what the routed experts
+// move follows the real routing, which the plan takes as balanced: compared by count).
+TEST(PlanCompositionsMeasured, ContextPipelineAndExpertParallelismComposeAtEightRanks) {
+  const q35::Config c = small_moe_config();
+  const std::string config = write_config(c, "plan_qwen3_5_moe_small.json");
+  for (const std::string mesh : {"pp=2,cp=2,tp=2", "cp=2,ep=2,tp=2", "pp=2,ep=2,tp=2", "pp=2,cp=2,ep=2"}) {
+    SCOPED_TRACE(mesh);
+    models::PlanOptions o = options(c, mesh, /*sp=*/true, 2, 96);
+    o.microbatches = 1;
+    const models::PlanReport fake = models::plan_training(o);
+    const std::string out = plan_util::real_run(config, mesh, 8, true, 2, 96, "--microbatches 1");
+    nlohmann::json real;
+    ASSERT_TRUE(plan_util::rank0_json(out, real)) << "no JSON from the real run:\n" << out;
+    EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes);
+    EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes);
+    EXPECT_EQ(real["optimizer_bytes"].get<int64_t>(), fake.optimizer_bytes);
+    ASSERT_EQ(real["comm"].size(), fake.comm.size()) << out;
+    for (size_t i = 0; i < fake.comm.size(); ++i) {
+      const auto& e = real["comm"][i];
+      const auto& f = fake.comm[i];
+      const std::string what = f.mesh_dim + " " + f.collective + " " + f.phase;
+      EXPECT_EQ(e["mesh_dim"].get<std::string>() + " " + e["collective"].get<std::string>() + " " + e["phase"].get<std::string>(), what);
+      EXPECT_EQ(e["count"].get<int64_t>(), f.count) << what;
+      // What the experts move follows the real routing: the all-to-all of the routed tokens (the
+      // way back carries what this rank's experts received), and with experts over [ep, tp] the
+      // tp all-reduce of their outputs. The plan takes the routing as balanced; those are
+      // compared by count, their bytes printed.
+      const bool routed = (f.mesh_dim == "ep" && f.collective == "all_to_all") ||
+                          (f.mesh_dim == "tp" && f.collective == "all_reduce" && mesh.find("ep=") != std::string::npos);
+      if (routed)
+        std::printf("%s, %s: real %lld bytes, planned %lld\n", mesh.c_str(), what.c_str(), static_cast<long long>(e["bytes"].get<int64_t>()),
+                    static_cast<long long>(f.bytes));
+      else
+        EXPECT_EQ(e["bytes"].get<int64_t>(), f.bytes) << what;
+    }
+  }
+}
 
 TEST(PlanReportQwen3_5Fake, Qwen3_5_27BParameterBytesAreTheAnalyticCount) {
   const q35::Config c = q35::load_config(plan_util::repo_file("examples/qwen3/configs/qwen3_5_27b.json"));
