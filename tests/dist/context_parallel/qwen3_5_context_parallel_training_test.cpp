@@ -7,8 +7,9 @@
 // over 2 KV heads in the full one) and its 1-D weights drawn away from their initial values.
 // Layouts: cp = 2 in each linear mode (with the three attention modes, gradients all-reduced or
 // FSDP over cp); cp x tp = 2 x 2 (heads split by tp first), with sequence parallelism, FSDP over
-// cp and full activation checkpointing (the summaries recomputed in backward); cp = 4 with the
-// sequence-keeping modes and ulysses. Also the refusal of load balancing.
+// cp and full activation checkpointing (the summaries recomputed in backward); dp x cp = 2 x 2
+// with FSDP over both (one dp_cp dimension); cp = 4 with the sequence-keeping modes and ulysses.
+// Also the refusal of load balancing.
 #include <gtest/gtest.h>
 
 #include <torch/optim.h>
@@ -32,6 +33,7 @@ struct Layout {
   int64_t cp = 2, tp = 1;
   std::string linear_mode = "all_gather", attention_mode = "ulysses";
   bool fsdp = false, checkpointing = false, sequence_parallel = true;
+  int64_t dp = 1;  // with dp > 1: fully_shard over dp x cp as one mesh dimension (dp_cp), cp unflattened from it
 };
 
 constexpr int64_t kSeq = 72, kRows = 2, kSteps = 10;
@@ -70,11 +72,14 @@ at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
 }
 
 void train_matches_one_process(const Layout& l) {
-  ASSERT_EQ(l.cp * l.tp, hp::get_world_size());
-  SCOPED_TRACE(c10::str("linear ", l.linear_mode, ", attention ", l.attention_mode, ", cp=", l.cp, " tp=", l.tp, " fsdp=", l.fsdp,
-                        " checkpointing=", l.checkpointing, " sp=", l.sequence_parallel));
-  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
-  const hp::DeviceMesh cp = mesh["cp"];
+  ASSERT_EQ(l.dp * l.cp * l.tp, hp::get_world_size());
+  SCOPED_TRACE(c10::str("linear ", l.linear_mode, ", attention ", l.attention_mode, ", dp=", l.dp, " cp=", l.cp, " tp=", l.tp, " fsdp=",
+                        l.fsdp, " checkpointing=", l.checkpointing, " sp=", l.sequence_parallel));
+  const hp::DeviceMesh mesh = hp::init_device_mesh("cpu", {l.dp * l.cp, l.tp}, {"dp_cp", "tp"});
+  const hp::DeviceMesh dp_cp = mesh["dp_cp"];
+  const hp::DeviceMesh data = dp_cp.unflatten(0, {l.dp, l.cp}, {"dp", "cp"});
+  const hp::DeviceMesh cp = data["cp"];
+  const int64_t dp_rank = data.get_local_rank(0);
   q35::CausalLM ref = reference(), model(config());
   {
     at::NoGradGuard no_grad;
@@ -85,25 +90,27 @@ void train_matches_one_process(const Layout& l) {
   q35::parallelize_qwen3_5_cp(*model, cp, l.linear_mode, l.attention_mode);
   if (l.checkpointing) hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy{});
   if (l.fsdp) {
-    for (const auto& layer : *model->layers) hp::fully_shard(*layer, cp);
-    hp::fully_shard(*model, cp);
+    for (const auto& layer : *model->layers) hp::fully_shard(*layer, dp_cp);
+    hp::fully_shard(*model, dp_cp);
   }
   torch::optim::AdamW opt(hp::unique_parameters(*model), torch::optim::AdamWOptions(1e-3));
   torch::optim::AdamW ref_opt(hp::unique_parameters(*ref), torch::optim::AdamWOptions(1e-3));
   const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(kSeq, cp, false).unsqueeze(0)}};
   for (int64_t step = 0; step < kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    const at::Tensor tokens = at::randint(128, {kRows, kSeq + 1}, at::detail::createCPUGenerator(700 + static_cast<uint64_t>(step)), at::kLong);
+    const at::Tensor tokens =
+        at::randint(128, {kRows * l.dp, kSeq + 1}, at::detail::createCPUGenerator(700 + static_cast<uint64_t>(step)), at::kLong);
     const at::Tensor inputs = tokens.narrow(1, 0, kSeq), targets = tokens.narrow(1, 1, kSeq);
-    const at::Tensor loss = lm_loss(model(hp::context_parallel_shard(inputs, cp, 1, false), positions),
-                                    hp::context_parallel_shard(targets, cp, 1, false));
+    // This dp rank's rows, and its cp shard of each.
+    const auto mine = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.chunk(l.dp, 0)[dp_rank].contiguous(), cp, 1, false); };
+    const at::Tensor loss = lm_loss(model(mine(inputs), positions), mine(targets));
     loss.backward();
     if (!l.fsdp) hp::all_reduce_gradients(*model, cp);
     at::Tensor total = at::tensor(loss.item<double>(), at::kDouble);
-    hp::all_reduce_(total, hp::ReduceOp::SUM, cp.get_group(0));
+    hp::all_reduce_(total, hp::ReduceOp::SUM, dp_cp.get_group(0));
     const at::Tensor ref_loss = lm_loss(ref(inputs), targets);
     ref_loss.backward();
-    EXPECT_NEAR(total.item<double>() / static_cast<double>(l.cp), ref_loss.item<double>(), 1e-5);
+    EXPECT_NEAR(total.item<double>() / static_cast<double>(l.dp * l.cp), ref_loss.item<double>(), 1e-5);
     // Gradients within 1e-4 of each parameter's largest at step 0; after Adam steps, which turn
     // rounding in gradients near zero into weight differences of a fraction of lr, 1e-3.
     const double rel = step == 0 ? 1e-4 : 1e-3;
@@ -138,6 +145,17 @@ TEST(Qwen3_5ContextParallelDist, CpTimesTpMatchesOneProcessFor10Steps) {
   train_matches_one_process({2, 2, "ulysses", "ulysses", /*fsdp=*/true});
   train_matches_one_process({2, 2, "p2p", "ring", /*fsdp=*/false, /*checkpointing=*/true});
   train_matches_one_process({2, 2, "all_gather", "allgather_kv", /*fsdp=*/true, /*checkpointing=*/true, /*sequence_parallel=*/false});
+}
+
+TEST(Qwen3_5ContextParallelDist, FsdpOverDpTimesCpMatchesOneProcessFor10Steps) {
+  if (hp::get_world_size() != 4) GTEST_SKIP() << "4 ranks";
+  Layout l{2, 1, "p2p", "ring", /*fsdp=*/true};
+  l.dp = 2;
+  train_matches_one_process(l);
+  l.linear_mode = "all_gather";
+  l.attention_mode = "ulysses";
+  l.checkpointing = true;
+  train_matches_one_process(l);
 }
 
 TEST(Qwen3_5ContextParallelDist, CpFourMatchesOneProcessFor10Steps) {
