@@ -494,10 +494,8 @@ def make_qwen3_5_moe(out):
 # model under model.language_model., a vision tower and an MTP head beside it, config.json with
 # text_config. transformers reads this layout too (checked here).
 def make_qwen3_5_moe_fused_vl(out):
-    import json
     import shutil
     src, d = os.path.join(out, "qwen3_5_moe_fp32"), os.path.join(out, "qwen3_5_moe_fused_vl")
-    os.makedirs(d, exist_ok=True)
     per_expert = load_file(os.path.join(src, "model.safetensors"))
     e, i = QWEN3_5_MOE["num_experts"], QWEN3_5_MOE["moe_intermediate_size"]
     text = {k: v for k, v in per_expert.items() if ".mlp.experts." not in k}
@@ -516,6 +514,24 @@ def make_qwen3_5_moe_fused_vl(out):
         logits = Qwen3_5MoeForCausalLM.from_pretrained(check, dtype=torch.float32, attn_implementation="eager")(input_ids=ids).logits
     assert torch.allclose(logits, load_file(os.path.join(src, "expected.safetensors"))["logits"], rtol=1e-4, atol=1e-5)
     shutil.rmtree(check)
+    write_vl_layout(text, src, d, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")
+
+
+# The fp32 checkpoint laid out as the published vision-language ones are: the text model under
+# model.language_model., a vision tower and an MTP head beside it, config.json with text_config.
+def make_qwen3_5_vl_layout(out):
+    src = os.path.join(out, "qwen3_5_fp32")
+    write_vl_layout(load_file(os.path.join(src, "model.safetensors")), src, os.path.join(out, "qwen3_5_vl_layout"),
+                    "qwen3_5", "Qwen3_5ForConditionalGeneration")
+
+
+# `text` (a text model's tensors under "model.") written as a vision-language checkpoint into `d`:
+# under model.language_model., with a vision tower and an MTP head beside it, config.json holding
+# `src`'s as text_config, and `src`'s expected values.
+def write_vl_layout(text, src, d, model_type, architecture):
+    import json
+    import shutil
+    os.makedirs(d, exist_ok=True)
     tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in text.items()}
     g = torch.Generator().manual_seed(3)
     tensors["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, generator=g)
@@ -524,32 +540,10 @@ def make_qwen3_5_moe_fused_vl(out):
     with open(os.path.join(src, "config.json")) as f:
         text_config = json.load(f)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
-                   "text_config": text_config}, f, indent=2)
+        json.dump({"architectures": [architecture], "model_type": model_type, "tie_word_embeddings": False, "text_config": text_config},
+                  f, indent=2)
     shutil.copy(os.path.join(src, "expected.safetensors"), d)
-    print(f"qwen3_5_moe_fused_vl: {sorted(os.listdir(d))}")
-
-
-# The fp32 checkpoint laid out as the published vision-language ones are: the text model under
-# model.language_model., a vision tower and an MTP head beside it, config.json with text_config.
-def make_qwen3_5_vl_layout(out):
-    import json
-    import shutil
-    src, d = os.path.join(out, "qwen3_5_fp32"), os.path.join(out, "qwen3_5_vl_layout")
-    os.makedirs(d, exist_ok=True)
-    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
-               for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
-    g = torch.Generator().manual_seed(3)
-    tensors["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, generator=g)
-    tensors["mtp.fc.weight"] = torch.randn(4, 4, generator=g)
-    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(src, "config.json")) as f:
-        text = json.load(f)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
-                   "text_config": text}, f, indent=2)
-    shutil.copy(os.path.join(src, "expected.safetensors"), d)
-    print(f"qwen3_5_vl_layout: {sorted(os.listdir(d))}")
+    print(f"{os.path.basename(d)}: {sorted(os.listdir(d))}")
 
 
 def make(out):

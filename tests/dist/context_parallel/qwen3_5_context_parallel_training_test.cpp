@@ -19,6 +19,7 @@
 #include <hyper_parallel/models/qwen3_5/parallelize.h>
 
 #include "../../common/hf_reference.h"
+#include "../../common/qwen3_5_small.h"
 #include "../../common/test_util.h"
 
 namespace q35 = hyper_parallel::qwen3_5;
@@ -38,30 +39,12 @@ struct Layout {
 
 constexpr int64_t kSeq = 72, kRows = 2, kSteps = 10;
 
-q35::Config config() {
-  q35::Config c;
-  c.vocab_size = 128;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.linear_num_key_heads = 4;
-  c.linear_num_value_heads = 8;
-  c.linear_key_head_dim = 8;
-  c.linear_value_head_dim = 8;
-  c.full_attention = {false, false, false, true};
-  return c;
-}
+q35::Config config() { return hp_test::small_qwen3_5_config(); }
 
 q35::CausalLM reference() {
   hp_test::manual_seed(41);
   q35::CausalLM ref(config());
-  // Norm weights, A_log and dt_bias away from their initial values, so that a convention swapped
-  // or a slice taken from the wrong head shows.
-  at::NoGradGuard no_grad;
-  for (auto& p : ref->named_parameters())
-    if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
+  hp_test::draw_small_weights(*ref);
   return ref;
 }
 

@@ -11,6 +11,7 @@
 #include <torch/optim.h>
 
 #include "../../common/hf_reference.h"
+#include "../../common/qwen3_5_small.h"
 #include "../nn/training_util.h"
 
 #include <hyper_parallel/pipelining/schedules.h>
@@ -27,18 +28,9 @@ namespace hnn = hyper_parallel::nn;
 namespace t_dist_expert_parallel_qwen3_5_moe_training_test {
 namespace {
 
+// small_qwen3_5_config with every MLP a sparse block: 4 experts, top-2, beside a shared expert.
 q35::Config moe_config() {
-  q35::Config c;
-  c.vocab_size = 128;
-  c.hidden_size = 64;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  c.linear_key_head_dim = 8;
-  c.linear_value_head_dim = 8;
-  c.full_attention = {false, false, false, true};
+  q35::Config c = hp_test::small_qwen3_5_config();
   c.num_experts = 4;
   c.num_experts_per_tok = 2;
   c.moe_intermediate_size = 32;
@@ -50,12 +42,7 @@ q35::Config moe_config() {
 q35::CausalLM reference() {
   hp_test::manual_seed(23);
   q35::CausalLM ref(moe_config());
-  at::NoGradGuard no_grad;
-  for (auto& p : ref->named_parameters()) {
-    // 1-D weights away from their initial values; the router wide enough to route decisively.
-    if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
-    if (p.key().find("mlp.gate.weight") != std::string::npos) p.value().normal_(0.0, 0.5);
-  }
+  hp_test::draw_small_weights(*ref);
   return ref;
 }
 
@@ -130,13 +117,7 @@ void pipeline_matches_one_process(int64_t tp) {
   c.full_attention = {false, true, false, true};
   hp_test::manual_seed(29);
   q35::CausalLM ref(c);
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : ref->named_parameters()) {
-      if (p.value().dim() == 1) p.value().copy_(at::randn(p.value().sizes()) * 0.3 + (p.key().find("A_log") != std::string::npos ? 0.5 : 0.0));
-      if (p.key().find("mlp.gate.weight") != std::string::npos) p.value().normal_(0.0, 0.5);
-    }
-  }
+  hp_test::draw_small_weights(*ref);
   q35::CausalLM part(c, q35::pipeline_stage_span(c, mesh.get_local_rank(0), pp));
   {
     at::NoGradGuard no_grad;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -112,6 +113,29 @@ const models::CommEntry* find_entry(const models::PlanReport& r, const std::stri
   for (const auto& e : r.comm)
     if (e.mesh_dim == dim && e.collective == kind && e.phase == phase) return &e;
   return nullptr;
+}
+
+// A real run's JSON (rank 0) against the plan: the same parameter, gradient and optimizer bytes and
+// the same collectives, count and bytes. `routed`: which entries' bytes follow the real routing
+// of MoE tokens (compared by count, their bytes printed).
+void expect_real_run_matches(const nlohmann::json& real, const models::PlanReport& fake, const std::string& label,
+                             const std::function<bool(const models::CommEntry&)>& routed = nullptr) {
+  EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes);
+  EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes);
+  EXPECT_EQ(real["optimizer_bytes"].get<int64_t>(), fake.optimizer_bytes);
+  ASSERT_EQ(real["comm"].size(), fake.comm.size());
+  for (size_t i = 0; i < fake.comm.size(); ++i) {
+    const auto& e = real["comm"][i];
+    const auto& f = fake.comm[i];
+    const std::string what = f.mesh_dim + " " + f.collective + " " + f.phase;
+    EXPECT_EQ(e["mesh_dim"].get<std::string>() + " " + e["collective"].get<std::string>() + " " + e["phase"].get<std::string>(), what);
+    EXPECT_EQ(e["count"].get<int64_t>(), f.count) << what;
+    if (routed && routed(f))
+      std::printf("%s, %s: real %lld bytes, planned %lld\n", label.c_str(), what.c_str(), static_cast<long long>(e["bytes"].get<int64_t>()),
+                  static_cast<long long>(f.bytes));
+    else
+      EXPECT_EQ(e["bytes"].get<int64_t>(), f.bytes) << what;
+  }
 }
 
 }  // namespace
@@ -217,28 +241,13 @@ TEST(PlanCompositionsMeasured, ContextPipelineAndExpertParallelismComposeAtEight
     const std::string out = plan_util::real_run(config, mesh, 8, true, 2, 96, "--microbatches 1");
     nlohmann::json real;
     ASSERT_TRUE(plan_util::rank0_json(out, real)) << "no JSON from the real run:\n" << out;
-    EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes);
-    EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes);
-    EXPECT_EQ(real["optimizer_bytes"].get<int64_t>(), fake.optimizer_bytes);
-    ASSERT_EQ(real["comm"].size(), fake.comm.size()) << out;
-    for (size_t i = 0; i < fake.comm.size(); ++i) {
-      const auto& e = real["comm"][i];
-      const auto& f = fake.comm[i];
-      const std::string what = f.mesh_dim + " " + f.collective + " " + f.phase;
-      EXPECT_EQ(e["mesh_dim"].get<std::string>() + " " + e["collective"].get<std::string>() + " " + e["phase"].get<std::string>(), what);
-      EXPECT_EQ(e["count"].get<int64_t>(), f.count) << what;
-      // What the experts move follows the real routing: the all-to-all of the routed tokens (the
-      // way back carries what this rank's experts received), and with experts over [ep, tp] the
-      // tp all-reduce of their outputs. The plan takes the routing as balanced; those are
-      // compared by count, their bytes printed.
-      const bool routed = (f.mesh_dim == "ep" && f.collective == "all_to_all") ||
-                          (f.mesh_dim == "tp" && f.collective == "all_reduce" && mesh.find("ep=") != std::string::npos);
-      if (routed)
-        std::printf("%s, %s: real %lld bytes, planned %lld\n", mesh.c_str(), what.c_str(), static_cast<long long>(e["bytes"].get<int64_t>()),
-                    static_cast<long long>(f.bytes));
-      else
-        EXPECT_EQ(e["bytes"].get<int64_t>(), f.bytes) << what;
-    }
+    // What the experts move follows the real routing: the all-to-all of the routed tokens (the
+    // way back carries what this rank's experts received), and with experts over [ep, tp] the tp
+    // all-reduce of their outputs. The plan takes the routing as balanced.
+    expect_real_run_matches(real, fake, mesh, [&](const models::CommEntry& f) {
+      return (f.mesh_dim == "ep" && f.collective == "all_to_all") ||
+             (f.mesh_dim == "tp" && f.collective == "all_reduce" && mesh.find("ep=") != std::string::npos);
+    });
   }
 }
 
@@ -298,18 +307,7 @@ TEST(PlanReportQwen3_5Measured, ARealRunCountsWhatThePlanCounts) {
     nlohmann::json real;
     ASSERT_TRUE(plan_util::rank0_json(out, real)) << "no JSON from the real run:\n" << out;
     EXPECT_EQ(real["model"].get<std::string>(), "qwen3_5");
-    EXPECT_EQ(real["param_bytes"].get<int64_t>(), fake.param_bytes);
-    EXPECT_EQ(real["grad_bytes"].get<int64_t>(), fake.grad_bytes);
-    EXPECT_EQ(real["optimizer_bytes"].get<int64_t>(), fake.optimizer_bytes);
-    ASSERT_EQ(real["comm"].size(), fake.comm.size()) << out;
-    for (size_t i = 0; i < fake.comm.size(); ++i) {
-      const auto& e = real["comm"][i];
-      const auto& f = fake.comm[i];
-      EXPECT_EQ(e["mesh_dim"].get<std::string>() + " " + e["collective"].get<std::string>() + " " + e["phase"].get<std::string>(),
-                f.mesh_dim + " " + f.collective + " " + f.phase);
-      EXPECT_EQ(e["count"].get<int64_t>(), f.count) << f.collective;
-      EXPECT_EQ(e["bytes"].get<int64_t>(), f.bytes) << f.collective;
-    }
+    expect_real_run_matches(real, fake, k.mesh);
     const double ratio = static_cast<double>(fake.activation_peak_bytes) / real["activation_peak_bytes"].get<double>();
     std::printf("Qwen3.5 activation peak, %s: estimate / measured %.3f\n", k.mesh.c_str(), ratio);
     EXPECT_GT(ratio, 0.8);
