@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "ring_attention.h"
+#include "sequence_shard_input.h"
 
 namespace hyper_parallel {
 namespace {
@@ -48,14 +49,7 @@ int64_t seq_length(const at::Tensor& t, int64_t& seq_dim, int64_t cp, bool load_
 
 // A query, key or value as the wrapper gets it: a plain shard, or a DTensor Shard(2) on the cp mesh.
 at::Tensor local_input(const c10::IValue& v, const DeviceMesh& mesh, const char* name) {
-  HP_CHECK_T(c10::TypeError, v.isTensor(), "hyper_parallel::ContextParallel::forward: the ", name, " is not a tensor");
-  const at::Tensor& t = v.toTensor();
-  if (!is_dtensor(t)) return t;
-  const DTensor d(t);
-  HP_CHECK_T(c10::ValueError, d.device_mesh() == mesh && d.placements().size() == 1 && d.placements()[0].is_shard(2),
-             "hyper_parallel::ContextParallel::forward: the ", name, " must be sequence-sharded (Shard(2)) on ", mesh.short_string(),
-             ", got ", to_string(d.placements()), " on ", d.device_mesh().short_string());
-  return d.to_local();
+  return context_parallel::sequence_shard_input(v, mesh, 2, "ContextParallel", name);
 }
 
 // Ulysses: [B, H, s, D] sequence shards -> [B, H/cp, s·cp, D] head shards, and back.

@@ -10,6 +10,8 @@
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/point_to_point.h>
 
+#include "sequence_shard_input.h"
+
 namespace hyper_parallel {
 // A namespace of this file's own: the library compiles in unity batches, where the anonymous
 // namespaces of context_parallel.cpp and this file would be one.
@@ -96,14 +98,7 @@ struct SendState : torch::autograd::Function<SendState> {
 
 // An input as the wrapper gets it: a plain shard, or a DTensor Shard(1) on the cp mesh.
 at::Tensor local_input(const c10::IValue& v, const DeviceMesh& mesh, const char* name) {
-  HP_CHECK_T(c10::TypeError, v.isTensor(), "hyper_parallel::LinearAttentionContextParallel::forward: the ", name, " is not a tensor");
-  const at::Tensor& t = v.toTensor();
-  if (!is_dtensor(t)) return t;
-  const DTensor d(t);
-  HP_CHECK_T(c10::ValueError, d.device_mesh() == mesh && d.placements().size() == 1 && d.placements()[0].is_shard(1),
-             "hyper_parallel::LinearAttentionContextParallel::forward: the ", name, " must be sequence-sharded (Shard(1)) on ",
-             mesh.short_string(), ", got ", to_string(d.placements()), " on ", d.device_mesh().short_string());
-  return d.to_local();
+  return context_parallel::sequence_shard_input(v, mesh, 1, "LinearAttentionContextParallel", name);
 }
 
 // The module's parameters as this rank holds them (its tp heads), and the head counts they give.

@@ -210,17 +210,13 @@ void describe(Built& b, Holder model) {
 // The routed experts fully_shard-ed over the data ranks that hold the same experts (dp, or dp x
 // cp), their gradients' sum divided by every data rank (dp x cp x ep); the rest is sharded over
 // all of those by run_step.
-template <class Model>
+template <class Layer, class Model>
 void shard_experts(Model& model, const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh) {
   hp::FullyShardOptions eo;
   if (options.mixed_precision) eo.mp_policy = {*options.mixed_precision, at::kFloat, c10::nullopt, true};
   eo.gradient_divide_factor = static_cast<double>(m.dp * m.cp * m.ep);
-  for (const auto& layer : *model.layers) {
-    auto* l = dynamic_cast<qwen3::DecoderLayerImpl*>(layer.get());
-    auto* l5 = dynamic_cast<qwen3_5::DecoderLayerImpl*>(layer.get());
-    hnn::SparseMoeBlock moe = l ? l->moe : l5 ? l5->moe : hnn::SparseMoeBlock{nullptr};
-    if (moe) hp::fully_shard(*moe->experts, mesh[m.data_name()], eo);
-  }
+  for (const auto& layer : *model.layers)
+    if (auto moe = layer->template as<Layer>()->moe) hp::fully_shard(*moe->experts, mesh[m.data_name()], eo);
 }
 
 Built build_qwen3(const PlanOptions& options, const MeshShape& m, const hp::DeviceMesh& mesh, const std::string& device, at::ScalarType dtype) {
@@ -238,7 +234,7 @@ Built build_qwen3(const PlanOptions& options, const MeshShape& m, const hp::Devi
     // Experts over ep (with tp: ExpertTensorParallel), fully_shard-ed over dp with the sum over
     // every data rank divided by their number; the rest over dp x ep (HSDP: replicated over dp).
     parallelize_qwen3_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
-    shard_experts(*model, options, m, mesh);
+    shard_experts<DecoderLayerImpl>(*model, options, m, mesh);
   }
   if (m.cp > 1) {
     b.cp_mesh = mesh["dp_cp"].unflatten(0, {m.dp, m.cp}, {"dp", "cp"})["cp"];
@@ -265,7 +261,7 @@ Built build_qwen3_5(const PlanOptions& options, const MeshShape& m, const hp::De
   if (m.ep > 1) {
     // Routed experts over ep (with tp: ExpertTensorParallel on [ep, tp]), tokens by all-to-all.
     parallelize_qwen3_5_experts(*model, m.tp > 1 ? mesh[{"ep", "tp"}] : mesh["ep"]);
-    shard_experts(*model, options, m, mesh);
+    shard_experts<DecoderLayerImpl>(*model, options, m, mesh);
   } else if (c.is_moe() && m.tp > 1) {
     // Every tp rank holds the same tokens: the experts over the tp ranks, their outputs summed.
     parallelize_qwen3_5_experts(*model, mesh["tp"], /*tensor_parallel=*/c.num_experts % m.tp != 0, "all_reduce");
