@@ -24,7 +24,8 @@ using torch::autograd::variable_list;
 struct UnshardGroupFn : torch::autograd::Function<UnshardGroupFn> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<FSDPParamGroup> group, at::TensorList sharded) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(group);
-    // A parameter no forward used gets an undefined gradient, not zeros: it gets none at all.
+    // A parameter this rank's forward did not use gets an undefined gradient, not zeros: whether
+    // it gets one is decided over the ranks (reduce_grads).
     ctx->set_materialize_grads(false);
     variable_list out;
     for (const FSDPParam& p : group->params()) out.push_back(p.compute_tensor());
@@ -69,6 +70,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh
     b.row_numel += p.padded_numel;
     b.compute_numel += c10::multiply_integers(p.compute_shape);
   }
+  for (Bucket& b : buckets_) b.grad_row_numel = b.row_numel + static_cast<int64_t>(b.params.size());
   for (Bucket& b : buckets_) allocate(b);
   reshard();  // sharded until the first forward
 }
@@ -94,7 +96,7 @@ void FSDPParamGroup::allocate(Bucket& b) {
     p.unsharded = b.storage.narrow(0, at, n).view(p.compute_shape);
     at += n;
   }
-  b.grad_rows = at::zeros({shard_size_, b.row_numel}, options.dtype(reduce_dtype(b)));
+  b.grad_rows = at::zeros({shard_size_, b.grad_row_numel}, options.dtype(reduce_dtype(b)));
 }
 
 // A group made on a meta model has meta buffers; init_parameters / to_empty then materialise
@@ -195,14 +197,15 @@ void FSDPParamGroup::post_forward(const c10::IValue& output) {
 void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
   if (reduce_pending_) finish_reduce_grads();  // a second backward through the same forward
-  if (!grads_accumulated_) grad_defined_.assign(params_.size(), false);
   for (Bucket& b : buckets_) {
     if (!grads_accumulated_) b.grad_rows.zero_();
-    for (size_t k : b.params) {
-      const FSDPParam& p = params_[k];
-      at::Tensor g = grads[k];
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const FSDPParam& p = params_[b.params[i]];
+      at::Tensor g = grads[b.params[i]];
+      // No gradient on this rank: its rows stay zero, its share of the mean. The others' shares
+      // still arrive in this rank's piece of the reduction, which is why the flag decides.
       if (!g.defined()) continue;
-      grad_defined_[k] = true;
+      b.grad_rows.select(1, b.row_numel + static_cast<int64_t>(i)).fill_(1);
       if (is_dtensor(g)) {
         DTensor d(g);
         if (d.placements() != p.tp_placements) d = d.redistribute(p.tp_placements);
@@ -236,8 +239,14 @@ void FSDPParamGroup::finish_reduce_grads() {
     // HSDP: the shard-reduced row averaged over the replicas too.
     if (replicate_group_) all_reduce_(row, options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG, *replicate_group_);
     if (options_.gradient_divide_factor) row.div_(*options_.gradient_divide_factor);
-    for (size_t k : b.params) {
-      if (!grad_defined_[k]) continue;
+    // A parameter gets a gradient iff some rank's backward produced one (as one process on the
+    // whole batch): then every rank takes its piece, which holds the other ranks' shares; one no
+    // rank used gets none, so an optimizer keeps no state for a layer no forward used.
+    const at::Tensor used = row.narrow(0, b.row_numel, static_cast<int64_t>(b.params.size())).gt(0).cpu();
+    const bool* flag = used.data_ptr<bool>();
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const size_t k = b.params[i];
+      if (!flag[i]) continue;
       at::Tensor g = params_[k].unpack_grad(row);
       at::Tensor& grad = params_[k].sharded.mutable_grad();
       if (!grad.defined()) grad = std::move(g);

@@ -60,10 +60,14 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   struct Bucket {  // the parameters of one dtype
     std::vector<size_t> params;
     int64_t row_numel = 0;      // one rank's padded pieces, flat
+    // The reduce-scatter's row: the pieces, then one flag per parameter (1 where this rank's
+    // backward produced a gradient). Summed over the ranks, a flag says whether any rank did, so
+    // every rank makes the same decision from the reduction it already waits for.
+    int64_t grad_row_numel = 0;
     int64_t compute_numel = 0;  // the compute tensors, flat
     at::Tensor send;            // [row_numel]: this rank's pieces
     at::Tensor storage;         // [compute_numel]: the compute tensors' storage (freed when sharded)
-    at::Tensor grad_rows;       // [dp, row_numel]: the reduce-scatter input, in the reduction's dtype
+    at::Tensor grad_rows;       // [dp, grad_row_numel]: the reduce-scatter input, in the reduction's dtype
     Work gather;                // the all-gather in flight (issue_unshard)
     Work reduce;                // the reduce-scatter in flight (reduce_grads)
   };
@@ -79,9 +83,6 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   int64_t shard_size_ = 1;
   FullyShardOptions options_;
   bool grads_accumulated_ = false;  // grad_rows hold gradients not reduced yet (no sync)
-  // Per parameter: a gradient reached it since the last reduction. One none did gets no gradient
-  // (as FSDP2), so an optimizer keeps no state for a layer no forward used.
-  std::vector<bool> grad_defined_;
   bool unsharded_ = false;    // compute storage allocated (its all-gather may be in flight)
   bool gather_pending_ = false;
   bool reduce_pending_ = false;

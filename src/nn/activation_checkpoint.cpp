@@ -243,8 +243,8 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   }
 };
 
-c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& module, const std::vector<c10::IValue>& args,
-                                 const Kwargs& kwargs, const ForwardFn& forward) {
+c10::IValue checkpointed_forward(const CheckpointOptions& options, const std::string& label, nn::Module& module,
+                                 const std::vector<c10::IValue>& args, const Kwargs& kwargs, const ForwardFn& forward) {
   // Nothing to save (no gradients), or inside an outer recompute (which already bounds memory).
   if (!at::GradMode::is_enabled() || t_recomputing > 0) return forward(args, kwargs);
   auto call = c10::make_intrusive<CheckpointCall>();
@@ -255,8 +255,11 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& m
   call->preserve_rng = options.preserve_rng_state;
   std::vector<at::Tensor> inputs;
   bool any_grad = false;
+  std::string object_arg;  // the first argument that is a mutable object, not a value
   for (size_t k = 0; k < args.size() + kwargs.size(); ++k) {
     c10::IValue& v = call->arg_at(k);
+    if ((v.isCapsule() || v.isObject()) && object_arg.empty())
+      object_arg = k < args.size() ? "positional argument " + std::to_string(k) : "keyword '" + kwargs[k - args.size()].first + "'";
     if (!v.isTensor()) continue;
     inputs.push_back(v.toTensor());
     any_grad = any_grad || v.toTensor().requires_grad();
@@ -278,6 +281,11 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, nn::Module& m
       call->slots[it->second].emplace_back(owner, item.key());
     }
   if (!any_grad) return forward(args, kwargs);
+  // The recompute replays the arguments in backward, after the forward: an object the call reads
+  // or writes (a generation cache) would have moved on by then, and the replay would write it again.
+  HP_CHECK_T(c10::ValueError, object_arg.empty(), "hyper_parallel::checkpoint_wrapper: '", label, "' was called with ", object_arg,
+             ", an object (per-call state such as a generation cache), which a checkpointed forward cannot replay in backward; ",
+             "call it under at::NoGradGuard (generation) or without activation checkpointing");
   if (call->preserve_rng) {
     call->random_calls = random_call_count();
     call->cpu_rng_state = cpu_generator_state();
@@ -302,13 +310,19 @@ void checkpoint_side_output(const at::Tensor& value, const std::function<void(co
   if (t_recomputing == 0) t_side_outputs->deliver.push_back(deliver);
 }
 
-torch::nn::Module& checkpoint_wrapper(torch::nn::Module& module, CheckpointOptions options) {
-  nn::Module& m = platform::hookable(module, module.name());
-  m.set_forward_wrapper([options = std::move(options)](nn::Module& self, const std::vector<c10::IValue>& args, const Kwargs& kwargs,
-                                                       const ForwardFn& forward) {
-    return checkpointed_forward(options, self, args, kwargs, forward);
+namespace {
+torch::nn::Module& wrap(torch::nn::Module& module, CheckpointOptions options, const std::string& label) {
+  nn::Module& m = platform::hookable(module, label);
+  m.set_forward_wrapper([options = std::move(options), label](nn::Module& self, const std::vector<c10::IValue>& args, const Kwargs& kwargs,
+                                                              const ForwardFn& forward) {
+    return checkpointed_forward(options, label, self, args, kwargs, forward);
   });
   return module;
+}
+}  // namespace
+
+torch::nn::Module& checkpoint_wrapper(torch::nn::Module& module, CheckpointOptions options) {
+  return wrap(module, std::move(options), module.name());
 }
 
 ActivationCheckpointPolicy ActivationCheckpointPolicy::none() {
@@ -379,7 +393,7 @@ std::vector<std::string> apply_activation_checkpointing(torch::nn::Module& model
   if (policy.mode == ActivationCheckpointPolicy::Mode::Selective) options.save_ops = policy.save_ops;
   for (size_t k = 0; k < blocks.size(); ++k) {
     if ((static_cast<int64_t>(k) + 1) % policy.every != 0) continue;
-    checkpoint_wrapper(*blocks[k].second, options);
+    wrap(*blocks[k].second, options, blocks[k].first);
     wrapped.push_back(blocks[k].first);
   }
   return wrapped;

@@ -140,6 +140,34 @@ def reference_gradients(model, out):
     return gap
 
 
+# A left-padded batch (rows padded by PAD_LEFT tokens, one not at all) through transformers' forward
+# with its attention_mask, and the mean next-token cross-entropy over the targets whose position and
+# predecessor are both real: the loss and every parameter's gradient under transformers' names. The
+# padded fine-tuning the activation-checkpointing tests compare against.
+PAD_LEFT, PAD_SEQ = (3, 0, 6), 16
+
+
+def padded_gradients(model, out):
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(23)
+    ids = torch.randint(1, vocab, (len(PAD_LEFT), PAD_SEQ), generator=g)
+    mask = torch.ones_like(ids)
+    for b, n in enumerate(PAD_LEFT):
+        ids[b, :n] = 0
+        mask[b, :n] = 0
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    valid = (mask[:, :-1] * mask[:, 1:]).bool()
+    targets = ids[:, 1:].masked_fill(~valid, -100)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    tensors = {"input_ids": ids, "attention_mask": mask, "loss": loss.detach().float().reshape(1)}
+    for n, p in model.named_parameters():
+        tensors["grad." + n] = p.grad.float()
+    model.zero_grad(set_to_none=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, "padded.safetensors"))
+
+
 def make_moe(out):
     for name, (dtype, experts, norm, dense, shard) in MOE_VARIANTS.items():
         d = os.path.join(out, name)
@@ -430,6 +458,8 @@ def make_qwen3_5(out):
             tensors["grad." + n] = p.grad
         tensors.update(qwen3_5_generation(ref))
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "expected.safetensors"))
+        if name == "qwen3_5_fp32":
+            padded_gradients(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
     make_qwen3_5_vl_layout(out)
 
@@ -569,6 +599,8 @@ def make(out):
             reference(ref, d)
             if name in ("fp32_single", "fp32_kv1", "fp32_sharded_tied"):
                 reference_gradients(ref, d)
+            if name == "fp32_single":
+                padded_gradients(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}")
     make_moe(out)
     d = os.path.join(out, "bf16_memory")

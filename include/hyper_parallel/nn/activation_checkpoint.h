@@ -14,6 +14,12 @@
 // its backward, serve the recompute, and it does not free them again until its backward is done.
 // Collectives of a recomputed forward (tensor parallelism's) run again in backward, as in
 // Megatron-LM's full recompute: keeping their outputs would keep what sequence parallelism frees.
+//
+// The recompute sees only what the call was given: every per-call input a checkpointed module
+// reads (a padded batch's attention mask, the rotary tables) must be among its arguments, as a
+// tensor or keyword, which the checkpoint keeps. An argument that is an object rather than a value
+// (a generation cache, passed as a capsule) cannot be replayed and is refused by name while
+// gradients are recorded; under at::NoGradGuard the module simply runs.
 #include <torch/nn/module.h>
 
 #include <functional>

@@ -8,6 +8,7 @@
 
 #include "../attention_mask.h"
 #include "../keywords.h"
+#include "../layer_kwargs.h"
 #include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
@@ -22,12 +23,24 @@ namespace {
 // Whether attention needs an explicit mask: keys in a cache, or padding. Otherwise it is causal
 // over the new positions, which the sdpa module does itself (and context parallelism takes over).
 bool needs_mask(const ForwardContext* context) { return context && (context->cache || context->key_mask.defined()); }
+
+using Kw = models::LayerKwargs<KVCache>;
 }  // namespace
+
+hnn::Kwargs LayerInputs::kwargs() const {
+  Kw kw;
+  kw.cos = cos;
+  kw.sin = sin;
+  kw.blocked = blocked;
+  kw.cache = cache;
+  kw.past = past;
+  return kw.select({"cos", "sin", "blocked", "cache"});
+}
 
 LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
                          const at::Device& device) {
   LayerInputs in;
-  in.context = context;
+  in.cache = context ? context->cache : nullptr;
   in.past = context && context->cache ? context->cache->length : 0;
   const at::Tensor positions = context && context->position_ids.defined()
                                    ? context->position_ids.to(device)
@@ -68,7 +81,8 @@ at::Tensor AttentionImpl::attention_dropout(const at::Tensor& probs) {
 
 at::Tensor AttentionImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
+at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
+  const Kw in = Kw::parse(kwargs, {"cos", "sin", "blocked", "cache"}, "qwen3::AttentionImpl::forward");
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads.
   at::Tensor q = q_proj(hidden), k = models::kv_projection(k_proj, hidden), v = models::kv_projection(v_proj, hidden);
@@ -77,28 +91,17 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
   q = q_norm(q.view({b, s, -1, d})).transpose(1, 2);
   k = k_norm(k.view({b, s, -1, d})).transpose(1, 2);
   v = v.view({b, s, -1, d}).transpose(1, 2);
-  // The rotary tables: passed by CausalLM::forward (and replayed by a checkpointed layer's
-  // recompute, which runs after the call's `inputs` are gone), else the call's, else (a layer
-  // called on its own) those of positions 0..s-1.
-  at::Tensor cos, sin;
-  for (const auto& [name, value] : rotary) {
-    HP_CHECK_T(c10::ValueError, (name == "cos" || name == "sin") && value.isTensor(), "hyper_parallel::qwen3::AttentionImpl::forward: ",
-               "takes the rotary tables cos and sin as keywords, got '", name, "'");
-    (name == "cos" ? cos : sin) = value.toTensor();
-  }
-  if (!cos.defined() || !sin.defined()) {
-    const LayerInputs own = inputs ? *inputs : layer_inputs(config, nullptr, b, s, q.scalar_type(), q.device());
-    cos = own.cos;
-    sin = own.sin;
-  }
+  // The rotary tables of the call (CausalLM::forward's), else (a layer called on its own) those
+  // of positions 0..s-1.
+  at::Tensor cos = in.cos, sin = in.sin;
+  if (!cos.defined() || !sin.defined()) std::tie(cos, sin) = models::rotary_tables(
+      at::arange(s, at::TensorOptions().dtype(at::kLong).device(q.device())).unsqueeze(0), d, config.rope_theta, q.scalar_type());
   q = models::apply_rotary(q, cos, sin);
   k = models::apply_rotary(k, cos, sin);
-  const ForwardContext* ctx = inputs ? inputs->context : nullptr;
-  if (ctx && ctx->cache) {
-    KVCache& cache = *ctx->cache;
-    const int64_t past = inputs->past;
-    at::Tensor& keys = cache.keys.at(static_cast<size_t>(layer_idx));
-    at::Tensor& values = cache.values.at(static_cast<size_t>(layer_idx));
+  if (in.cache) {
+    const int64_t past = in.past;
+    at::Tensor& keys = in.cache->keys.at(static_cast<size_t>(layer_idx));
+    at::Tensor& values = in.cache->values.at(static_cast<size_t>(layer_idx));
     HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "hyper_parallel::qwen3::AttentionImpl::forward: the KV cache holds ", keys.size(2), " positions; ", past,
                " are filled and ", s, " more were given");
     keys.narrow(2, past, s).copy_(k);
@@ -108,8 +111,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& r
   }
   const int64_t heads = q.size(1);
   // Training on whole sequences is plain causal attention, the part context parallelism takes
-  // over; generation masks from the cache and the padding.
-  const at::Tensor out = needs_mask(ctx) ? sdpa(q, k, v, inputs->blocked) : sdpa(q, k, v);
+  // over; generation and padded batches mask from the cache and the padding.
+  const at::Tensor out = in.blocked.defined() ? sdpa(q, k, v, in.blocked) : sdpa(q, k, v);
   return o_proj(out.transpose(1, 2).reshape({b, s, heads * d}));
 }
 
@@ -134,8 +137,8 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
-  at::Tensor h = hidden + self_attn(input_layernorm(hidden), rotary);
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
+  at::Tensor h = hidden + self_attn(input_layernorm(hidden), kwargs);
   const at::Tensor x = post_attention_layernorm(h);
   return h + (moe ? moe(x) : mlp(x));
 }
@@ -202,24 +205,14 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const hnn::Kwargs&
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardContext& context) {
-  std::vector<AttentionImpl*> attns;
-  for (const auto& layer : *layers) attns.push_back(layer->as<DecoderLayerImpl>()->self_attn.get());
-  // Computed once for every layer; the pointers are this call's only.
-  // A stage without the embedding takes hidden states, in the dtype the previous stage computed.
+  // Computed once for every layer, and handed to each as its arguments: a checkpointed layer's
+  // recompute replays them. A stage without the embedding takes hidden states, in the dtype the
+  // previous stage computed.
   const LayerInputs in = layer_inputs(config, &context, input_ids.size(0), input_ids.size(1),
                                       embed_tokens ? embed_tokens->weight().scalar_type() : input_ids.scalar_type(), input_ids.device());
-  struct Scope {
-    std::vector<AttentionImpl*>& attns;
-    ~Scope() {
-      for (auto* a : attns) a->inputs = nullptr;
-    }
-  } scope{attns};
-  for (auto* a : attns) a->inputs = &in;
   at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;
-  // The rotary tables travel as arguments: a checkpointed layer's recompute replays them (this
-  // call's pointers are gone by then).
-  const hnn::Kwargs rotary{{"cos", in.cos}, {"sin", in.sin}};
-  for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, rotary);
+  const hnn::Kwargs kwargs = in.kwargs();
+  for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, kwargs);
   if (context.cache) context.cache->length += input_ids.size(1);
   if (!lm_head) return h;
   if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);

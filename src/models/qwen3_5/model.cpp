@@ -7,6 +7,7 @@
 
 #include "../attention_mask.h"
 #include "../keywords.h"
+#include "../layer_kwargs.h"
 #include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
@@ -15,6 +16,8 @@ namespace qwen3_5 {
 namespace hp = hyper_parallel;
 
 namespace {
+
+using Kw = models::LayerKwargs<Cache>;
 
 hnn::LinearOptions projection(int64_t in, int64_t out) { return hnn::LinearOptions(in, out).bias(false); }
 
@@ -45,13 +48,9 @@ GatedAttentionImpl::GatedAttentionImpl(const Config& c, int64_t layer) : config(
   sdpa = register_module("sdpa", hnn::ScaledDotProductAttention(hnn::ScaledDotProductAttentionOptions().is_causal(true)));
 }
 
-at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
-  at::Tensor cos, sin;
-  for (const auto& [name, value] : rotary) {
-    HP_CHECK_T(c10::ValueError, (name == "cos" || name == "sin") && value.isTensor(), "hyper_parallel::qwen3_5::GatedAttentionImpl::forward: ",
-               "takes the rotary tables cos and sin as keywords, got '", name, "'");
-    (name == "cos" ? cos : sin) = value.toTensor();
-  }
+at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
+  const Kw in = Kw::parse(kwargs, {"cos", "sin", "blocked", "cache"}, "qwen3_5::GatedAttentionImpl::forward");
+  at::Tensor cos = in.cos, sin = in.sin;
   const int64_t d = config.head_dim;
   // Local tensors under tensor parallelism: this rank's heads. Per head: its query rows, then its
   // gate rows ([q_0 | g_0 | q_1 | g_1 | ...]).
@@ -69,11 +68,10 @@ at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwar
   at::Tensor v = models::kv_projection(v_proj, hidden).view({b, s, -1, d}).transpose(1, 2);
   q = models::apply_rotary(q, cos, sin);
   k = models::apply_rotary(k, cos, sin);
-  const ForwardContext* ctx = inputs ? inputs->context : nullptr;
-  if (ctx && ctx->cache) {
-    const int64_t past = inputs->past;
-    at::Tensor& keys = ctx->cache->keys.at(static_cast<size_t>(layer_idx));
-    at::Tensor& values = ctx->cache->values.at(static_cast<size_t>(layer_idx));
+  if (in.cache) {
+    const int64_t past = in.past;
+    at::Tensor& keys = in.cache->keys.at(static_cast<size_t>(layer_idx));
+    at::Tensor& values = in.cache->values.at(static_cast<size_t>(layer_idx));
     HP_CHECK_T(c10::ValueError, past + s <= keys.size(2), "hyper_parallel::qwen3_5::GatedAttentionImpl::forward: the cache holds ", keys.size(2),
                " positions; ", past, " are filled and ", s, " more were given");
     keys.narrow(2, past, s).copy_(k);
@@ -81,8 +79,9 @@ at::Tensor GatedAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwar
     k = keys.narrow(2, 0, past + s);
     v = values.narrow(2, 0, past + s);
   }
-  // Training on whole sequences is plain causal attention; generation masks the cache and padding.
-  const at::Tensor out = (inputs ? sdpa(q, k, v, inputs->blocked) : sdpa(q, k, v)).transpose(1, 2).reshape({b, s, heads * d});
+  // Training on whole sequences is plain causal attention; generation and padded batches mask the
+  // cache and the padding.
+  const at::Tensor out = (in.blocked.defined() ? sdpa(q, k, v, in.blocked) : sdpa(q, k, v)).transpose(1, 2).reshape({b, s, heads * d});
   return o_proj(out * at::sigmoid(gate));
 }
 
@@ -101,11 +100,14 @@ LinearAttentionImpl::LinearAttentionImpl(const Config& c, int64_t layer) : confi
   out_proj = register_module("out_proj", hnn::Linear(projection(value_dim, c.hidden_size)));
 }
 
-at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) {
+at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
+
+at::Tensor LinearAttentionImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
+  const Kw in = Kw::parse(kwargs, {"keep", "cache"}, "qwen3_5::LinearAttentionImpl::forward");
   const int64_t b = hidden.size(0), s = hidden.size(1), dv = config.linear_value_head_dim;
   // Padding enters as zeros, which leave the conv and recurrent states as they were.
-  const at::Tensor x = inputs && inputs->keep.defined() ? zero_padding(hidden, inputs->keep) : hidden;
-  hnn::GatedDeltaNetState* state = inputs && inputs->context->cache ? &inputs->context->cache->linear.at(static_cast<size_t>(layer_idx)) : nullptr;
+  const at::Tensor x = in.keep.defined() ? zero_padding(hidden, in.keep) : hidden;
+  hnn::GatedDeltaNetState* state = in.cache ? &in.cache->linear.at(static_cast<size_t>(layer_idx)) : nullptr;
   // Training and whole-sequence forwards go through the module's hooks, where a context-parallel
   // style takes the sequence mixing over; generation carries its state and runs it here.
   HP_CHECK_T(c10::ValueError, state == nullptr || gdn->forward_wrapper() == nullptr, "hyper_parallel::qwen3_5::LinearAttentionImpl::forward: ",
@@ -134,9 +136,10 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
     mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size));
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& rotary) {
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
+  const Kw in = Kw::parse(kwargs, {"cos", "sin", "blocked", "keep", "cache"}, "qwen3_5::DecoderLayerImpl::forward");
   const at::Tensor x = input_layernorm(hidden);
-  const at::Tensor h = hidden + (self_attn ? self_attn(x, rotary) : linear_attn(x));
+  const at::Tensor h = hidden + (self_attn ? self_attn(x, in.select({"cos", "sin", "blocked", "cache"})) : linear_attn(x, in.select({"keep", "cache"})));
   const at::Tensor y = post_attention_layernorm(h);
   return h + (moe ? moe(y) : mlp(y));
 }
@@ -217,37 +220,25 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardConte
   at::Tensor h = embed_tokens ? embed_tokens(input_ids) : input_ids;
   const int64_t s = input_ids.size(1);
   const at::Device device = input_ids.device();
-  LayerInputs in;
-  in.context = &context;
+  // What every layer of this call shares, computed once and handed to each as its arguments: a
+  // checkpointed layer's recompute replays them.
+  Kw in;
+  in.cache = context.cache;
   in.past = context.cache ? context.cache->length : 0;
   const at::Tensor positions = context.position_ids.defined()
                                    ? context.position_ids.to(device)
                                    : at::arange(in.past, in.past + s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-  // The tables travel as arguments, so a checkpointed layer's recompute replays them.
-  const auto [cos, sin] = models::rotary_tables(positions, config.rotary_dim(), config.rope_theta, h.scalar_type());
-  const hnn::Kwargs rotary{{"cos", cos}, {"sin", sin}};
+  std::tie(in.cos, in.sin) = models::rotary_tables(positions, config.rotary_dim(), config.rope_theta, h.scalar_type());
   // Whole sequences from position 0 (training) need nothing more: plain causal attention.
-  const bool generating = context.cache || context.key_mask.defined();
-  if (generating) {
+  if (context.cache || context.key_mask.defined()) {
     in.blocked = models::blocked_keys(in.past, s, context.key_mask, device);
     if (context.key_mask.defined()) {
       const at::Tensor new_keys = context.key_mask.narrow(1, in.past, s);
       if (!new_keys.all().item<bool>()) in.keep = new_keys.to(device, h.scalar_type()).unsqueeze(-1);
     }
   }
-  struct Scope {
-    CausalLMImpl& model;
-    void set(const LayerInputs* to) {
-      for (const auto& layer : *model.layers) {
-        auto* l = layer->as<DecoderLayerImpl>();
-        if (l->self_attn) l->self_attn->inputs = to;
-        else l->linear_attn->inputs = to;
-      }
-    }
-    ~Scope() { set(nullptr); }
-  } scope{*this};
-  if (generating) scope.set(&in);
-  for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, rotary);
+  const hnn::Kwargs kwargs = in.select({"cos", "sin", "blocked", "keep", "cache"});
+  for (const auto& layer : *layers) h = hnn::call_with_hooks(*layer->as<DecoderLayerImpl>(), h, kwargs);
   if (context.cache) context.cache->length += s;
   if (!lm_head) return h;
   if (context.last_position_only) h = h.narrow(1, h.size(1) - 1, 1);

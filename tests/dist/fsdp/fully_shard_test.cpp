@@ -4,7 +4,10 @@
 
 #include <torch/optim.h>
 
+#include <hyper_parallel/checkpoint/train_state.h>
+
 #include "../../common/error_message.h"
+#include "../checkpoint/train_state_util.h"
 #include "../../common/test_util.h"
 #include "../tensor_parallel/tp_models.h"
 #include <hyper_parallel/models/qwen3/model.h>
@@ -323,6 +326,101 @@ TEST(FullyShardDist, GradientsAccumulateAcrossBackwardPasses) {
     for (const auto& p : model->named_parameters()) {
       ASSERT_TRUE(p.value().grad().defined()) << p.key();
       EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key() << " after backward " << micro;
+    }
+  }
+}
+
+namespace {
+
+// `a` always; `b` after it only where `use_b` is set (a branch some data ranks' batches take).
+class BranchImpl : public hnn::ModuleBase<BranchImpl> {
+ public:
+  BranchImpl() {
+    a = register_module("a", hnn::Linear(4, 4));
+    b = register_module("b", hnn::Linear(4, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = a(x);
+    return use_b ? b(h) : h;
+  }
+  bool use_b = true;
+  hnn::Linear a{nullptr}, b{nullptr};
+};
+HP_MODULE(Branch);
+
+// The one-process reference of data ranks 0..dp-1, rank r training on rows `x.chunk(dp)[r]`, and
+// using `b` iff `uses_b(r)`: the mean of the ranks' losses, as the data-parallel mean of gradients.
+at::Tensor reference_loss(Branch& ref, const at::Tensor& x, int64_t dp, const std::function<bool(int64_t)>& uses_b) {
+  at::Tensor loss;
+  for (int64_t r = 0; r < dp; ++r) {
+    ref->use_b = uses_b(r);
+    const at::Tensor l = ref(x.chunk(dp, 0)[r]).pow(2).mean() / static_cast<double>(dp);
+    loss = loss.defined() ? loss + l : l;
+  }
+  return loss;
+}
+
+}  // namespace
+
+// A parameter some data ranks' batches do not use (`b`, used by data rank 0 only, in the root's
+// group): every rank still takes its piece of the reduced gradient, which holds rank 0's share,
+// and one process on the whole batch is matched by one SGD step (lr 1) and three AdamW steps; a
+// parameter no rank used gets no gradient, as in one process. The train state saved after it
+// loads at the same layout. dp = world size, and at 4 ranks HSDP 2 x 2 too.
+TEST(FullyShardDist, ParameterSomeRanksDidNotUseGetsEveryShardOfItsGradient) {
+  const int64_t ws = hp::get_world_size();
+  ASSERT_GE(ws, 2);
+  std::vector<std::vector<int64_t>> meshes{{ws}};
+  if (ws == 4) meshes.push_back({2, 2});
+  for (const auto& shape : meshes) {
+    const bool hsdp = shape.size() == 2;
+    SCOPED_TRACE(hsdp ? "HSDP 2 x 2" : "dp = " + std::to_string(ws));
+    auto mesh = hsdp ? hp::init_device_mesh("cpu", shape, {"replicate", "shard"}) : hp::init_device_mesh("cpu", shape, {"dp"});
+    const int64_t dp_rank = hp::get_rank();  // the data rank: this rank's rows
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      SCOPED_TRACE(optimizer);
+      auto model = seeded<Branch>(81), ref = seeded<Branch>(81);
+      hp::fully_shard(*model, mesh);
+      auto make = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+        if (std::string(optimizer) == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1.0));
+        return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.1));
+      };
+      auto opt = make(model->parameters()), ref_opt = make(ref->parameters());
+      const int steps = std::string(optimizer) == "sgd" ? 1 : 3;
+      for (int step = 0; step < steps; ++step) {
+        const at::Tensor x = random({2 * ws, 4}, 90 + step);
+        // Step 1 (AdamW): no rank uses b, which then gets no gradient and is not stepped.
+        auto uses_b = [&](int64_t r) { return step != 1 && r == 0; };
+        opt->zero_grad();
+        ref_opt->zero_grad();
+        model->use_b = uses_b(dp_rank);
+        model(x.chunk(ws, 0)[dp_rank]).pow(2).mean().backward();
+        reference_loss(ref, x, ws, uses_b).backward();
+        auto ref_params = ref->named_parameters();
+        for (const auto& p : model->named_parameters()) {
+          const at::Tensor& want = ref_params[p.key()].grad();
+          ASSERT_EQ(p.value().grad().defined(), want.defined()) << p.key() << " at step " << step;
+          if (want.defined()) EXPECT_TRUE(close(full(p.value().grad()), want)) << p.key() << " gradient at step " << step;
+        }
+        opt->step();
+        ref_opt->step();
+        expect_params_match(*model, *ref, "after a step");
+      }
+      // The moments of every shard were written, so the state loads at the same layout (train
+      // states hold Adam and AdamW).
+      if (std::string(optimizer) == "sgd") continue;
+      const train_state_test::Scratch dir(std::string("fsdp_unused_") + optimizer + (hsdp ? "_hsdp" : ""));
+      hp::TrainState state{model.get(), opt.get()};
+      hp::save_train_state(dir, state);
+      auto loaded = seeded<Branch>(82);
+      hp::fully_shard(*loaded, mesh);
+      auto loaded_opt = make(loaded->parameters());
+      hp::TrainState back{loaded.get(), loaded_opt.get()};
+      hp::load_train_state(dir, back);
+      expect_params_match(*loaded, *ref, "loaded");
+      const auto saved = train_state_test::gathered_state(*model, *opt), restored = train_state_test::gathered_state(*loaded, *loaded_opt);
+      ASSERT_EQ(saved.size(), restored.size());
+      for (const auto& [name, t] : saved) EXPECT_TRUE(train_state_test::same_bits(restored.at(name), t)) << name << " after the load";
     }
   }
 }

@@ -22,6 +22,7 @@
 
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>
+#include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/runtime/collectives.h>
 
 #include <functional>
@@ -240,6 +241,50 @@ TEST(HFGradients, DenseTensorParallelMatchesTransformersBackward) {
       l.split = [c](qwen3::CausalLMImpl& m) { qwen3::parallelize_qwen3_tp(m, world_mesh(), c.sp, c.loss_parallel); };
       expect_gradients_match(ref + "/" + v, l);
     }
+}
+
+// A left-padded batch (rows padded by 3, 0 and 6 tokens) given with its key mask, cross-entropy over
+// the targets whose position and predecessor are real, under every activation-checkpointing policy
+// at tp = world size: every gradient equals transformers' (forward with attention_mask). The mask
+// and the padding reach each layer as its arguments, which a checkpointed layer's recompute replays.
+TEST(HFGradients, LeftPaddedBatchUnderEveryCheckpointingPolicyMatchesTransformersBackward) {
+  REQUIRE_REFERENCE(ref);
+  const std::string dir = ref + "/fp32_single";
+  hp::SafetensorsFile f(dir + "/padded.safetensors");
+  const at::Tensor ids = f.tensor("input_ids").clone(), mask = f.tensor("attention_mask").to(at::kBool);
+  ASSERT_FALSE(mask.all().item<bool>());
+  ASSERT_TRUE(mask[1].all().item<bool>()) << "one row without padding";
+  const at::Tensor valid = mask.narrow(1, 0, ids.size(1) - 1).logical_and(mask.narrow(1, 1, ids.size(1) - 1));
+  const at::Tensor targets = ids.narrow(1, 1, ids.size(1) - 1).masked_fill(valid.logical_not(), -100).reshape({-1});
+  const int64_t ws = hp::get_world_size();
+  for (const char* policy : {"none", "full", "selective", "full:2"}) {
+    SCOPED_TRACE(std::string("activation checkpointing ") + policy + " at tp = " + std::to_string(ws));
+    qwen3::CausalLM model{nullptr};
+    {
+      hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+      model = qwen3::CausalLM(qwen3::load_config(dir + "/config.json"));
+    }
+    if (ws > 1) qwen3::parallelize_qwen3_tp(*model, world_mesh(), /*sequence_parallel=*/false);
+    hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::parse(policy));
+    hp::to_empty(*model, "cpu");
+    hp::load_hf_checkpoint(*model, dir, {qwen3::hf_key});
+    model->train();
+    qwen3::ForwardContext context;
+    context.key_mask = mask;
+    const at::Tensor logits = training_test::whole(model->forward(ids, context));
+    const at::Tensor loss = at::cross_entropy_loss(logits.narrow(1, 0, ids.size(1) - 1).reshape({-1, logits.size(-1)}), targets, {},
+                                                   at::Reduction::Mean, -100);
+    EXPECT_NEAR(loss.item<double>(), f.tensor("loss").item<double>(), 1e-5) << "loss";
+    loss.backward();
+    int64_t compared = 0;
+    for (const auto& p : model->named_parameters()) {
+      const at::Tensor want = f.tensor(p.key() == "lm_head.weight" ? "grad.lm_head.weight" : "grad.model." + p.key());
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+      EXPECT_TRUE(near_relative(p.value().grad(), want, 1e-4)) << p.key();
+      ++compared;
+    }
+    EXPECT_EQ(compared, 25);
+  }
 }
 
 }  // namespace t_dist_models_hf_gradients_test

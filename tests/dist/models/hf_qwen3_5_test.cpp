@@ -50,6 +50,27 @@ q35::CausalLM loaded(const std::string& dir, const std::function<void(q35::Causa
   return model;
 }
 
+// Every parameter's gradient against transformers' ("grad." + its HF name, read by `tensor`; our
+// sections of a fused HF tensor against their rows), within 1e-4 of max.
+void expect_gradients_match(q35::CausalLMImpl& model, const std::function<at::Tensor(const std::string&)>& tensor) {
+  const auto key = q35::hf_key_map(model.config);
+  for (const auto& p : model.named_parameters()) {
+    // A tied lm_head is embed_tokens' weight: compared once, under its own name.
+    if (model.config.tie_word_embeddings && p.key() == "lm_head.weight") continue;
+    std::string name = key(p.key());
+    at::Tensor want;
+    const size_t open = name.find('[');
+    if (open == std::string::npos) {
+      want = tensor("grad." + name);
+    } else {
+      const int64_t from = std::stoll(name.substr(open + 1)), to = std::stoll(name.substr(name.find(':', open) + 1));
+      want = tensor("grad." + name.substr(0, open)).narrow(0, from, to - from);
+    }
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(hp_test::near_relative(p.value().grad(), want.view(p.value().sizes()), 1e-4)) << p.key();
+  }
+}
+
 
 }  // namespace
 
@@ -131,23 +152,40 @@ TEST(HFQwen3_5, LogitsAndEveryGradientMatchTransformers) {
     const at::Tensor loss_value = hp::is_dtensor(loss) ? hp::DTensor(loss).full_tensor() : loss;
     EXPECT_NEAR(loss_value.item<double>(), t("loss").item<double>(), 1e-5);
     loss.backward();
-    const auto key = q35::hf_key_map(model->config);
-    for (const auto& p : model->named_parameters()) {
-      // A tied lm_head is embed_tokens' weight: compared once, under its own name.
-      if (model->config.tie_word_embeddings && p.key() == "lm_head.weight") continue;
-      std::string name = key(p.key());
-      at::Tensor want;
-      const size_t open = name.find('[');
-      if (open == std::string::npos) {
-        want = t("grad." + name);
-      } else {
-        const int64_t from = std::stoll(name.substr(open + 1)), to = std::stoll(name.substr(name.find(':', open) + 1));
-        want = t("grad." + name.substr(0, open)).narrow(0, from, to - from);
-      }
-      ASSERT_TRUE(p.value().grad().defined()) << p.key();
-      EXPECT_TRUE(hp_test::near_relative(p.value().grad(), want.view(p.value().sizes()), 1e-4)) << p.key();
-    }
+    expect_gradients_match(*model, [&](const std::string& name) { return t(name); });
     EXPECT_TRUE(hp_test::replicas_bitwise_equal(*model));
+  }
+}
+
+// A left-padded batch (rows padded by 3, 0 and 6 tokens) given with its key mask, cross-entropy over
+// the targets whose position and predecessor are real, under every activation-checkpointing policy
+// at tp = world size: logits at real positions and every gradient equal transformers' (forward
+// with attention_mask: full attention masks the padded keys, the Gated DeltaNet takes them as
+// zeros). The mask reaches each layer as its arguments, which a checkpointed layer's recompute replays.
+TEST(HFQwen3_5, LeftPaddedBatchUnderEveryCheckpointingPolicyMatchesTransformers) {
+  HP_REQUIRE_HF_REFERENCE(ref, "qwen3_5_fp32");
+  const std::string d = ref + "/qwen3_5_fp32";
+  hp::SafetensorsFile f(d + "/padded.safetensors");
+  const at::Tensor ids = f.tensor("input_ids").clone(), mask = f.tensor("attention_mask").to(at::kBool);
+  ASSERT_TRUE(mask[1].all().item<bool>() && !mask.all().item<bool>()) << "padded rows and one without padding";
+  const int64_t s = ids.size(1), ws = hp::get_world_size();
+  const at::Tensor valid = mask.narrow(1, 0, s - 1).logical_and(mask.narrow(1, 1, s - 1));
+  const at::Tensor targets = ids.narrow(1, 1, s - 1).masked_fill(valid.logical_not(), -100).reshape({-1});
+  for (const char* policy : {"none", "full", "selective", "full:2"}) {
+    SCOPED_TRACE(std::string("activation checkpointing ") + policy + " at tp = " + std::to_string(ws));
+    auto model = loaded(d, [&](q35::CausalLMImpl& m) {
+      if (ws > 1) q35::parallelize_qwen3_5_tp(m, hp_test::world_mesh(), /*sequence_parallel=*/false);
+      hp::apply_activation_checkpointing(m, hp::ActivationCheckpointPolicy::parse(policy));
+    });
+    q35::ForwardContext context;
+    context.key_mask = mask;
+    at::Tensor logits = model->forward(ids, context);
+    if (hp::is_dtensor(logits)) logits = hp::DTensor(logits).full_tensor();
+    const at::Tensor loss = at::cross_entropy_loss(logits.narrow(1, 0, s - 1).reshape({-1, logits.size(-1)}), targets, {},
+                                                   at::Reduction::Mean, -100);
+    EXPECT_NEAR(loss.item<double>(), f.tensor("loss").item<double>(), 1e-5) << "loss";
+    loss.backward();
+    expect_gradients_match(*model, [&](const std::string& name) { return f.tensor(name).clone(); });
   }
 }
 

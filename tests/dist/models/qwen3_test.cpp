@@ -5,6 +5,9 @@
 #include <hyper_parallel/dtensor/explicit_redistribution.h>
 #include <hyper_parallel/dtensor/random.h>
 
+#include <hyper_parallel/nn/activation_checkpoint.h>
+
+#include "../../common/error_message.h"
 #include "../../common/test_util.h"
 #include <hyper_parallel/models/qwen3/model.h>
 #include <hyper_parallel/models/qwen3/parallelize.h>
@@ -218,6 +221,29 @@ TEST(Qwen3TensorParallel, ThePlanRunsUnderExplicitRedistribution) {
     }
     EXPECT_TRUE(close(loss, qwen3::causal_lm_loss(ref(ids.narrow(1, 0, seq)), ids.narrow(1, 1, seq)))) << "sp=" << sp;
   }
+}
+
+// A checkpointed layer replays its arguments in backward; a generation cache is an object that a
+// replay would write again, so a checkpointed forward that records gradients refuses it by name,
+// and under NoGradGuard (how generation runs) the same call simply runs.
+TEST(Qwen3TensorParallel, CheckpointedLayerRefusesAGenerationCacheWhileRecordingGradients) {
+  auto model = build(small_config());
+  hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::full());
+  const at::Tensor ids = at::randint(small_config().vocab_size, {2, 5}, at::detail::createCPUGenerator(3), at::kLong);
+  qwen3::KVCache cache = model->make_cache(2, 8);
+  qwen3::ForwardContext context;
+  context.cache = &cache;
+  const std::string msg = hp_test::error_message([&] { model->forward(ids, context); });
+  EXPECT_NE(msg.find("hyper_parallel::checkpoint_wrapper: 'layers.0' was called with keyword 'cache', an object"), std::string::npos) << msg;
+  qwen3::KVCache fresh = model->make_cache(2, 8);
+  context.cache = &fresh;
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model->forward(ids, context);
+  EXPECT_EQ(fresh.length, 5);
+  qwen3::CausalLM plain = build(small_config());
+  qwen3::KVCache plain_cache = plain->make_cache(2, 8);
+  context.cache = &plain_cache;
+  EXPECT_TRUE(close(logits, plain->forward(ids, context)));
 }
 
 }  // namespace t_dist_models_qwen3_test

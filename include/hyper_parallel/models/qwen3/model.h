@@ -63,13 +63,17 @@ struct KVCache {
 /// A forward pass of generation over the KV cache (models/generate.h).
 using ForwardContext = hyper_parallel::models::ForwardContext<KVCache>;
 
-/// What every attention layer of one forward pass shares: the rotary tables [B or 1, 1, S, D],
-/// the positions the queries may not see with a cache or padding ([S, T], or [B, 1, S, T]; undefined
-/// otherwise: plain causal attention, which the attention's sdpa module masks itself) and the cache.
+/// What every layer of one forward pass shares, computed once per call and handed to each layer
+/// as its keyword arguments (so that a checkpointed layer's recompute replays them): the rotary
+/// tables [B or 1, 1, S, D], the keys the queries may not see with a cache or padding ([S, T], or
+/// [B, 1, S, T]; undefined otherwise: plain causal attention, which the attention's sdpa module
+/// masks itself) and the generation cache.
 struct LayerInputs {
-  const ForwardContext* context = nullptr;
   at::Tensor cos, sin, blocked;
+  KVCache* cache = nullptr;
   int64_t past = 0;  // positions already in the cache
+  /// The layers' keyword arguments: "cos", "sin", and "blocked" and "cache" when set.
+  hnn::Kwargs kwargs() const;
 };
 
 /// The LayerInputs of `s` new tokens (context may be null: positions 0..s-1, no explicit mask).
@@ -80,16 +84,14 @@ class AttentionImpl : public hnn::ModuleBase<AttentionImpl> {
  public:
   AttentionImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
-  /// With the rotary tables as arguments ("cos", "sin": [B or 1, 1, S, D]), so that activation
-  /// checkpointing's recompute, which replays a module's arguments, sees the forward's positions.
-  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  /// With this call's inputs as keywords (LayerInputs::kwargs: "cos", "sin" [B or 1, 1, S, D],
+  /// "blocked", "cache"), so that activation checkpointing's recompute, which replays a module's
+  /// arguments, sees the forward's positions and mask. Without "cos"/"sin": positions 0..S-1.
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs);
   /// Dropout on the attention probabilities while training (config.attention_dropout).
   at::Tensor attention_dropout(const at::Tensor& probs);
   Config config;
   int64_t layer_idx;
-  // Set by CausalLM::forward for the duration of one call (the styles' hooks pass tensors only):
-  // what every layer shares, computed once. Null: training on whole sequences, from position 0.
-  const struct LayerInputs* inputs = nullptr;
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   // Causal attention over the heads (no parameters): what ContextParallel takes over.
@@ -105,8 +107,8 @@ class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
   DecoderLayerImpl(const Config& c, int64_t layer_idx = 0);
   at::Tensor forward(const at::Tensor& hidden);
-  /// The rotary tables passed on to the attention (AttentionImpl::forward).
-  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  /// This call's inputs (LayerInputs::kwargs) passed on to the attention (AttentionImpl::forward).
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs);
   hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   // One of the two, registered as "mlp" (HF's name for both): a dense MLP or a sparse MoE block.

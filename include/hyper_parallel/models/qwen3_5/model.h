@@ -77,25 +77,18 @@ struct Cache {
 /// apply_mask_to_padding_states, and full attention masks them.
 using ForwardContext = hyper_parallel::models::ForwardContext<Cache>;
 
-/// What every layer of one forward pass with a context shares (set by CausalLM::forward for the
-/// call; the styles' hooks pass tensors only).
-struct LayerInputs {
-  const ForwardContext* context = nullptr;
-  at::Tensor blocked;  // [B, 1, S, cached + S]: keys full attention may not see
-  at::Tensor keep;     // [B, S, 1] in the activations' dtype: 0 at padding; undefined without padding
-  int64_t past = 0;    // positions already in the cache
-};
-
 /// Gated full attention (transformers' Qwen3_5Attention). q_proj [nh·2·hd, H] holds per head its
 /// query rows then its gate rows; the output of the heads is scaled by sigmoid(gate) before o_proj.
-/// forward(hidden [B, S, H], {"cos", "sin"} rotary tables [1, 1, S, rotary_dim]).
+/// forward(hidden [B, S, H], kwargs): the call's inputs as keywords, so that a checkpointed
+/// layer's recompute replays them: "cos", "sin" (rotary tables [B or 1, 1, S, rotary_dim];
+/// absent: positions 0..S-1), "blocked" ([B, 1, S, cached + S], true at keys full attention may
+/// not see: a cache or padding) and "cache" (generation).
 class GatedAttentionImpl : public hnn::ModuleBase<GatedAttentionImpl> {
  public:
   GatedAttentionImpl(const Config& c, int64_t layer_idx);
-  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs);
   Config config;
   int64_t layer_idx;
-  const LayerInputs* inputs = nullptr;  // this call's generation inputs, if any
   hnn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   hnn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   hnn::ScaledDotProductAttention sdpa{nullptr};
@@ -104,14 +97,16 @@ HP_MODULE(GatedAttention);
 
 /// Gated DeltaNet linear attention (transformers' Qwen3_5GatedDeltaNet): in_proj_q/k/v (HF's fused
 /// in_proj_qkv in three sections), in_proj_z/b/a, the sequence mixing `gdn`, the gated norm over
-/// each value head, out_proj. forward(hidden [B, S, H]) -> [B, S, H].
+/// each value head, out_proj. forward(hidden [B, S, H]) -> [B, S, H]; forward(hidden, kwargs)
+/// with the call's "keep" ([B, S, 1], 0 at padding, whose inputs enter as zeros as transformers'
+/// apply_mask_to_padding_states) and "cache" (generation) as keywords.
 class LinearAttentionImpl : public hnn::ModuleBase<LinearAttentionImpl> {
  public:
   LinearAttentionImpl(const Config& c, int64_t layer_idx);
   at::Tensor forward(const at::Tensor& hidden);
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs);
   Config config;
   int64_t layer_idx;
-  const LayerInputs* inputs = nullptr;  // this call's generation inputs, if any
   hnn::Linear in_proj_q{nullptr}, in_proj_k{nullptr}, in_proj_v{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr},
       out_proj{nullptr};
   hnn::GatedDeltaNet gdn{nullptr};
@@ -128,7 +123,9 @@ using Mlp = hyper_parallel::nn::SwiGLUMlp;
 class DecoderLayerImpl : public hnn::ModuleBase<DecoderLayerImpl> {
  public:
   DecoderLayerImpl(const Config& c, int64_t layer_idx);
-  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& rotary);
+  /// `kwargs`: the call's inputs ("cos", "sin", "blocked", "keep", "cache"), each passed on to the
+  /// mixer that takes it.
+  at::Tensor forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs);
   hnn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   GatedAttention self_attn{nullptr};
   LinearAttention linear_attn{nullptr};
