@@ -198,7 +198,10 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   TORCH_INTERNAL_ASSERT(grads.size() == params_.size());
   if (reduce_pending_) finish_reduce_grads();  // a second backward through the same forward
   for (Bucket& b : buckets_) {
-    if (!grads_accumulated_) b.grad_rows.zero_();
+    if (!grads_accumulated_) {
+      b.grad_rows.zero_();
+      b.used_here.assign(b.params.size(), false);
+    }
     for (size_t i = 0; i < b.params.size(); ++i) {
       const FSDPParam& p = params_[b.params[i]];
       at::Tensor g = grads[b.params[i]];
@@ -206,6 +209,7 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
       // still arrive in this rank's piece of the reduction, which is why the flag decides.
       if (!g.defined()) continue;
       b.grad_rows.select(1, b.row_numel + static_cast<int64_t>(i)).fill_(1);
+      b.used_here[i] = true;
       if (is_dtensor(g)) {
         DTensor d(g);
         if (d.placements() != p.tp_placements) d = d.redistribute(p.tp_placements);
@@ -242,11 +246,14 @@ void FSDPParamGroup::finish_reduce_grads() {
     // A parameter gets a gradient iff some rank's backward produced one (as one process on the
     // whole batch): then every rank takes its piece, which holds the other ranks' shares; one no
     // rank used gets none, so an optimizer keeps no state for a layer no forward used.
-    const at::Tensor used = row.narrow(0, b.row_numel, static_cast<int64_t>(b.params.size())).gt(0).cpu();
-    const bool* flag = used.data_ptr<bool>();
+    std::vector<bool> used = b.used_here;
+    if (!row.is_meta()) {
+      const at::Tensor flags = row.narrow(0, b.row_numel, static_cast<int64_t>(b.params.size())).gt(0).cpu();
+      for (size_t i = 0; i < used.size(); ++i) used[i] = flags.data_ptr<bool>()[i];
+    }
     for (size_t i = 0; i < b.params.size(); ++i) {
       const size_t k = b.params[i];
-      if (!flag[i]) continue;
+      if (!used[i]) continue;
       at::Tensor g = params_[k].unpack_grad(row);
       at::Tensor& grad = params_[k].sharded.mutable_grad();
       if (!grad.defined()) grad = std::move(g);

@@ -64,6 +64,9 @@ class FSDPParamGroup : public torch::CustomClassHolder {
     // backward produced a gradient). Summed over the ranks, a flag says whether any rank did, so
     // every rank makes the same decision from the reduction it already waits for.
     int64_t grad_row_numel = 0;
+    // This rank's own flags: what decides when the reduction has shapes only (a fake world, where
+    // every rank is taken to be this one).
+    std::vector<bool> used_here;
     int64_t compute_numel = 0;  // the compute tensors, flat
     at::Tensor send;            // [row_numel]: this rank's pieces
     at::Tensor storage;         // [compute_numel]: the compute tensors' storage (freed when sharded)

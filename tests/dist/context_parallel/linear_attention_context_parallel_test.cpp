@@ -9,6 +9,8 @@
 // next rank; p2p a state of B·nv·dk·dv float32 and the halo to the next rank. And the refusals.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <hyper_parallel/hyper_parallel.h>
 #include <hyper_parallel/nn/gated_delta_net.h>
 
@@ -50,15 +52,25 @@ struct Result {
   std::map<std::string, at::Tensor> param_grads;
 };
 
-hnn::GatedDeltaNet module(at::ScalarType dtype) {
+// The decays the module starts with, or ones that keep the state: slow (A_log = log 0.01,
+// dt_bias = -4: g about -1e-3 per token) and none (exp(A_log) underflows to 0: g = 0). With these
+// the incoming state reaches every token of a shard, not only its first few.
+enum class Decay { Init, Slow, Zero };
+
+hnn::GatedDeltaNet module(at::ScalarType dtype, Decay decay = Decay::Init) {
   hp_test::manual_seed(7);
   hnn::GatedDeltaNet gdn(options());
+  if (decay != Decay::Init) {
+    at::NoGradGuard no_grad;
+    gdn->parameter("A_log").fill_(decay == Decay::Slow ? std::log(0.01) : -1e4);
+    gdn->parameter("dt_bias").fill_(decay == Decay::Slow ? -4.0 : 0.0);
+  }
   gdn->to(dtype);
   return gdn;
 }
 
-Result one_process(const Inputs& in, at::ScalarType dtype) {
-  hnn::GatedDeltaNet gdn = module(dtype);
+Result one_process(const Inputs& in, at::ScalarType dtype, Decay decay = Decay::Init) {
+  hnn::GatedDeltaNet gdn = module(dtype, decay);
   std::vector<at::Tensor> x;
   for (const auto& t : in.x) x.push_back(t.detach().clone().requires_grad_());
   const at::Tensor out = gdn(x[0], x[1], x[2], x[3], x[4]);
@@ -69,8 +81,9 @@ Result one_process(const Inputs& in, at::ScalarType dtype) {
   return r;
 }
 
-Result context_parallel(const std::string& mode, const hp::DeviceMesh& cp, const Inputs& in, at::ScalarType dtype) {
-  hnn::GatedDeltaNet gdn = module(dtype);
+Result context_parallel(const std::string& mode, const hp::DeviceMesh& cp, const Inputs& in, at::ScalarType dtype,
+                        Decay decay = Decay::Init) {
+  hnn::GatedDeltaNet gdn = module(dtype, decay);
   hp::LinearAttentionContextParallel(mode).apply(*gdn, cp);
   const auto shard = [&](const at::Tensor& t) { return hp::context_parallel_shard(t.detach(), cp, 1, false); };
   std::vector<at::Tensor> x;
@@ -93,17 +106,23 @@ Result context_parallel(const std::string& mode, const hp::DeviceMesh& cp, const
   if (got.sizes() != ref.sizes()) return ::testing::AssertionFailure() << "shape " << got.sizes() << " != " << ref.sizes();
   const double scale = ref.to(at::kFloat).abs().max().item<double>();
   const double diff = (got.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>();
-  if (scale > 0 && diff <= rel * scale) return ::testing::AssertionSuccess();
+  // A reference of zeros (A_log's gradient when exp(A_log) underflows) is met only exactly.
+  if ((scale > 0 && diff <= rel * scale) || (scale == 0 && diff == 0)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max |diff| " << diff << " = " << diff / scale << " · max|ref| (" << scale << "), allowed " << rel;
 }
 
-void matches_one_process(const std::string& mode, int64_t seq, at::ScalarType dtype) {
-  SCOPED_TRACE(mode + " seq " + std::to_string(seq) + " " + c10::toString(dtype));
+void matches_one_process(const std::string& mode, int64_t seq, at::ScalarType dtype, Decay decay = Decay::Init) {
+  SCOPED_TRACE(mode + " seq " + std::to_string(seq) + " " + c10::toString(dtype) +
+               (decay == Decay::Slow ? " slow decay" : decay == Decay::Zero ? " zero decay" : ""));
   const hp::DeviceMesh cp = hp::init_device_mesh("cpu", {hp::get_world_size()}, {"cp"});
   const Inputs in = inputs(seq, dtype);
-  const Result ref = one_process(in, dtype), got = context_parallel(mode, cp, in, dtype);
+  const Result ref = one_process(in, dtype, decay), got = context_parallel(mode, cp, in, dtype, decay);
   const double rel = dtype == at::kFloat ? 1e-5 : 1e-2;
   EXPECT_TRUE(within(got.out, ref.out, rel)) << "output";
+  // Each shard's first token, on its own scale: what the incoming state decides most.
+  const int64_t shard = seq / cp.size(0);
+  for (int64_t r = 1; r < cp.size(0) && seq % cp.size(0) == 0; ++r)
+    EXPECT_TRUE(within(got.out.select(1, r * shard), ref.out.select(1, r * shard), rel)) << "the first token of shard " << r;
   const char* names[] = {"q", "k", "v", "a", "b"};
   for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(within(got.input_grads[i], ref.input_grads[i], rel)) << "grad of " << names[i];
   for (const auto& [name, g] : ref.param_grads) EXPECT_TRUE(within(got.param_grads.at(name), g, rel)) << "grad of " << name;
@@ -127,6 +146,16 @@ TEST(LinearAttentionContextParallelDist, EveryModeMatchesOneProcessInFloat32) {
   for (const char* mode : {"ulysses", "all_gather", "p2p"}) matches_one_process(mode, 76, at::kFloat);
   // One token per rank: the whole sequence is cp tokens long.
   matches_one_process("ulysses", cp, at::kFloat);
+}
+
+// Slow and zero decays: the incoming state reaches every token of a shard, so the fold over the
+// ranks before (all_gather), the state passed rank to rank (p2p) and the whole-sequence run
+// (ulysses) are each exercised across every hop, not only at a shard's first tokens.
+TEST(LinearAttentionContextParallelDist, EveryModeMatchesOneProcessWithSlowAndZeroDecays) {
+  const int64_t cp = hp::get_world_size();
+  if (cp != 2 && cp != 4) GTEST_SKIP() << "2 or 4 ranks";
+  for (Decay decay : {Decay::Slow, Decay::Zero})
+    for (const char* mode : {"ulysses", "all_gather", "p2p"}) matches_one_process(mode, 76, at::kFloat, decay);
 }
 
 TEST(LinearAttentionContextParallelDist, EveryModeMatchesOneProcessInBfloat16) {

@@ -184,7 +184,7 @@ TEST(PlanReportFake, SequenceParallelCommunicationIsKorthikantis) {
 
 // fully_shard over dp: forward gathers every parameter once (each rank sends its shard: the
 // parameter bytes per rank); backward gathers the blocks again (the root keeps its own) and
-// reduce-scatters every gradient (each rank sends the whole TP-local gradient).
+// reduce-scatters every gradient (each rank sends the whole TP-local gradient and its flags).
 TEST(PlanReportFake, FsdpMovesTheParameterBytesOverDp) {
   for (const bool sp : {false, true}) {
     Config c = small_config();
@@ -198,7 +198,9 @@ TEST(PlanReportFake, FsdpMovesTheParameterBytesOverDp) {
     EXPECT_EQ(entry(r, "dp", "all_gather", "backward").count, L);
     EXPECT_EQ(entry(r, "dp", "all_gather", "backward").bytes, r.param_bytes - root);
     EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").count, L + 1);
-    EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp);
+    // Each rank's row also carries one flag per parameter (whether its backward made a gradient):
+    // 11 tensors a layer, plus the embedding, the final norm and lm_head.
+    EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp + dp * (11 * L + 3) * elem(c));
     EXPECT_EQ(entry(r, "dp", "all_reduce", "backward").count + entry(r, "dp", "all_reduce", "forward").count, 0);
   }
 }
@@ -384,8 +386,10 @@ TEST(PlanReportFake, PipelineStagesMemoryAndTransfersAreTheAnalyticCount) {
         EXPECT_EQ(r.microbatches_in_flight, std::string(schedule) == "gpipe" ? m : std::min(m, pp - stage));
         EXPECT_DOUBLE_EQ(r.bubble_fraction, 7.0 / 39.0);
         EXPECT_GE(r.activation_peak_bytes, r.microbatches_in_flight * r.microbatch_saved_bytes);
-        // FSDP reduces once per step, whatever m: the stage's parameter bytes, over dp.
-        EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp);
+        // FSDP reduces once per step, whatever m: the stage's parameter bytes, over dp, and a
+        // flag per parameter tensor in each rank's row (11 a layer, the embedding, norm and lm_head).
+        const int64_t tensors = 11 * layers + (stage == 0 ? 1 : 0) + (stage == pp - 1 ? 2 : 0);
+        EXPECT_EQ(entry(r, "dp", "reduce_scatter", "backward").bytes, r.param_bytes * dp + dp * tensors * elem(c));
         // Tensor parallelism's collectives run every microbatch: m times those of a step of one
         // microbatch of the same rows.
         if (stage == 3) {

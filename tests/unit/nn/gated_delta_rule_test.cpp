@@ -151,6 +151,35 @@ TEST(GatedDeltaRule, StateSummariesOfPartsFoldedEqualTheSequentialStateAndGradie
             0.0);
 }
 
+// The fold applies each part's transition as it is (M·S). With slow decays, where the incoming
+// state reaches every token of the next part, the same fold with one part's transition
+// transposed by hand (Mᵀ·S, a plausible slip: each token's factor is symmetric, their product is
+// not) is off by at least 100 times the tolerance the right fold meets.
+TEST(GatedDeltaRule, FoldWithATransposedTransitionIsOffByFarMoreThanTheTolerance) {
+  Inputs in = inputs(70, 21);
+  in.g = in.g * 0.01;  // decays near 1
+  const std::vector<std::pair<int64_t, int64_t>> parts{{0, 45}, {45, 24}, {69, 1}};
+  const auto whole = fn::chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.state, true, 16);
+  auto fold = [&](bool transpose_second) {
+    at::Tensor state = in.state;
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      auto part = [&](const at::Tensor& t) { return t.narrow(1, parts[i].first, parts[i].second); };
+      const fn::ChunkedGatedDelta chunked(part(in.q), part(in.k), part(in.v), part(in.g), part(in.beta), true, 16);
+      fn::GatedDeltaStateSummary summary = chunked.summary();
+      if (transpose_second && i == 1) summary.transition = summary.transition.transpose(-1, -2).contiguous();
+      outs.push_back(chunked.run(state).output);
+      state = fn::apply_state_summary(summary, state);
+    }
+    // The larger of the outputs' and the final state's error, each relative to its max.
+    return std::max(max_diff(at::cat(outs, 1), whole.output) / whole.output.abs().max().item<double>(),
+                    max_diff(state, whole.final_state) / whole.final_state.abs().max().item<double>());
+  };
+  const double tolerance = 1e-5, right = fold(false), transposed = fold(true);
+  EXPECT_LE(right, tolerance);
+  EXPECT_GE(transposed, 100 * tolerance) << "a transposed transition went unnoticed: relative error " << transposed;
+}
+
 TEST(GatedDeltaRule, BadShapesAreRefusedByName) {
   const Inputs in = inputs(4, 7);
   auto message = [](auto&& f) -> std::string {
