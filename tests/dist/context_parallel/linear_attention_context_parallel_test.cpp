@@ -53,7 +53,7 @@ struct Result {
 };
 
 // The decays the module starts with, or ones that keep the state: slow (A_log = log 0.01,
-// dt_bias = -4: g about -1e-3 per token) and none (exp(A_log) underflows to 0: g = 0). With these
+// dt_bias = -4: g a few 1e-4 per token) and none (exp(A_log) underflows to 0: g = 0). With these
 // the incoming state reaches every token of a shard, not only its first few.
 enum class Decay { Init, Slow, Zero };
 
