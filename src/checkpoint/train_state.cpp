@@ -133,7 +133,7 @@ Entry row_entry(const std::string& name, const at::Tensor& row, int64_t world, i
   return {name, row.reshape({1, row.numel()}), {world, row.numel()}, {r, 0}};
 }
 
-const char* kRngHp = "rng.hyper_parallel";    // [world, 2] int64: seed, call count
+const char* kRngHp = "rng.hyper_parallel";    // [world, 2] int64: seed, 0 (formerly a call count)
 const char* kRngCpu = "rng.torch_cpu";        // [world, n] uint8: torch's CPU generator state
 const char* kCounters = "train_state";        // [2] int64: step, tokens_seen
 const char* kScheduler = "lr_scheduler.step";  // int64
@@ -158,9 +158,9 @@ void wait_for_save_in_flight() {
 std::vector<Entry> train_state_entries(const TrainState& state) {
   HP_CHECK_T(c10::ValueError, state.model != nullptr, "hyper_parallel::save_train_state: the state has no model");
   const int64_t world = world_of_job(), rank = rank_of_job();
-  // Every rank's generator must be seeded alike: a rank seeded otherwise draws other dropout masks
-  // and weights, and a resumed run would continue a divergence silently.
-  if (is_initialized()) check_agreement(world_group(), kSave, "hyper_parallel random seed " + std::to_string(random_seed()));
+  // Seeds are not compared here: a per-rank seed (base + rank) is a common data idiom, and each
+  // rank's generator state is saved as its own row. Random ops on DTensors compare the ranks' keys
+  // where they must agree (dtensor/random.h).
   std::vector<Entry> entries = entries_of(*state.model);
   if (state.optimizer != nullptr) {
     const auto names = parameter_names(*state.model);
@@ -185,8 +185,9 @@ std::vector<Entry> train_state_entries(const TrainState& state) {
   if (state.extra != nullptr)
     for (const auto& [k, v] : *state.extra) entries.push_back({"extra." + k, v.detach().cpu()});
   entries.push_back({kCounters, at::tensor(std::vector<int64_t>{state.step, state.tokens_seen}, at::kLong)});
-  entries.push_back(row_entry(kRngHp, at::tensor(std::vector<int64_t>{static_cast<int64_t>(random_seed()),
-                                                                       static_cast<int64_t>(random_call_count())},
+  // The second column, the call count of an earlier generator, is 0: the keys now come from
+  // torch's CPU generator, whose state is the next row.
+  entries.push_back(row_entry(kRngHp, at::tensor(std::vector<int64_t>{static_cast<int64_t>(random_seed()), 0},
                                                  at::kLong),
                               world, rank));
   entries.push_back(row_entry(kRngCpu, cpu_generator_state(), world, rank));
@@ -394,8 +395,9 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
   state.step = counters[0].item<int64_t>();
   state.tokens_seen = counters[1].item<int64_t>();
   const at::Tensor hp_rng = staged[static_cast<size_t>(plan.rng_hp)].reshape({-1});
+  // A seeding (the next random op on a DTensor compares the ranks' keys), then torch's CPU
+  // generator exactly as saved: hyper_parallel's keys are its draws.
   manual_seed(static_cast<uint64_t>(hp_rng[0].item<int64_t>()));
-  set_random_call_count(static_cast<uint64_t>(hp_rng[1].item<int64_t>()));
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(staged[static_cast<size_t>(plan.rng_cpu)].reshape({-1}));

@@ -1,6 +1,8 @@
 #include "philox_draw.h"
 
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/mesh/device_mesh.h>
+#include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -15,9 +17,6 @@
 
 namespace hyper_parallel {
 namespace {
-
-std::atomic<uint64_t> g_seed{0};
-std::atomic<uint64_t> g_calls{0};
 
 struct Block {
   uint32_t v[4];
@@ -130,77 +129,52 @@ void fill(T* data, const std::vector<int64_t>& local, const std::vector<int64_t>
 
 namespace {
 
-// torch::manual_seed(s) seeds this generator too, as PyTorch's DTensor random ops follow
-// torch.manual_seed: a default CPU generator in the state seeding leaves it in (nothing drawn
-// since) re-keys ours with s and a fresh call count, then takes one draw from torch's, so that the
-// same seeding is seen once (a second torch::manual_seed(s) is seen again). The state is a few KiB,
-// compared once per random op.
-struct TorchSeedWatch {
-  std::mutex mutex;
-  uint64_t seed = 0;
-  at::Tensor fresh;  // torch's CPU generator state right after manual_seed(seed)
-};
-
-// The seed torch's default CPU generator had when this library was loaded.
-uint64_t startup_torch_seed() {
-  static const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
-  return seed;
-}
-// Taken at load time, before any program code can seed.
-[[maybe_unused]] const uint64_t g_startup_seed_taken = startup_torch_seed();
-
-TorchSeedWatch& watch() {
-  static TorchSeedWatch w;
-  return w;
-}
-
-// Whether `gen` (its mutex held) is in the state manual_seed leaves it in; if so, takes one draw.
-bool take_fresh_seeding(at::Generator& gen, uint64_t& seed) {
-  seed = gen.current_seed();
-  // A process starts with torch's generator seeded by torch itself (a random seed of each
-  // process's own): that is not a seeding by the program, and leaves ours at seed 0.
-  if (seed == startup_torch_seed()) return false;
-  TorchSeedWatch& w = watch();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  if (!w.fresh.defined() || w.seed != seed) {
-    at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(seed);
-    w.fresh = probe.get_state();
-    w.seed = seed;
-  }
-  const at::Tensor now = gen.get_state();
-  if (now.numel() != w.fresh.numel() || std::memcmp(now.data_ptr(), w.fresh.data_ptr(), static_cast<size_t>(now.numel())) != 0)
-    return false;
-  at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-  return true;
-}
-
-void follow_torch_seed() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  uint64_t seed = 0;
-  if (!take_fresh_seeding(gen, seed)) return;
-  g_seed.store(seed);
-  g_calls.store(0);
-}
+// hyper_parallel::manual_seed calls so far, and the seeding the last key agreement saw: a draw on
+// a DTensor compares the ranks' keys once after each seeding (a change of torch's seed counts).
+std::atomic<uint64_t> g_seedings{0};
+std::mutex g_checked_mutex;
+uint64_t g_checked_seedings = ~uint64_t{0}, g_checked_torch_seed = 0;
 
 }  // namespace
 
-uint64_t next_random_call() {
-  follow_torch_seed();
-  return g_calls.fetch_add(1);
-}
-uint64_t random_call_count() { return g_calls.load(); }
-void set_random_call_count(uint64_t count) { g_calls.store(count); }
-uint64_t random_seed() {
-  follow_torch_seed();
-  return g_seed.load();
+uint64_t next_random_key() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
 }
 
+uint64_t next_random_key(const DeviceMesh& mesh, const std::string& what) {
+  const uint64_t key = next_random_key();
+  if (mesh.size() <= 1) return key;
+  {
+    const uint64_t seedings = g_seedings.load(), torch_seed = random_seed();
+    std::lock_guard<std::mutex> lock(g_checked_mutex);
+    if (seedings == g_checked_seedings && torch_seed == g_checked_torch_seed) return key;
+    g_checked_seedings = seedings;
+    g_checked_torch_seed = torch_seed;
+  }
+  try {
+    for (int64_t d = 0; d < mesh.ndim(); ++d)
+      check_agreement(mesh.get_group(d), what, c10::str("random key ", key, " (the first random op on a DTensor after a seeding ",
+                                                         "draws one key for every rank: seed every rank alike, e.g. ",
+                                                         "torch::manual_seed(s) with the same s, before random ops on DTensors)"));
+  } catch (...) {
+    // Every rank raised: each compares again at its next draw, whatever it seeds in between (a
+    // rank reseeding with the seed it already had would not count as a seeding).
+    std::lock_guard<std::mutex> lock(g_checked_mutex);
+    g_checked_seedings = ~uint64_t{0};
+    throw;
+  }
+  return key;
+}
+
+uint64_t random_seed() { return at::detail::getDefaultCPUGenerator().current_seed(); }
+
 void philox_draw(const at::Tensor& out, const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offset,
-                 const DrawParams& params, uint64_t call) {
+                 const DrawParams& params, uint64_t key) {
   const auto local = out.sizes().vec();
   TORCH_INTERNAL_ASSERT(local.size() == global_shape.size() && offset.size() == global_shape.size());
-  const uint64_t seed = g_seed.load();  // the call number was taken after any re-keying
+  const uint64_t call = 0, seed = key;
   const int lanes = lanes_of(params, out.scalar_type());
   const bool wide = lanes == 2;
   const bool integral = params.kind == DrawParams::Kind::RandomInt || !at::isFloatingType(out.scalar_type());
@@ -217,15 +191,8 @@ void philox_draw(const at::Tensor& out, const std::vector<int64_t>& global_shape
 }
 
 void manual_seed(uint64_t seed) {
-  {
-    // A torch seeding not yet seen is taken now, so it does not override this one later.
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    uint64_t ignored = 0;
-    take_fresh_seeding(gen, ignored);
-  }
-  g_seed.store(seed);
-  g_calls.store(0);
+  at::manual_seed(seed);
+  g_seedings.fetch_add(1);
 }
 
 uint64_t initial_seed() { return random_seed(); }

@@ -13,7 +13,7 @@ namespace {
 
 // A plain tensor is the whole tensor: its own global shape, at offset 0.
 void draw_whole(at::Tensor& t, const DrawParams& p) {
-  philox_draw(t, t.sizes().vec(), std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), p, next_random_call());
+  philox_draw(t, t.sizes().vec(), std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), p, next_random_key());
 }
 
 void check_floating(const at::Tensor& t, const char* what) {
@@ -38,7 +38,7 @@ DTensor random_dtensor(const char* what, const std::vector<int64_t>& shape, cons
   at::Tensor local = at::empty(local_shape, at::TensorOptions().dtype(dtype).device(device));
   DrawParams p;
   p.kind = kind;
-  philox_draw(local, shape, offset, p, next_random_call());
+  philox_draw(local, shape, offset, p, next_random_key(mesh, what));
   at::Tensor out = make_dtensor(std::move(local), std::move(spec));
   if (options.requires_grad()) out.set_requires_grad(true);
   return DTensor(std::move(out));
@@ -47,7 +47,7 @@ DTensor random_dtensor(const char* what, const std::vector<int64_t>& shape, cons
 }  // namespace
 
 // A meta tensor (plain, or a DTensor whose local piece is on meta) has no values to fill, and
-// takes no call number: as with torch's generators, building a model on meta draws nothing, so
+// takes no key: as with torch's generators, building a model on meta draws nothing, so
 // materialising it afterwards (init_parameters) draws what eager construction would have.
 at::Tensor& uniform_(at::Tensor& t, double from, double to) {
   if (t.is_meta()) return t;

@@ -19,7 +19,6 @@
 #include <unordered_set>
 
 #include "../dtensor/op_interceptor.h"
-#include "../dtensor/philox_draw.h"
 
 namespace hyper_parallel {
 namespace {
@@ -101,7 +100,6 @@ struct CheckpointCall : torch::CustomClassHolder {
   std::unordered_set<std::string> save_ops;
   std::deque<KeptOutputs> kept;
   bool preserve_rng = true;
-  uint64_t random_calls = 0;
   at::Tensor cpu_rng_state;
   bool output_is_tuple = false;
   size_t main_outputs = 0;  // the module's own outputs; the side outputs follow them
@@ -138,13 +136,10 @@ void set_cpu_generator_state(const at::Tensor& state) {
 // parameter aliases and puts the slots' tensors back after.
 struct RecomputeScope {
   CheckpointCall& call;
-  uint64_t calls_now = 0;
   at::Tensor cpu_state_now;
   std::vector<std::pair<std::pair<torch::nn::Module*, std::string>, at::Tensor>> restore;
   explicit RecomputeScope(CheckpointCall& c) : call(c) {
     if (call.preserve_rng) {
-      calls_now = random_call_count();
-      set_random_call_count(call.random_calls);
       cpu_state_now = cpu_generator_state();
       set_cpu_generator_state(call.cpu_rng_state);
     }
@@ -158,7 +153,6 @@ struct RecomputeScope {
     --t_recomputing;
     for (auto it = restore.rbegin(); it != restore.rend(); ++it) nn::detail::set_parameter_unchecked(*it->first.first, it->first.second, it->second);
     if (call.preserve_rng) {
-      set_random_call_count(calls_now);
       set_cpu_generator_state(cpu_state_now);
     }
   }
@@ -287,7 +281,6 @@ c10::IValue checkpointed_forward(const CheckpointOptions& options, const std::st
              ", an object (per-call state such as a generation cache), which a checkpointed forward cannot replay in backward; ",
              "call it under at::NoGradGuard (generation) or without activation checkpointing");
   if (call->preserve_rng) {
-    call->random_calls = random_call_count();
     call->cpu_rng_state = cpu_generator_state();
   }
   variable_list outs = CheckpointFn::apply(call, at::TensorList(inputs));

@@ -99,7 +99,7 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
   {
     std::ostringstream d;
     d << "mesh " << c10::IntArrayRef(mesh->shape()) << " src_data_rank "
-      << (src_data_rank ? std::to_string(*src_data_rank) : "None") << "; random seed " << initial_seed() << "; plan:";
+      << (src_data_rank ? std::to_string(*src_data_rank) : "None") << "; plan:";
     for (const auto& t : targets) d << " " << (t.fqn.empty() ? "<root>" : t.fqn) << "=" << t.style->describe();
     d << "; parameters:";
     for (const auto& p : module.named_parameters(/*recurse=*/true))

@@ -2,11 +2,20 @@
 // Random numbers that do not depend on the layout. Every random op on a DTensor (uniform_,
 // normal_, bernoulli_, exponential_, random_, native_dropout, rand_like/randn_like, and dropout,
 // which decomposes into bernoulli_) and the functions below give element i of a tensor a value
-// that depends only on (seed, call, i): the seed of hyper_parallel::manual_seed, the number of
-// random calls made since, and i, the element's row-major index in the tensor's *global* shape.
-// The generator is counter-based (Philox4x32-10): each rank evaluates it for its own elements
-// only, so a tensor sharded over any mesh, replicated, or plain in one process holds the same
-// values, and a run's losses do not depend on the tensor-parallel degree.
+// that depends only on (K, i): K, the call's key, and i, the element's row-major index in the
+// tensor's *global* shape. The generator is counter-based (Philox4x32-10): each rank evaluates it
+// for its own elements only, so a tensor sharded over any mesh, replicated, or plain in one
+// process holds the same values, and a run's losses do not depend on the tensor-parallel degree.
+//
+// The seeding rule, in one sentence: every random call takes its key K as one 64-bit draw from
+// torch's default CPU generator, so torch::manual_seed (or hyper_parallel::manual_seed, which is
+// torch's) decides our values exactly as it decides torch's own, e.g.
+// `torch::manual_seed(7); torch::rand({1}); hnn::Linear a;` gives the same `a` every time.
+// Plain tensors and parallelize_module never look at seeds (a per-rank seed, base + rank, is
+// fine for data and for src_data_rank = None). A random op on a DTensor needs one key on every
+// rank of its mesh: the first one after a seeding compares the ranks' keys and names the ranks
+// that were seeded otherwise (PyTorch broadcasts rank 0's state or lets replicas diverge; we
+// refuse instead).
 //
 // What is drawn, per element (u: the element's uniform number in [0, 1)):
 // - uniform_(from, to): from + u * (to - from), u from 24 bits (53 for double);
@@ -27,16 +36,10 @@
 
 namespace hyper_parallel {
 
-/// Seeds the generator and restarts the call count. Every rank must pass the same seed (as with
-/// torch.manual_seed under SPMD); parallelize_module and save_train_state name the ranks whose
-/// seeds differ. torch::manual_seed(s) seeds it as well: the next random op after it re-keys this
-/// generator with s and a fresh call count (taking one draw from torch's CPU generator to mark the
-/// seeding as seen), so `torch::manual_seed(1); a = hnn::Linear(16, 16); torch::manual_seed(1);
-/// b = hnn::Linear(16, 16);` gives a == b. Whichever of the two seeded last decides. Until either
-/// is called the seed is 0 (torch's default CPU generator, not seeded, is left alone).
-/// e.g. `hp::manual_seed(42);`
+/// torch::manual_seed(seed) (the keys are torch's draws); the next random op on a DTensor then
+/// compares the ranks' keys over its mesh. e.g. `hp::manual_seed(42);`
 void manual_seed(uint64_t seed);
-/// The seed of the last manual_seed.
+/// The seed of torch's default CPU generator.
 uint64_t initial_seed();
 
 /// In-place fills of plain tensors and DTensors alike, with the values described above. A meta

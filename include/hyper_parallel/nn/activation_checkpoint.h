@@ -7,8 +7,8 @@
 //   hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::full());
 //   hp::fully_shard(...);   // in either order with parallelize_module and fully_shard
 //
-// The recompute draws the same random numbers as the forward (the layout-independent generator's
-// call count, and torch's CPU generator, are rewound for it and put back after), so gradients with
+// The recompute draws the same random numbers as the forward (torch's CPU generator, whose draws
+// also key the layout-independent generator, is rewound for it and put back after), so gradients with
 // checkpointing equal those without, dropout included. It composes with tensor parallelism,
 // sequence parallelism and fully_shard: a fully_shard module's parameters, gathered again before
 // its backward, serve the recompute, and it does not free them again until its backward is done.

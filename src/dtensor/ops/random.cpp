@@ -111,15 +111,19 @@ DrawParams params_of(Op op, const torch::jit::Stack& args, const at::Tensor& sel
   return p;
 }
 
-// The local op: this rank's piece of call `next_random_call()`; params: the op, the global shape
-// and the piece's offset.
-Kernel draw_kernel(Op op, std::vector<int64_t> shape, std::vector<int64_t> offset) {
-  return [op, shape = std::move(shape), offset = std::move(offset)](const c10::OperatorHandle& h, torch::jit::Stack* stack) {
+// The local op, this rank's piece of one key's draw: a handler, since the first draw on a DTensor
+// after a seeding compares the ranks' keys over the mesh. Its params: the op, the number of dims,
+// the global shape, the piece's offset.
+void draw_handler(const c10::OperatorHandle& h, torch::jit::Stack* stack, const DeviceMesh& mesh, const std::vector<int64_t>& params) {
+    const Op op = static_cast<Op>(params.at(0));
+    const size_t nd = static_cast<size_t>(params.at(1));
+    const std::vector<int64_t> shape(params.begin() + 2, params.begin() + 2 + static_cast<std::ptrdiff_t>(nd));
+    const std::vector<int64_t> offset(params.begin() + 2 + static_cast<std::ptrdiff_t>(nd), params.end());
     const torch::jit::Stack args = pop_args(h, stack);
     const at::Tensor self = args[0].toTensor();
     const DrawParams p = params_of(op, args, self);
-    const uint64_t call = next_random_call();
-    switch (op) {
+    const auto& name = h.operator_name();
+    const uint64_t call = next_random_key(mesh, "dispatch: " + name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));    switch (op) {
       case Op::BernoulliTensor: {
         at::Tensor u = at::empty(self.sizes(), self.options().dtype(at::kDouble));
         philox_draw(u, shape, offset, p, call);
@@ -168,7 +172,6 @@ Kernel draw_kernel(Op op, std::vector<int64_t> shape, std::vector<int64_t> offse
         stack->emplace_back(self);
         return;
     }
-  };
 }
 
 OpSharding random_rule(const OpInfo& info, Op op) {
@@ -177,7 +180,7 @@ OpSharding random_rule(const OpInfo& info, Op op) {
   for (size_t i = 0; i < args.size(); ++i)
     HP_CHECK_T(c10::NotImplementedError, args[i].name() != "generator" || info.arg(i).isNone(), "hyper_parallel::dispatch: ",
                info.describe(), ": a random op on a DTensor draws from hyper_parallel's layout-independent generator "
-               "(seeded by hyper_parallel::manual_seed) and cannot take a torch::Generator");
+               "(keyed by torch's default CPU generator) and cannot take a torch::Generator");
   HP_CHECK_T(c10::ValueError, !in_place(op) || !self.has_partial(), "hyper_parallel::dispatch: ", info.describe(),
              ": cannot fill a Partial DTensor with random values");
   const Placements x = in_place(op) ? self.placements : without_partial(self.placements);
@@ -195,12 +198,17 @@ OpSharding random_rule(const OpInfo& info, Op op) {
   if (op == Op::NativeDropout) s.output_placements = {x, x};
   else s.output_placements = {x};
   if (!in_place(op)) s.output_shapes = std::vector<std::vector<int64_t>>(s.output_placements.size(), self.shape);
-  s.kernel = draw_kernel(op, self.shape, compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), x).second);
+  s.handler = "hp::random_draw";
+  s.handler_params = {static_cast<int64_t>(op), static_cast<int64_t>(self.shape.size())};
+  s.handler_params.insert(s.handler_params.end(), self.shape.begin(), self.shape.end());
+  const auto offset = compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), x).second;
+  s.handler_params.insert(s.handler_params.end(), offset.begin(), offset.end());
   return s;
 }
 
 struct RandomRegistrar {
   RandomRegistrar() {
+    register_op_handler("hp::random_draw", draw_handler);
     const std::pair<const char*, Op> ops[] = {
         {"aten::uniform_", Op::Uniform},          {"aten::normal_", Op::Normal},
         {"aten::bernoulli_.float", Op::BernoulliFloat}, {"aten::bernoulli_.Tensor", Op::BernoulliTensor},

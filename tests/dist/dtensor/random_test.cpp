@@ -2,6 +2,7 @@
 // the same call gives it on a Replicate DTensor and on a plain tensor in one process, whatever the
 // mesh and placements (hyper_parallel/dtensor/random.h).
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/tensor_parallel/style.h>
@@ -214,24 +215,49 @@ TEST(RandomDist, BadCallsAreRefusedOnEveryRank) {
   EXPECT_TRUE(at::equal(hp::DTensor(d.clone().uniform_()).full_tensor(), a));
 }
 
-// Ranks seeded differently would draw different weights and dropout masks: parallelize_module
-// names them before anything is distributed.
-TEST(RandomDist, RanksSeededDifferentlyAreNamedByParallelizeModule) {
+// A per-rank seed (base + rank, a common data idiom) is fine wherever no draw must agree:
+// parallelize_module with src_data_rank = None keeps each rank's own slice of its own weights,
+// with no collective, whatever the seeds.
+TEST(RandomDist, PerRankSeedsThenParallelizeWithoutSourceRankKeepEachRanksSlice) {
   namespace hnn = hyper_parallel::nn;
   auto mesh = hp::init_device_mesh(test_device().str(), {hp::get_world_size()}, {"tp"});
-  torch::manual_seed(hp::get_rank() == 1 ? 12 : 11);
+  torch::manual_seed(100 + static_cast<uint64_t>(hp::get_rank()));
   hnn::Linear layer(8, 8);
+  const at::Tensor mine = layer->weight().detach().clone();
+  hp::CommDebugMode comm;
+  hp::parallelize_module(*layer, mesh, hp::ColwiseParallel(), /*src_data_rank=*/c10::nullopt);
+  EXPECT_EQ(comm.get_total_counts(), 0) << "src_data_rank = None communicates nothing";
+  EXPECT_TRUE(at::equal(hp::DTensor(layer->weight()).to_local().cpu(), mine.chunk(hp::get_world_size(), 0)[hp::get_rank()]));
+  // Another seed on each rank really drew other weights (the comparison above can fail).
+  const at::Tensor all = hp::DTensor(layer->weight()).full_tensor();
+  EXPECT_FALSE(at::equal(all, mine.to(all.device()))) << "the ranks' weights were alike";
+}
+
+// A random op on a DTensor needs one key on every rank: after per-rank seeding, dropout on a
+// Replicate DTensor is refused on every rank, naming the ranks whose keys differ from rank 0's;
+// seeded alike again, it runs.
+TEST(RandomDist, DropoutOnAReplicatedDTensorAfterPerRankSeedsNamesTheRanks) {
+  auto mesh = world_mesh();
+  const at::Tensor x = hp::distribute_tensor(at::ones({4, 8}).to(test_device()), mesh, {hp::Replicate()});
+  torch::manual_seed(200 + static_cast<uint64_t>(hp::get_rank()));
   try {
-    hp::parallelize_module(*layer, mesh, hp::ColwiseParallel());
-    ADD_FAILURE() << "ranks with different seeds were not refused";
+    at::dropout(x, 0.5, true);
+    ADD_FAILURE() << "ranks seeded differently drew a replicated dropout mask";
   } catch (const c10::ValueError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("rank(s) [1]"), std::string::npos) << m;
-    EXPECT_NE(m.find("random seed"), std::string::npos) << m;
+    std::string ranks;
+    for (int64_t r = 1; r < hp::get_world_size(); ++r) ranks += (r > 1 ? ", " : "") + std::to_string(r);
+    EXPECT_NE(m.find("the ranks disagree: rank(s) [" + ranks + "] differ from rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("random key"), std::string::npos) << m;
+    // (the op is bernoulli_ where dropout decomposes, native_dropout where it does not)
+    EXPECT_EQ(m.rfind("hyper_parallel::dispatch: aten::", 0), 0u) << m;
   }
-  torch::manual_seed(11);
-  hnn::Linear same(8, 8);
-  EXPECT_NO_THROW(hp::parallelize_module(*same, mesh, hp::ColwiseParallel()));
+  torch::manual_seed(200);
+  const at::Tensor y = hp::DTensor(at::dropout(x, 0.5, true)).to_local();
+  // Every rank's local mask, side by side: all equal to rank 0's, and not all kept.
+  const at::Tensor masks = hp::DTensor::from_local(y, mesh, {hp::Shard(0)}).full_tensor().cpu();
+  for (const auto& m : masks.chunk(hp::get_world_size(), 0)) EXPECT_TRUE(at::equal(m, masks.narrow(0, 0, 4))) << "one mask on every rank";
+  EXPECT_TRUE(y.eq(0).any().item<bool>());
 }
 
 }  // namespace t_dist_dtensor_random_test

@@ -124,10 +124,12 @@ TEST(ShardingRules, CommunicatingHandlersOnlyWhereNeeded) {
   EXPECT_EQ(split.handler_params, (std::vector<int64_t>{1, 0, 0}));
   const hp::OpSharding log_split = Call("aten::_log_softmax", "").dt({Shard(1), Shard(1)}, {4, 6}).value(-1).value(false).rule({2, 2}, {1, 0});
   EXPECT_EQ(log_split.handler_params, (std::vector<int64_t>{1, 1, 0, 1}));
-  // Dropout keeps its input's layout and draws each rank's piece locally (no communication; the
-  // values are compared with one process in RandomDist.*). A torch::Generator is refused.
+  // Dropout keeps its input's layout and draws each rank's piece locally; a handler, since the first
+  // draw after a seeding compares the ranks' keys over the mesh (the values are compared with one
+  // process in RandomDist.*). Its params: the op, the dims, the global shape, this piece's offset.
   const auto dropout = Call("aten::native_dropout", "").dt({Shard(0), Replicate()}, {4, 6}).value(0.5).value(true).rule({2, 2}, {1, 0});
-  EXPECT_TRUE(dropout.handler.empty() && dropout.kernel);
+  EXPECT_EQ(dropout.handler, "hp::random_draw");
+  EXPECT_EQ(std::vector<int64_t>(dropout.handler_params.begin() + 1, dropout.handler_params.end()), (std::vector<int64_t>{2, 4, 6, 2, 0}));
   EXPECT_EQ(dropout.output_placements, (std::vector<Placements>{{Shard(0), Replicate()}, {Shard(0), Replicate()}}));
 }
 

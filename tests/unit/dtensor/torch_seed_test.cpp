@@ -34,6 +34,22 @@ TEST(TorchSeed, TorchManualSeedMakesLayersAndDropoutReproducible) {
   EXPECT_FALSE(same_layer(c, d));
 }
 
+// torch's own draws between the seeding and ours do not break the repetition: our keys are
+// torch's next draws, so the same seeding and the same torch calls give the same layer.
+TEST(TorchSeed, TorchDrawsBetweenSeedingAndLayerRepeat) {
+  torch::manual_seed(7);
+  torch::rand({1});
+  hnn::Linear a(16, 16);
+  torch::manual_seed(7);
+  torch::rand({1});
+  hnn::Linear b(16, 16);
+  EXPECT_TRUE(same_layer(a, b));
+  // Without the torch draw the layer is another one: the draw really moved the stream.
+  torch::manual_seed(7);
+  hnn::Linear c(16, 16);
+  EXPECT_FALSE(same_layer(a, c));
+}
+
 TEST(TorchSeed, TheLastSeedingDecides) {
   hp::manual_seed(7);
   hnn::Linear ours(8, 8);
