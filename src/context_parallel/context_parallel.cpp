@@ -12,6 +12,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "context_parallel_record.h"
 #include "ring_attention.h"
 #include "sequence_shard_input.h"
 
@@ -151,7 +152,16 @@ torch::nn::Module& ContextParallel::apply(torch::nn::Module& module, const Devic
   const ContextParallel style = *this;
   sdpa.set_forward_wrapper([style, mesh](nn::Module& m, const std::vector<c10::IValue>& args, const nn::Kwargs& kwargs,
                                          const nn::ForwardFn&) { return context_parallel_forward(style, mesh, m, args, kwargs); });
+  record_context_parallel(module, mesh);
   return module;
+}
+
+c10::optional<DeviceMesh> context_parallel_mesh(const torch::nn::Module& module) {
+  if (const auto* m = dynamic_cast<const nn::Module*>(&module))
+    if (const auto* r = m->find_state<ContextParallelRecord>(); r != nullptr && r->mesh) return r->mesh;
+  for (const auto& child : module.children())
+    if (auto found = context_parallel_mesh(*child)) return found;
+  return c10::nullopt;
 }
 
 at::Tensor head_tail_indices(int64_t seq_len, int64_t cp, bool restore) {

@@ -8,6 +8,8 @@
 #include <hyper_parallel/nn/gated_delta_net.h>
 #include <hyper_parallel/nn/gated_delta_rule.h>
 #include <hyper_parallel/runtime/errors.h>
+
+#include "context_parallel_record.h"
 #include <hyper_parallel/runtime/point_to_point.h>
 
 #include "sequence_shard_input.h"
@@ -261,6 +263,7 @@ torch::nn::Module& LinearAttentionContextParallel::apply(torch::nn::Module& modu
   gdn.set_forward_wrapper([mode, mesh](nn::Module& m, const std::vector<c10::IValue>& args, const nn::Kwargs& kwargs, const nn::ForwardFn&) {
     return lcp::linear_attention_cp_forward(mode, mesh, m, args, kwargs);
   });
+  record_context_parallel(module, mesh);
   return module;
 }
 

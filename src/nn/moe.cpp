@@ -215,43 +215,94 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(const MoEOptions& o) : options(o) {
   }
 }
 
-at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
+at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) { return forward(x, Kwargs{}); }
+
+at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x, const Kwargs& kwargs) {
+  at::Tensor keep;
+  for (const auto& [name, value] : kwargs) {
+    HP_CHECK_T(c10::ValueError, name == "keep" && value.isTensor(), "hyper_parallel::nn::SparseMoeBlockImpl::forward: takes the ",
+               "keyword keep (a tensor, 0 at padding) only, got '", name, "'");
+    keep = value.toTensor();
+  }
   const at::Tensor flat = x.reshape({-1, options.hidden_size()});
+  if (keep.defined()) {
+    keep = keep.reshape({-1});
+    HP_CHECK_T(c10::ValueError, keep.numel() == flat.size(0), "hyper_parallel::nn::SparseMoeBlockImpl::forward: keep has ", keep.numel(),
+               " entries for ", flat.size(0), " tokens");
+  }
   RouterOutput r = gate->route(flat);
   // Read after the forward by the load-balancing loss: under activation checkpointing it must
   // stay in the graph of the checkpointed layer, or the router gets no gradient from that loss.
-  checkpoint_side_output(r.logits, [this](const at::Tensor& logits) { router_logits = logits; });
+  // Delivered by the forward only (a recompute's side outputs feed its backward), so each
+  // token's routing is added once. A forward that records no gradients (generation, evaluation)
+  // adds nothing; asked where the logits arrive, since a checkpointed forward itself runs without.
+  checkpoint_side_output(r.logits, [this, keep](const at::Tensor& logits) {
+    router_logits = logits;
+    if (at::GradMode::is_enabled()) statistics.add(router_statistics(logits, options.top_k(), keep));
+  });
   at::Tensor out = experts(flat, r.indices, r.weights);
   if (shared_expert) out = out + at::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
   return out.view(x.sizes());
 }
 
-at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
-                               const Group& data_group) {
-  HP_CHECK_T(c10::ValueError, !router_logits.empty(), "hyper_parallel::nn::load_balancing_loss: no router logits were given");
-  at::Tensor counts, prob_sum;
-  int64_t rows = 0;
-  for (const at::Tensor& logits : router_logits) {
-    HP_CHECK_T(c10::ValueError, logits.defined(), "hyper_parallel::nn::load_balancing_loss: a layer has no router logits (run the forward first)");
-    HP_CHECK_T(c10::ValueError, logits.dim() == 2 && logits.size(1) == num_experts, "hyper_parallel::nn::load_balancing_loss: router logits must be [T, ",
-               num_experts, "], got ", logits.sizes());
-    // In the logits' dtype, as transformers (only the router's own softmax is in float32).
-    const at::Tensor probs = at::softmax(logits, -1);
-    const at::Tensor chosen = std::get<1>(at::topk(probs, top_k, -1)).reshape({-1});
-    const auto f32 = probs.options().dtype(at::kFloat);
-    const at::Tensor c = at::zeros({num_experts}, f32).index_add(0, chosen, at::ones({chosen.size(0)}, f32));
-    counts = counts.defined() ? counts + c : c;
-    const at::Tensor p = probs.to(at::kFloat).sum(0);
-    prob_sum = prob_sum.defined() ? prob_sum + p : p;
-    rows += logits.size(0);
+RouterStatistics SparseMoeBlockImpl::take_statistics() {
+  RouterStatistics out = std::move(statistics);
+  statistics = RouterStatistics();
+  return out;
+}
+
+void RouterStatistics::add(const RouterStatistics& other) {
+  if (other.empty()) return;
+  if (empty()) {
+    *this = other;
+    return;
   }
-  at::Tensor total = at::full({1}, static_cast<double>(rows), counts.options());
+  counts = counts + other.counts;
+  prob_sum = prob_sum + other.prob_sum;
+  tokens = tokens + other.tokens;
+}
+
+RouterStatistics router_statistics(const at::Tensor& logits, int64_t top_k, const at::Tensor& keep) {
+  HP_CHECK_T(c10::ValueError, logits.defined() && logits.dim() == 2, "hyper_parallel::nn::router_statistics: router logits must be [T, E], got ",
+             logits.defined() ? c10::str(logits.sizes()) : std::string("none (run the forward first)"));
+  const int64_t e = logits.size(1);
+  // In the logits' dtype, as transformers (only the router's own softmax is in float32).
+  const at::Tensor probs = at::softmax(logits, -1);
+  const at::Tensor chosen = std::get<1>(at::topk(probs, top_k, -1));
+  const auto f32 = probs.options().dtype(at::kFloat);
+  at::Tensor weight = keep.defined() ? keep.reshape({-1, 1}).to(f32) : at::ones({logits.size(0), 1}, f32);
+  RouterStatistics s;
+  s.counts = at::zeros({e}, f32).index_add(0, chosen.reshape({-1}), weight.expand({logits.size(0), top_k}).reshape({-1}));
+  s.prob_sum = (probs.to(at::kFloat) * weight).sum(0);
+  s.tokens = weight.sum().reshape({1});
+  return s;
+}
+
+at::Tensor load_balancing_loss(RouterStatistics statistics, int64_t num_experts, const Group& data_group) {
+  HP_CHECK_T(c10::ValueError, !statistics.empty(), "hyper_parallel::nn::load_balancing_loss: no router statistics (no forward ",
+             "that records gradients ran since they were last taken)");
+  HP_CHECK_T(c10::ValueError, statistics.counts.size(0) == num_experts, "hyper_parallel::nn::load_balancing_loss: statistics of ",
+             statistics.counts.size(0), " experts for a model of ", num_experts);
+  at::Tensor counts = statistics.counts.detach(), total = statistics.tokens.detach(), prob_sum = statistics.prob_sum;
   if (data_group.defined() && data_group.size() > 1) {
-    counts = all_reduce(counts.detach(), ReduceOp::SUM, data_group);
+    counts = all_reduce(counts, ReduceOp::SUM, data_group);
     total = all_reduce(total, ReduceOp::SUM, data_group);
     prob_sum = fn::all_reduce_sum_autograd(prob_sum, data_group);
   }
   return (counts / total * (prob_sum / total)).sum() * static_cast<double>(num_experts);
+}
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                               const Group& data_group) {
+  HP_CHECK_T(c10::ValueError, !router_logits.empty(), "hyper_parallel::nn::load_balancing_loss: no router logits were given");
+  RouterStatistics total;
+  for (const at::Tensor& logits : router_logits) {
+    HP_CHECK_T(c10::ValueError, logits.defined(), "hyper_parallel::nn::load_balancing_loss: a layer has no router logits (run the forward first)");
+    HP_CHECK_T(c10::ValueError, logits.dim() == 2 && logits.size(1) == num_experts, "hyper_parallel::nn::load_balancing_loss: router logits must be [T, ",
+               num_experts, "], got ", logits.sizes());
+    total.add(router_statistics(logits, top_k));
+  }
+  return load_balancing_loss(std::move(total), num_experts, data_group);
 }
 
 }  // namespace nn

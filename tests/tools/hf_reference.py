@@ -147,14 +147,19 @@ def reference_gradients(model, out):
 PAD_LEFT, PAD_SEQ = (3, 0, 6), 16
 
 
-def padded_gradients(model, out):
-    vocab = model.config.vocab_size
+def padded_batch(vocab):
     g = torch.Generator().manual_seed(23)
     ids = torch.randint(1, vocab, (len(PAD_LEFT), PAD_SEQ), generator=g)
     mask = torch.ones_like(ids)
     for b, n in enumerate(PAD_LEFT):
         ids[b, :n] = 0
         mask[b, :n] = 0
+    return ids, mask
+
+
+def padded_gradients(model, out):
+    vocab = model.config.vocab_size
+    ids, mask = padded_batch(vocab)
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=ids, attention_mask=mask).logits
     valid = (mask[:, :-1] * mask[:, 1:]).bool()
@@ -166,6 +171,21 @@ def padded_gradients(model, out):
         tensors["grad." + n] = p.grad.float()
     model.zero_grad(set_to_none=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, "padded.safetensors"))
+
+
+# Qwen3-MoE's load-balancing loss of the padded batch, which transformers computes with the
+# attention_mask (padding left out), and without it, for the MoE tests of padded batches.
+def padded_aux(model, out):
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+    c = model.config
+    ids, mask = padded_batch(c.vocab_size)
+    with torch.no_grad():
+        o = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+        unmasked = load_balancing_loss_func(o.router_logits, c.num_experts, c.num_experts_per_tok, None)
+    save_file({"input_ids": ids, "attention_mask": mask, "aux_loss": o.aux_loss.float().reshape(1),
+               "aux_loss_unmasked": unmasked.float().reshape(1),
+               "router_gap": torch.tensor([router_gap(o.router_logits, c.num_experts_per_tok)])},
+              os.path.join(out, "padded.safetensors"))
 
 
 def make_moe(out):
@@ -190,6 +210,8 @@ def make_moe(out):
             if gap > MIN_ROUTER_GAP:
                 break
         assert gap > MIN_ROUTER_GAP, f"{name}: every seed gave a near tie in the routing (gap {gap})"
+        if name == "moe_fp32_e4":
+            padded_aux(ref, d)
         print(f"{name}: {sorted(os.listdir(d))}, smallest router gap {gap:.3g}")
     # The fp32 checkpoint with one expert's up_proj taken out: a load must name it on every rank.
     import shutil

@@ -27,6 +27,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
 
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/tensor_parallel/style.h>
@@ -89,6 +90,11 @@ at::Tensor context_parallel_positions(int64_t seq_len, const DeviceMesh& cp_mesh
 /// _is_causal_behavior). With load_balance every later block is attended in part, never skipped.
 enum class CausalBehavior { skip, not_is_causal, is_causal };
 CausalBehavior is_causal_behavior(int64_t rank, int64_t world_size, int64_t i, bool is_causal, bool load_balance);
+
+/// The mesh a context-parallel style (ContextParallel, LinearAttentionContextParallel) was applied
+/// over, on `module` or a module inside it; nullopt when none was. What needs every token of a
+/// sequence (the MoE load-balancing loss's statistics) asks it which ranks hold the others.
+c10::optional<DeviceMesh> context_parallel_mesh(const torch::nn::Module& module);
 
 /// Sums each parameter's gradient over the cp ranks and divides by cp: without fully_shard over
 /// the cp dimension, this makes every rank's gradient that of the mean loss over all of the

@@ -82,23 +82,53 @@ HP_MODULE(GroupedExperts);
 /// The sparse block (HF's Qwen3MoeSparseMoeBlock): `gate` (the router) and `experts`; with
 /// shared_expert_intermediate_size, also `shared_expert` (a SwiGLU MLP) and `shared_expert_gate`
 /// (H -> 1), added as sigmoid(shared_expert_gate(x)) · shared_expert(x) (Qwen3_5MoeSparseMoeBlock).
-/// forward(x [..., H]) -> [..., H]. The router logits of the last forward stay in
-/// `router_logits` [T, E] (in the graph) for the load-balancing loss.
+/// A step's routing as sums, which is all the load-balancing loss needs and what adds up over
+/// layers, microbatches and data ranks: per expert the number of top-k choices that picked it
+/// (`counts` [E], float32, no gradient) and the sum of its router probabilities (`prob_sum` [E],
+/// float32, in the graph), and the number of tokens (`tokens` [1]); padding is left out.
+struct RouterStatistics {
+  at::Tensor counts, prob_sum, tokens;
+  bool empty() const { return !tokens.defined(); }
+  /// Adds `other` (another layer's, microbatch's) to these sums.
+  void add(const RouterStatistics& other);
+};
+
+/// The statistics of router logits [T, E] under top-k routing; `keep` [T] (1 at real tokens, 0 at
+/// padding) or undefined (every token counts).
+RouterStatistics router_statistics(const at::Tensor& logits, int64_t top_k, const at::Tensor& keep = {});
+
+/// forward(x [..., H]) -> [..., H]; forward(x, {"keep": [..., 1] or x's leading shape}) leaves the
+/// padded tokens out of the router statistics. Every forward that records gradients adds its
+/// routing to `statistics` (running sums, taken by take_statistics(): one step's); the router
+/// logits of the last forward stay in `router_logits` [T, E] (transformers' output_router_logits).
+/// Under activation checkpointing both leave the checkpoint's node as side outputs, so the router
+/// gets the load-balancing loss's gradient through the recompute, and a recompute adds nothing.
 class SparseMoeBlockImpl : public ModuleBase<SparseMoeBlockImpl> {
  public:
   explicit SparseMoeBlockImpl(const MoEOptions& options);
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x, const Kwargs& kwargs);
+  /// The statistics added since the last call (empty when no forward ran), and a fresh start.
+  RouterStatistics take_statistics();
   MoEOptions options;
   TopKRouter gate{nullptr};
   GroupedExperts experts{nullptr};
   SwiGLUMlp shared_expert{nullptr};  // empty without a shared expert
   Linear shared_expert_gate{nullptr};
   at::Tensor router_logits;
+  RouterStatistics statistics;
 };
 HP_MODULE(SparseMoeBlock);
 
 /// The load-balancing loss of Switch Transformer as transformers computes it
-/// (load_balancing_loss_func, without padding mask): over the router logits of every MoE layer
+/// (load_balancing_loss_func, with its attention_mask: padding left out), from summed statistics:
+/// E · (Σ_e counts_e · prob_sum_e) / tokens². With `data_group`, the sums are first summed over
+/// its ranks, so the loss is the whole batch's (every rank holding other tokens must be in it:
+/// the data ranks, and under context parallelism the cp ranks too). c10::ValueError when the
+/// statistics are empty.
+at::Tensor load_balancing_loss(RouterStatistics statistics, int64_t num_experts, const Group& data_group = Group());
+
+/// The same over router logits (without padding mask): over the router logits of every MoE layer
 /// ([T, E] each), E · Σ_e f_e · P_e, where f_e is the fraction of top-k choices that picked e and
 /// P_e the mean softmax probability of e, both over every token of every layer. With
 /// `data_group`, the counts and probability sums are summed over its ranks first, so the loss is

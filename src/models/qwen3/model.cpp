@@ -9,6 +9,7 @@
 #include "../attention_mask.h"
 #include "../keywords.h"
 #include "../layer_kwargs.h"
+#include "../load_balancing.h"
 #include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
@@ -32,9 +33,10 @@ hnn::Kwargs LayerInputs::kwargs() const {
   kw.cos = cos;
   kw.sin = sin;
   kw.blocked = blocked;
+  kw.keep = keep;
   kw.cache = cache;
   kw.past = past;
-  return kw.select({"cos", "sin", "blocked", "cache"});
+  return kw.select({"cos", "sin", "blocked", "keep", "cache"});
 }
 
 LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t batch, int64_t s, at::ScalarType dtype,
@@ -48,6 +50,10 @@ LayerInputs layer_inputs(const Config& c, const ForwardContext* context, int64_t
   std::tie(in.cos, in.sin) = models::rotary_tables(positions, c.head_dim, c.rope_theta, dtype);
   if (!needs_mask(context)) return in;
   in.blocked = models::blocked_keys(in.past, s, context->key_mask, device);
+  if (context->key_mask.defined()) {
+    const at::Tensor new_keys = context->key_mask.narrow(1, in.past, s);
+    if (!new_keys.all().item<bool>()) in.keep = new_keys.to(device, dtype).unsqueeze(-1);
+  }
   return in;
 }
 
@@ -138,9 +144,11 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, int64_t layer_idx) {
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden) { return forward(hidden, hnn::Kwargs{}); }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs& kwargs) {
-  at::Tensor h = hidden + self_attn(input_layernorm(hidden), kwargs);
+  const Kw in = Kw::parse(kwargs, {"cos", "sin", "blocked", "keep", "cache"}, "qwen3::DecoderLayerImpl::forward");
+  at::Tensor h = hidden + self_attn(input_layernorm(hidden), in.select({"cos", "sin", "blocked", "cache"}));
   const at::Tensor x = post_attention_layernorm(h);
-  return h + (moe ? moe(x) : mlp(x));
+  // The sparse block leaves padded tokens out of its router statistics.
+  return h + (moe ? moe(x, in.select({"keep"})) : mlp(x));
 }
 
 StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
@@ -192,8 +200,17 @@ std::vector<at::Tensor> CausalLMImpl::router_logits() const {
   return out;
 }
 
-at::Tensor CausalLMImpl::aux_loss(const hyper_parallel::Group& data_group) const {
-  return hnn::load_balancing_loss(router_logits(), config.num_experts, config.num_experts_per_tok, data_group);
+hnn::RouterStatistics CausalLMImpl::take_router_statistics() {
+  hnn::RouterStatistics s;
+  for (const auto& layer : *layers)
+    if (auto moe = layer->as<DecoderLayerImpl>()->moe) s.add(moe->take_statistics());
+  return s;
+}
+
+at::Tensor CausalLMImpl::aux_loss(const hyper_parallel::Group& data_group) {
+  HP_CHECK_T(c10::ValueError, config.is_moe(), "hyper_parallel::qwen3::CausalLMImpl::aux_loss: the model has no MoE layer (num_experts is 0)");
+  models::check_load_balancing_layout(*this, span, config.num_layers, data_group, "qwen3::CausalLMImpl::aux_loss");
+  return hnn::load_balancing_loss(take_router_statistics(), config.num_experts, data_group);
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids) { return forward(input_ids, ForwardContext{}); }

@@ -8,6 +8,7 @@
 #include "../attention_mask.h"
 #include "../keywords.h"
 #include "../layer_kwargs.h"
+#include "../load_balancing.h"
 #include "../replicated_kv_heads.h"
 #include "../rotary.h"
 
@@ -141,7 +142,8 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const hnn::Kwargs
   const at::Tensor x = input_layernorm(hidden);
   const at::Tensor h = hidden + (self_attn ? self_attn(x, in.select({"cos", "sin", "blocked", "cache"})) : linear_attn(x, in.select({"keep", "cache"})));
   const at::Tensor y = post_attention_layernorm(h);
-  return h + (moe ? moe(y) : mlp(y));
+  // The sparse block leaves padded tokens out of its router statistics.
+  return h + (moe ? moe(y, in.select({"keep"})) : mlp(y));
 }
 
 StageSpan pipeline_stage_span(const Config& c, int64_t stage, int64_t num_stages) {
@@ -181,10 +183,18 @@ std::vector<at::Tensor> CausalLMImpl::router_logits() const {
   return out;
 }
 
-at::Tensor CausalLMImpl::load_balancing_loss(const hp::Group& data_group) const {
+hnn::RouterStatistics CausalLMImpl::take_router_statistics() {
+  hnn::RouterStatistics s;
+  for (const auto& layer : *layers)
+    if (auto moe = layer->as<DecoderLayerImpl>()->moe) s.add(moe->take_statistics());
+  return s;
+}
+
+at::Tensor CausalLMImpl::load_balancing_loss(const hp::Group& data_group) {
   HP_CHECK_T(c10::ValueError, config.is_moe(), "hyper_parallel::qwen3_5::CausalLMImpl::load_balancing_loss: the model has no MoE layer ",
              "(num_experts is 0)");
-  return hnn::load_balancing_loss(router_logits(), config.num_experts, config.num_experts_per_tok, data_group);
+  models::check_load_balancing_layout(*this, span, config.num_layers, data_group, "qwen3_5::CausalLMImpl::load_balancing_loss");
+  return hnn::load_balancing_loss(take_router_statistics(), config.num_experts, data_group);
 }
 
 Cache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {

@@ -14,6 +14,8 @@
 
 #include <hyper_parallel/models/qwen3/pretrained.h>
 
+#include "../../common/error_message.h"
+
 using namespace training_test;
 namespace hnn = hyper_parallel::nn;
 
@@ -129,6 +131,107 @@ TEST(MoETrainingDist, RankWhoseExpertsGetNoTokenTakesPartInEveryCollective) {
   at::Tensor want = ref->parameter("gate_proj").grad();
   hp::all_reduce_(want, hp::ReduceOp::SUM, hp::world_group());
   EXPECT_TRUE(hp_test::close(gathered, want, 1e-4, 1e-5));
+}
+
+namespace {
+
+// `ref`'s parameters copied into `model` (same config): two models that start equal.
+void copy_parameters(qwen3::CausalLMImpl& from, qwen3::CausalLMImpl& to) {
+  at::NoGradGuard no_grad;
+  auto params = from.named_parameters();
+  for (auto& p : to.named_parameters()) p.value().copy_(params[p.key()]);
+}
+
+void expect_gradients_match(qwen3::CausalLMImpl& model, qwen3::CausalLMImpl& ref) {
+  auto ref_params = ref.named_parameters();
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+    EXPECT_TRUE(hp_test::close(whole(p.value().grad()), ref_params[p.key()].grad(), 1e-4, 2e-6)) << p.key();
+  }
+}
+
+}  // namespace
+
+// Under context parallelism each rank routes other tokens of the same sequences: the aux loss
+// over the cp group is the whole sequences' (one process), and so are the gradients of the
+// cross-entropy plus it; a group without the cp ranks is refused by name on every rank.
+TEST(MoETrainingDist, AuxLossUnderContextParallelIsTheWholeSequencesAndNeedsTheCpRanks) {
+  const int64_t n = hp::get_world_size();
+  const hp::DeviceMesh cp = hp::init_device_mesh("cpu", {n}, {"cp"});
+  const qwen3::Config c = moe_config();
+  hp_test::manual_seed(11);
+  qwen3::CausalLM ref(c), model(c);
+  copy_parameters(*ref, *model);
+  qwen3::parallelize_qwen3_cp(*model, cp, "ring", /*load_balance=*/true);
+  const int64_t seq = 16;
+  const at::Tensor tokens = token_batch(c.vocab_size, 2, seq, 77);
+  const at::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+  const hnn::Kwargs positions{{"position_ids", hp::context_parallel_positions(seq, cp, true).unsqueeze(0)}};
+  const at::Tensor ce = qwen3::causal_lm_loss(model(hp::context_parallel_shard(inputs, cp, 1, true), positions),
+                                              hp::context_parallel_shard(targets, cp, 1, true));
+  const std::string refused = hp_test::error_message([&] { model->aux_loss(); });
+  EXPECT_NE(refused.find("hyper_parallel::qwen3::CausalLMImpl::aux_loss: the model runs under context parallelism over ranks "), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("data_group must contain them"), std::string::npos) << refused;
+  // Refused before anything was taken: the step's statistics are still there.
+  const at::Tensor aux = model->aux_loss(cp.get_group(0));
+  (ce + c.router_aux_loss_coef * aux).backward();
+  hp::all_reduce_gradients(*model, cp);
+  const at::Tensor ref_ce = qwen3::causal_lm_loss(ref(inputs), targets);
+  const at::Tensor ref_aux = ref->aux_loss();
+  (ref_ce + c.router_aux_loss_coef * ref_aux).backward();
+  EXPECT_NEAR(aux.item<double>(), ref_aux.item<double>(), 1e-6);
+  // The shard's own statistics alone give another number (the comparison above can fail).
+  EXPECT_GT(std::abs(hnn::load_balancing_loss(model->router_logits(), c.num_experts, c.num_experts_per_tok).item<double>() -
+                     ref_aux.item<double>()), 1e-4);
+  expect_gradients_match(*model, *ref);
+}
+
+// Two microbatches of one step, each a forward, then the step's loss: the aux loss pools both
+// (as one process's forward of the whole batch), with and without activation checkpointing (a
+// recompute adds nothing); the last microbatch's router logits alone give another number.
+TEST(MoETrainingDist, AuxLossOfTwoMicrobatchesIsTheWholeBatchs) {
+  const qwen3::Config c = moe_config();
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "full activation checkpointing" : "no checkpointing");
+    hp_test::manual_seed(12);
+    qwen3::CausalLM ref(c), model(c);
+    copy_parameters(*ref, *model);
+    if (checkpointing) hp::apply_activation_checkpointing(*model, hp::ActivationCheckpointPolicy::full());
+    const int64_t seq = 8;
+    const at::Tensor tokens = token_batch(c.vocab_size, 4, seq, 78);
+    const at::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+    at::Tensor ce;
+    for (int64_t m = 0; m < 2; ++m) {
+      const at::Tensor part = qwen3::causal_lm_loss(model(inputs.narrow(0, 2 * m, 2)), targets.narrow(0, 2 * m, 2)) / 2.0;
+      ce = ce.defined() ? ce + part : part;
+    }
+    const at::Tensor last_only = hnn::load_balancing_loss(model->router_logits(), c.num_experts, c.num_experts_per_tok);
+    const at::Tensor aux = model->aux_loss();
+    (ce + c.router_aux_loss_coef * aux).backward();
+    const at::Tensor ref_aux_value = [&] {
+      const at::Tensor ref_ce = qwen3::causal_lm_loss(ref(inputs), targets);
+      const at::Tensor ref_aux = ref->aux_loss();
+      (ref_ce + c.router_aux_loss_coef * ref_aux).backward();
+      return ref_aux.detach();
+    }();
+    EXPECT_NEAR(aux.item<double>(), ref_aux_value.item<double>(), 1e-6);
+    EXPECT_GT(std::abs(last_only.item<double>() - ref_aux_value.item<double>()), 1e-4);
+    expect_gradients_match(*model, *ref);
+    // Taken: a second call without a forward says so.
+    const std::string empty = hp_test::error_message([&] { model->aux_loss(); });
+    EXPECT_NE(empty.find("hyper_parallel::nn::load_balancing_loss: no router statistics"), std::string::npos) << empty;
+  }
+}
+
+// A pipeline stage holds only its own layers' statistics; transformers' loss pools them all.
+TEST(MoETrainingDist, AuxLossOfAPipelineStageIsRefused) {
+  const qwen3::Config c = moe_config();
+  qwen3::CausalLM stage(c, qwen3::pipeline_stage_span(c, 0, 2));
+  stage(token_batch(c.vocab_size, 1, 8, 79).narrow(1, 0, 8));
+  const std::string msg = hp_test::error_message([&] { stage->aux_loss(); });
+  EXPECT_NE(msg.find("hyper_parallel::qwen3::CausalLMImpl::aux_loss: this pipeline stage holds layers [0, "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train pipeline stages on the cross-entropy alone"), std::string::npos) << msg;
 }
 
 }  // namespace t_dist_expert_parallel_moe_training_test

@@ -287,6 +287,30 @@ TEST(HFGradients, LeftPaddedBatchUnderEveryCheckpointingPolicyMatchesTransformer
   }
 }
 
+// transformers computes the load-balancing loss of a left-padded batch with its attention_mask,
+// leaving the padded tokens out: ours, given the key mask, equals it (and differs from the loss
+// that counts the padding, so the comparison can fail).
+TEST(HFGradients, PaddedBatchLoadBalancingLossLeavesThePaddingOutAsTransformers) {
+  REQUIRE_REFERENCE(ref);
+  const std::string dir = ref + "/moe_fp32_e4";
+  hp::SafetensorsFile f(dir + "/padded.safetensors");
+  ASSERT_GT(f.tensor("router_gap").item<double>(), 1e-4) << "a near tie in the padded batch's routing";
+  const at::Tensor ids = f.tensor("input_ids").clone(), mask = f.tensor("attention_mask").to(at::kBool);
+  qwen3::CausalLM model{nullptr};
+  {
+    hnn::ParameterScope meta(at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    model = qwen3::CausalLM(qwen3::load_config(dir + "/config.json"));
+  }
+  hp::to_empty(*model, "cpu");
+  hp::load_hf_checkpoint(*model, dir, {qwen3::hf_key});
+  qwen3::ForwardContext context;
+  context.key_mask = mask;
+  model->forward(ids, context);
+  const double aux = model->aux_loss().item<double>();
+  EXPECT_NEAR(aux, f.tensor("aux_loss").item<double>(), 1e-5);
+  EXPECT_GT(std::abs(aux - f.tensor("aux_loss_unmasked").item<double>()), 1e-4);
+}
+
 }  // namespace t_dist_models_hf_gradients_test
 
 #undef REQUIRE_REFERENCE

@@ -70,9 +70,10 @@ using ForwardContext = hyper_parallel::models::ForwardContext<KVCache>;
 /// masks itself) and the generation cache.
 struct LayerInputs {
   at::Tensor cos, sin, blocked;
+  at::Tensor keep;  // [B, S, 1]: 0 at padding (left out of the router statistics); undefined without padding
   KVCache* cache = nullptr;
   int64_t past = 0;  // positions already in the cache
-  /// The layers' keyword arguments: "cos", "sin", and "blocked" and "cache" when set.
+  /// The layers' keyword arguments: "cos", "sin", and "blocked", "keep" and "cache" when set.
   hnn::Kwargs kwargs() const;
 };
 
@@ -149,9 +150,15 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   /// The router logits [T, E] of every MoE layer from the last forward, in layer order (empty
   /// for a dense model): what transformers returns with output_router_logits.
   std::vector<at::Tensor> router_logits() const;
-  /// The load-balancing loss of the last forward (transformers' aux_loss), over `data_group`'s
-  /// whole batch when given (see hyper_parallel::nn::load_balancing_loss).
-  at::Tensor aux_loss(const hyper_parallel::Group& data_group = hyper_parallel::Group()) const;
+  /// The router statistics every MoE layer gathered since they were last taken (the forwards that
+  /// recorded gradients: one step's microbatches), summed over the layers, and a fresh start.
+  hnn::RouterStatistics take_router_statistics();
+  /// transformers' load-balancing loss (aux_loss, padding left out) of this step: over the
+  /// statistics take_router_statistics() takes, and over `data_group`'s whole batch when given
+  /// (see hyper_parallel::nn::load_balancing_loss). Under context parallelism `data_group` must
+  /// hold this rank's cp ranks (their tokens are the same sequences' others); a pipeline stage is
+  /// refused (transformers pools every layer's statistics, which no stage holds). c10::ValueError.
+  at::Tensor aux_loss(const hyper_parallel::Group& data_group = hyper_parallel::Group());
   Config config;
   StageSpan span;  // end_layer resolved
   hnn::Embedding embed_tokens{nullptr};  // empty on a stage without the embedding

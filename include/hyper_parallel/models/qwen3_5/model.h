@@ -160,10 +160,15 @@ class CausalLMImpl : public hnn::ModuleBase<CausalLMImpl> {
   /// The router logits [T, E] of every MoE layer of the last forward, in layer order (empty for a
   /// dense model): what transformers returns with output_router_logits.
   std::vector<at::Tensor> router_logits() const;
-  /// transformers' load_balancing_loss_func over router_logits() (over the whole batch of
-  /// `data_group` when given: hyper_parallel::nn::load_balancing_loss); add
-  /// config.router_aux_loss_coef times it to the loss.
-  at::Tensor load_balancing_loss(const hyper_parallel::Group& data_group = {}) const;
+  /// The router statistics every MoE layer gathered since they were last taken (the forwards that
+  /// recorded gradients: one step's microbatches), summed over the layers, and a fresh start.
+  hnn::RouterStatistics take_router_statistics();
+  /// transformers' load_balancing_loss_func (with its attention_mask: padding left out) of this
+  /// step, over the statistics take_router_statistics() takes, and over `data_group`'s whole batch
+  /// when given (hyper_parallel::nn::load_balancing_loss); add config.router_aux_loss_coef times
+  /// it to the loss. Under context parallelism `data_group` must hold this rank's cp ranks; a
+  /// pipeline stage is refused (the loss pools every layer's statistics). c10::ValueError.
+  at::Tensor load_balancing_loss(const hyper_parallel::Group& data_group = {});
   Config config;
   StageSpan span;  // end_layer resolved
   hnn::Embedding embed_tokens{nullptr};  // empty on a stage without the embedding
