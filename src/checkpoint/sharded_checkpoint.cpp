@@ -138,6 +138,33 @@ std::string on_rank(bool mine, const std::function<void()>& step) {
 }
 }  // namespace
 
+namespace {
+// A name goes into the space-separated, line-based metadata: whitespace or a control character
+// would split it or end its line, and the generation would commit but never load. Such names are
+// refused before anything is written (escaping them would change a format older readers know).
+// "" when every name is fine, else what is wrong with the first that is not.
+std::string bad_name_error(const std::vector<Entry>& entries) {
+  for (const auto& e : entries) {
+    if (e.name.empty()) return "an entry has an empty name";
+    for (const unsigned char ch : e.name) {
+      if (ch > 0x20 && ch != 0x7f) continue;
+      std::string shown;
+      for (const unsigned char c : e.name) {
+        if (c == '\n') shown += "\\n";
+        else if (c == '\t') shown += "\\t";
+        else if (c == '\r') shown += "\\r";
+        else if (c < 0x20 || c == 0x7f) shown += c10::str("\\x", std::hex, static_cast<int>(c));
+        else shown += static_cast<char>(c);
+      }
+      return c10::str("the name '", shown, "' holds ", ch == ' ' ? "a space" : "whitespace or a control character",
+                      ", which the checkpoint's line-based metadata cannot hold; rename it (a module registered under such a name, ",
+                      "an extra tensor's or a Stateful's key). Nothing was written");
+    }
+  }
+  return "";
+}
+}  // namespace
+
 PendingSave checkpoint_layout::begin_save(std::vector<Entry> entries, const std::string& dir, int64_t keep, const char* what,
                                           bool every_rank_writes, int64_t step, bool copy) {
   HP_CHECK_T(c10::ValueError, keep >= 1, "hyper_parallel::", what, ": keep must be at least 1, got ", keep);
@@ -152,6 +179,7 @@ PendingSave checkpoint_layout::begin_save(std::vector<Entry> entries, const std:
   s.what = what;
   s.keep = keep;
   s.step = step;
+  agree(s.distributed, bad_name_error(entries), what, s.unchanged());
   agree(s.distributed, on_rank(s.rank == 0, [&] { s.gen = open_generation(dir, what); }), what, s.unchanged());
   if (s.distributed) s.gen = broadcast_generation(s.gen);
   // Partial values are reduced first: a collective every rank joins before anything can fail.

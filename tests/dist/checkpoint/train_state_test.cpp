@@ -256,6 +256,64 @@ TEST(TrainStateDist, AsyncSaveKeepsTheStateOfItsStepWhileTrainingGoesOn) {
   EXPECT_TRUE(bitwise_equal(loaded.gathered(), run.gathered()));
 }
 
+// A name with whitespace would commit a generation nothing can load: refused at save by name, on
+// every rank, with nothing written (LATEST as it was, the previous state loadable); '=' and
+// non-ASCII keys round-trip; a module registered under a name with a space is refused alike.
+TEST(TrainStateDist, NamesWithWhitespaceAreRefusedAtSaveWithNothingWritten) {
+  const Scratch dir("names");
+  seed_all(33);
+  Trainer t(Layout::Tp, 4);
+  t.step();
+  hp::save_train_state(dir, t.state);
+  hp::barrier(hp::world_group());
+  const std::string latest = hp_test::read_bytes(dir.path + "/LATEST");
+  const auto files = std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator());
+  for (const char* key : {"train loss", "train\tloss", "train\nloss"}) {
+    std::map<std::string, at::Tensor> extra{{key, at::ones({1})}};
+    hp::TrainState st = t.state;
+    st.extra = &extra;
+    try {
+      hp::save_train_state(dir, st);
+      ADD_FAILURE() << "saved a name with whitespace";
+    } catch (const c10::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("hyper_parallel::save_train_state: "), std::string::npos) << m;
+      EXPECT_NE(m.find("the name 'extra.train"), std::string::npos) << m;
+      EXPECT_NE(m.find("Nothing was written"), std::string::npos) << m;
+    }
+    hp::barrier(hp::world_group());
+    EXPECT_EQ(hp_test::read_bytes(dir.path + "/LATEST"), latest) << key;
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator()), files) << key;
+  }
+  // '=' and non-ASCII keys are written and read back exactly.
+  std::map<std::string, at::Tensor> extra{{"lr=3e-4", at::full({1}, 2.0)}, {"Verlust\u00b7\u00fc", at::full({1}, 3.0)}};
+  hp::TrainState st = t.state;
+  st.extra = &extra;
+  hp::save_train_state(dir, st);
+  std::map<std::string, at::Tensor> back;
+  seed_all(34);
+  Trainer other(Layout::Tp, 4);
+  hp::TrainState other_state = other.state;
+  other_state.extra = &back;
+  hp::load_train_state(dir, other_state);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_TRUE(at::equal(back.at("lr=3e-4"), extra.at("lr=3e-4")));
+  EXPECT_TRUE(at::equal(back.at("Verlust\u00b7\u00fc"), extra.at("Verlust\u00b7\u00fc")));
+  // A parameter FQN with a space.
+  torch::nn::Module spaced;
+  spaced.register_module("my layer", torch::nn::Linear(2, 2));
+  try {
+    hp::save_sharded(spaced, dir.path + "_model");
+    ADD_FAILURE() << "saved a parameter FQN with a space";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the name 'my layer.weight' holds a space"), std::string::npos) << e.what();
+  }
+  hp::barrier(hp::world_group());
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "_model/LATEST"));
+  hp::barrier(hp::world_group());
+  if (hp::get_rank() == 0) std::filesystem::remove_all(dir.path + "_model");
+}
+
 TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
   const Scratch dir("bad");
   seed_all(31);
