@@ -137,6 +137,7 @@ const char* kRngHp = "rng.hyper_parallel";    // [world, 2] int64: seed, 0 (form
 const char* kRngCpu = "rng.torch_cpu";        // [world, n] uint8: torch's CPU generator state
 const char* kCounters = "train_state";        // [2] int64: step, tokens_seen
 const char* kScheduler = "lr_scheduler.step";  // int64
+const char* kSchedule = "lr_scheduler.schedule";  // uint8: the schedule and its options, as text
 
 std::string state_key(const std::string& fqn, const char* field) { return "optimizer.state." + fqn + "." + field; }
 std::string groups_key(const std::string& fqn) { return "optimizer.param_groups." + fqn; }
@@ -162,10 +163,17 @@ std::vector<Entry> train_state_entries(const TrainState& state) {
   // rank's generator state is saved as its own row. Random ops on DTensors compare the ranks' keys
   // where they must agree (dtensor/random.h).
   std::vector<Entry> entries = entries_of(*state.model);
+  if (state.scheduler != nullptr) state.scheduler->check_groups(kSave);
   if (state.optimizer != nullptr) {
     const auto names = parameter_names(*state.model);
+    size_t g = 0;
     for (const auto& group : state.optimizer->param_groups()) {
-      const std::vector<double> hyper = hyper_of(group.options(), kSave);
+      std::vector<double> hyper = hyper_of(group.options(), kSave);
+      // The base rate (torch's initial_lr), never the scheduled one: a scheduler built after the
+      // load takes the groups' rates as its bases, and would apply its factor twice.
+      if (state.scheduler != nullptr && state.scheduler->base_lrs().size() == state.optimizer->param_groups().size())
+        hyper[0] = state.scheduler->base_lrs()[g];
+      ++g;
       const OptimKind kind = kind_of(group.options(), kSave);
       for (const at::Tensor& p : group.params()) {
         const std::string& fqn = name_of(names, p, kSave);
@@ -179,7 +187,11 @@ std::vector<Entry> train_state_entries(const TrainState& state) {
       }
     }
   }
-  if (state.scheduler != nullptr) entries.push_back({kScheduler, int64_scalar(state.scheduler->last_step())});
+  if (state.scheduler != nullptr) {
+    entries.push_back({kScheduler, int64_scalar(state.scheduler->last_step())});
+    const std::string& schedule = state.scheduler->schedule();
+    entries.push_back({kSchedule, at::tensor(std::vector<uint8_t>(schedule.begin(), schedule.end()), at::kByte)});
+  }
   if (state.data != nullptr)
     for (const auto& [k, v] : state.data->state_dict()) entries.push_back({"dataloader." + k, v.detach().cpu()});
   if (state.extra != nullptr)
@@ -263,7 +275,7 @@ struct LoadPlan {
   std::vector<size_t> group_hyper;
   std::vector<Param> params;
   OptimKind kind = OptimKind::AdamW;
-  int64_t scheduler = -1, counters = -1, rng_hp = -1, rng_cpu = -1;
+  int64_t scheduler = -1, schedule = -1, counters = -1, rng_hp = -1, rng_cpu = -1;
   std::map<std::string, size_t> data, extra;
   size_t model_entries = 0;
 };
@@ -323,6 +335,7 @@ LoadPlan plan_load(const SavedIndex& index, const TrainState& state, const std::
     HP_CHECK_T(c10::ValueError, saved(index, kScheduler), "hyper_parallel::load_train_state: the train state in ", dir,
                " has no learning-rate schedule (saved without a scheduler)");
     plan.scheduler = static_cast<int64_t>(add(plan, {kScheduler, int64_scalar(0)}));
+    if (saved(index, kSchedule)) plan.schedule = static_cast<int64_t>(add(plan, whole(index, kSchedule)));
   }
   for (const auto& [key, meta] : index.meta.tensors) {
     (void)meta;
@@ -344,7 +357,15 @@ std::vector<double> as_doubles(const at::Tensor& t) {
 
 // The checks that need the values read: the saved hyperparameters fit the live optimizer, and the
 // data loader accepts its state.
-void check_staged(const LoadPlan& plan, const std::vector<at::Tensor>& staged, const TrainState& state) {
+void check_staged(const LoadPlan& plan, const std::vector<at::Tensor>& staged, const TrainState& state, const TrainStateLoadOptions& options) {
+  if (state.scheduler != nullptr) state.scheduler->check_groups(kLoad);
+  if (state.scheduler != nullptr && plan.schedule >= 0 && !options.schedule_changed) {
+    const at::Tensor t = staged[static_cast<size_t>(plan.schedule)].contiguous();
+    const std::string saved_schedule(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(t.numel()));
+    HP_CHECK_T(c10::ValueError, saved_schedule == state.scheduler->schedule(), "hyper_parallel::load_train_state: the run was saved under ",
+               "the schedule '", saved_schedule, "', this one is '", state.scheduler->schedule(), "'; if the schedule changed on ",
+               "purpose, say so with TrainStateLoadOptions{/*schedule_changed=*/true}");
+  }
   for (size_t g = 0; g < plan.group_hyper.size(); ++g) {
     const auto h = as_doubles(staged[plan.group_hyper[g]]);
     HP_CHECK_T(c10::ValueError, static_cast<int64_t>(h[6]) == static_cast<int64_t>(plan.kind), "hyper_parallel::load_train_state: '",
@@ -381,7 +402,14 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
       else install<torch::optim::AdamParamState>(*state.optimizer, lp.param, m);
     }
   }
-  if (state.scheduler != nullptr) state.scheduler->load_state(staged[static_cast<size_t>(plan.scheduler)].item<int64_t>());
+  if (state.scheduler != nullptr) {
+    // The groups now hold the run's base rates (saved in place of the scheduled ones).
+    std::vector<double> bases;
+    if (state.optimizer != nullptr)
+      for (const auto& group : state.optimizer->param_groups()) bases.push_back(group.options().get_lr());
+    if (bases.size() == state.scheduler->base_lrs().size()) state.scheduler->load_state(staged[static_cast<size_t>(plan.scheduler)].item<int64_t>(), bases);
+    else state.scheduler->load_state(staged[static_cast<size_t>(plan.scheduler)].item<int64_t>());
+  }
   if (state.data != nullptr) {
     std::map<std::string, at::Tensor> d;
     for (const auto& [k, i] : plan.data) d[k] = staged[i].clone();  // (staged tensors may view the mapped files)
@@ -405,7 +433,7 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
 
 }  // namespace
 
-void load_train_state(const std::string& dir, TrainState& state) {
+void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options) {
   require_real_world(kLoad, "real files written by every rank of a real job");
   HP_CHECK_T(c10::ValueError, state.model != nullptr, "hyper_parallel::load_train_state: the state has no model");
   LoadPlan plan;
@@ -415,7 +443,7 @@ void load_train_state(const std::string& dir, TrainState& state) {
     const SavedIndex index = read_index(dir);
     plan = plan_load(index, state, dir);
     staged = read_entries(index, plan.entries, dir, kLoad);
-    check_staged(plan, staged, state);
+    check_staged(plan, staged, state, options);
   } catch (const std::exception& e) {
     err = message_of(e);
   }

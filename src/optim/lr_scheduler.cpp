@@ -6,21 +6,29 @@
 
 namespace hyper_parallel {
 
-LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor)
-    : optimizer_(&optimizer), factor_(std::move(factor)) {
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor, int64_t last_step,
+                         std::string schedule)
+    : optimizer_(&optimizer), factor_(std::move(factor)), step_(last_step), schedule_(std::move(schedule)) {
+  HP_CHECK_T(c10::ValueError, last_step >= 0, "hyper_parallel::LRScheduler: last_step must be >= 0, got ", last_step);
   for (const auto& group : optimizer.param_groups()) base_.push_back(group.options().get_lr());
-  apply();
+  apply("LRScheduler");
 }
 
 void LRScheduler::step() {
+  check_groups("LRScheduler::step");
   ++step_;
-  apply();
+  apply("LRScheduler::step");
 }
 
-void LRScheduler::load_state(int64_t s) {
+void LRScheduler::load_state(int64_t s) { load_state(s, base_); }
+
+void LRScheduler::load_state(int64_t s, std::vector<double> base_lrs) {
   HP_CHECK_T(c10::ValueError, s >= 0, "hyper_parallel::LRScheduler::load_state: the step must be >= 0, got ", s);
+  HP_CHECK_T(c10::ValueError, base_lrs.size() == optimizer_->param_groups().size(), "hyper_parallel::LRScheduler::load_state: ",
+             base_lrs.size(), " base rates for ", optimizer_->param_groups().size(), " parameter groups");
   step_ = s;
-  apply();
+  base_ = std::move(base_lrs);
+  apply("LRScheduler::load_state");
 }
 
 std::vector<double> LRScheduler::get_last_lr() const {
@@ -29,7 +37,15 @@ std::vector<double> LRScheduler::get_last_lr() const {
   return out;
 }
 
-void LRScheduler::apply() {
+void LRScheduler::check_groups(const char* caller) const {
+  const size_t now = optimizer_->param_groups().size();
+  HP_CHECK_T(c10::ValueError, now == base_.size(), "hyper_parallel::", caller, ": the optimizer has ", now, " parameter groups, the ",
+             "schedule was built for ", base_.size(), " (add_param_group after the scheduler was built); rebuild the scheduler ",
+             "so that every group has its base rate");
+}
+
+void LRScheduler::apply(const char* caller) {
+  check_groups(caller);
   const double f = factor_(step_);
   auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(base_[g] * f);
@@ -77,13 +93,16 @@ double warmup_stable_decay_factor(const WarmupStableDecayOptions& options, int64
   return options.lr_min + (1 - options.lr_min) * f;
 }
 
-LRScheduler linear_warmup_stable_decay(torch::optim::Optimizer& optimizer, const WarmupStableDecayOptions& options) {
+LRScheduler linear_warmup_stable_decay(torch::optim::Optimizer& optimizer, const WarmupStableDecayOptions& options, int64_t last_step) {
   phases_of(options);
-  return LRScheduler(optimizer, [options](int64_t s) { return warmup_stable_decay_factor(options, s); });
+  const std::string schedule = c10::str("linear_warmup_stable_decay training_steps=", options.training_steps, " warmup_steps=",
+                                        options.warmup_steps, " decay_ratio=", options.decay_ratio ? c10::str(*options.decay_ratio) : "none",
+                                        " decay_type=", options.decay_type, " lr_min=", options.lr_min);
+  return LRScheduler(optimizer, [options](int64_t s) { return warmup_stable_decay_factor(options, s); }, last_step, schedule);
 }
 
-LRScheduler constant_lr(torch::optim::Optimizer& optimizer) {
-  return LRScheduler(optimizer, [](int64_t) { return 1.0; });
+LRScheduler constant_lr(torch::optim::Optimizer& optimizer, int64_t last_step) {
+  return LRScheduler(optimizer, [](int64_t) { return 1.0; }, last_step, "constant_lr");
 }
 
 }  // namespace hyper_parallel

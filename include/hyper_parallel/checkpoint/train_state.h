@@ -95,12 +95,22 @@ class AsyncSave {
 std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const TrainState& state,
                                                   const TrainStateSaveOptions& options = {});
 
+/// Options of load_train_state.
+struct TrainStateLoadOptions {
+  /// The learning-rate schedule (its kind and options, kept in the train state) may differ from the
+  /// saved run's; otherwise a different one is refused by name.
+  bool schedule_changed = false;
+};
+
 /// Loads the committed train state of `dir` into `state`'s objects at their current layout (any
 /// mesh, placements or world size; parameters and moments move bytes, no arithmetic). All or
 /// nothing on every rank: a missing or corrupt file (named, with the key and the piece), another
 /// model config (the FQN and both shapes), another optimizer, or a data state its loader refuses,
 /// and every rank raises c10::ValueError with every object unchanged. Collective.
-void load_train_state(const std::string& dir, TrainState& state);
+/// The optimizer's groups get the run's base learning rates (torch's initial_lr, saved in place of
+/// the scheduled ones); `state.scheduler`, when given, then sets the saved step's rates, and a
+/// scheduler built after the load and given the saved step does the same.
+void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options = {});
 
 /// Whether `dir` holds a committed train state (a run resumes from it; a fresh run starts without).
 /// A damaged or unreadable `LATEST` is a c10::ValueError naming it, not a fresh start.

@@ -15,28 +15,43 @@
 namespace hyper_parallel {
 
 /// A factor of the base learning rates per step: step s trains with base_lr · factor(s). Built, it
-/// sets step 0's rates; step() (after the optimizer's) moves to the next step's.
+/// sets step `last_step`'s rates (0 for a new run); step() (after the optimizer's) moves to the next.
+///
+/// The base rates are the groups' rates when it is built: a fresh optimizer's, or after
+/// load_train_state the run's base rates, which a train state saves and restores in place of the
+/// scheduled ones (torch's initial_lr). So a scheduler built after the load and given the saved
+/// step sets base · factor(step) at once, the rate the uninterrupted run uses, e.g.
+/// `hp::load_train_state(dir, st); auto sched = hp::linear_warmup_stable_decay(opt, o, st.step);`
 class LRScheduler {
  public:
-  /// `factor` of the step index; the groups' rates when built are their base rates (so build one
-  /// schedule per optimizer, before it changes them).
-  LRScheduler(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor);
-  /// Moves to the next step and sets its rates.
+  /// `factor` of the step index; `schedule` names it with its options (what a train state keeps,
+  /// to refuse resuming under another schedule by mistake).
+  LRScheduler(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor, int64_t last_step = 0,
+              std::string schedule = "custom");
+  /// Moves to the next step and sets its rates. c10::ValueError when the optimizer's parameter
+  /// groups are no longer the ones it was built for (add_param_group): rebuild the scheduler.
   void step();
-  /// The step the rates now set are for (0 when built).
+  /// The step the rates now set are for.
   int64_t last_step() const { return step_; }
   /// Resumes at step `s` (what last_step() said when the run was saved): sets that step's rates.
   void load_state(int64_t s);
+  /// The same with the run's base rates (load_train_state gives the saved ones).
+  void load_state(int64_t s, std::vector<double> base_lrs);
   /// The rates now set, one per parameter group.
   std::vector<double> get_last_lr() const;
   const std::vector<double>& base_lrs() const { return base_; }
+  /// The schedule and its options, e.g. "linear_warmup_stable_decay training_steps=1000 ...".
+  const std::string& schedule() const { return schedule_; }
+  /// c10::ValueError (as hyper_parallel::<caller>) when the optimizer's groups changed since it was built.
+  void check_groups(const char* caller) const;
 
  private:
-  void apply();
+  void apply(const char* caller);
   torch::optim::Optimizer* optimizer_;
   std::function<double(int64_t)> factor_;
   std::vector<double> base_;
   int64_t step_ = 0;
+  std::string schedule_;
 };
 
 /// torchtitan's linear_warmup_stable_decay: warmup_steps of factor (s + 1) / (warmup_steps + 1),
@@ -58,10 +73,11 @@ struct WarmupStableDecayOptions {
 /// longer than the run, an unknown decay_type, lr_min outside [0, 1]).
 double warmup_stable_decay_factor(const WarmupStableDecayOptions& options, int64_t s);
 
-/// An LRScheduler of that factor (options checked before the optimizer is touched).
-LRScheduler linear_warmup_stable_decay(torch::optim::Optimizer& optimizer, const WarmupStableDecayOptions& options);
+/// An LRScheduler of that factor (options checked before the optimizer is touched), at `last_step`.
+LRScheduler linear_warmup_stable_decay(torch::optim::Optimizer& optimizer, const WarmupStableDecayOptions& options,
+                                       int64_t last_step = 0);
 
 /// The base rates throughout.
-LRScheduler constant_lr(torch::optim::Optimizer& optimizer);
+LRScheduler constant_lr(torch::optim::Optimizer& optimizer, int64_t last_step = 0);
 
 }  // namespace hyper_parallel

@@ -314,6 +314,69 @@ TEST(TrainStateDist, NamesWithWhitespaceAreRefusedAtSaveWithNothingWritten) {
   if (hp::get_rank() == 0) std::filesystem::remove_all(dir.path + "_model");
 }
 
+// A warmup schedule resumed: the train state keeps the base rate (torch's initial_lr), so a
+// scheduler built after the load and given the saved step sets the uninterrupted run's rate at
+// once (0.8, not 0.8 · 0.8); the schedule's options are kept, and a resume under others is refused
+// by name unless the user says the schedule changed.
+TEST(TrainStateDist, SchedulerBuiltAfterTheLoadResumesTheUninterruptedRate) {
+  const Scratch dir("schedule");
+  hp::WarmupStableDecayOptions o;
+  o.training_steps = 10;
+  o.warmup_steps = 4;
+  auto make = [](hnn::Linear& layer) {
+    return std::make_unique<torch::optim::AdamW>(hp::unique_parameters(*layer), torch::optim::AdamWOptions(1.0));
+  };
+  seed_all(35);
+  hnn::Linear layer(4, 4);
+  auto opt = make(layer);
+  auto sched = hp::linear_warmup_stable_decay(*opt, o);
+  hp::TrainState st{layer.get(), opt.get(), &sched};
+  for (; st.step < 3; ++st.step) {
+    layer(at::ones({2, 4})).sum().backward();
+    opt->step();
+    opt->zero_grad();
+    sched.step();
+  }
+  const double due = opt->param_groups()[0].options().get_lr();
+  EXPECT_DOUBLE_EQ(due, 0.8);
+  hp::save_train_state(dir, st);
+  // Resumed: a fresh optimizer, the state loaded without a scheduler, then the scheduler.
+  hnn::Linear resumed(4, 4);
+  auto opt2 = make(resumed);
+  hp::TrainState back{resumed.get(), opt2.get()};
+  hp::load_train_state(dir, back);
+  EXPECT_EQ(back.step, 3);
+  EXPECT_DOUBLE_EQ(opt2->param_groups()[0].options().get_lr(), 1.0) << "the load restores the base rate";
+  auto sched2 = hp::linear_warmup_stable_decay(*opt2, o, back.step);
+  EXPECT_DOUBLE_EQ(opt2->param_groups()[0].options().get_lr(), due);
+  // With the scheduler in the state: the same rate.
+  hnn::Linear again(4, 4);
+  auto opt3 = make(again);
+  auto sched3 = hp::linear_warmup_stable_decay(*opt3, o);
+  hp::TrainState with{again.get(), opt3.get(), &sched3};
+  hp::load_train_state(dir, with);
+  EXPECT_DOUBLE_EQ(opt3->param_groups()[0].options().get_lr(), due);
+  // Other options: refused by name, nothing changed; accepted when the user says so.
+  hp::WarmupStableDecayOptions other = o;
+  other.warmup_steps = 2;
+  hnn::Linear third(4, 4);
+  auto opt4 = make(third);
+  auto sched4 = hp::linear_warmup_stable_decay(*opt4, other);
+  hp::TrainState changed{third.get(), opt4.get(), &sched4};
+  try {
+    hp::load_train_state(dir, changed);
+    ADD_FAILURE() << "resumed under another schedule";
+  } catch (const c10::ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the run was saved under the schedule 'linear_warmup_stable_decay training_steps=10 warmup_steps=4"), std::string::npos) << m;
+    EXPECT_NE(m.find("schedule_changed"), std::string::npos) << m;
+  }
+  EXPECT_EQ(changed.step, 0);
+  hp::load_train_state(dir, changed, {/*schedule_changed=*/true});
+  EXPECT_EQ(sched4.last_step(), 3);
+  EXPECT_DOUBLE_EQ(opt4->param_groups()[0].options().get_lr(), hp::warmup_stable_decay_factor(other, 3));
+}
+
 TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
   const Scratch dir("bad");
   seed_all(31);

@@ -82,6 +82,33 @@ TEST(LRScheduler, EveryGroupFollowsItsBaseRateAndResumesFromTheStep) {
   EXPECT_EQ(constant.get_last_lr()[0], 1e-2);
 }
 
+// Built at a step, a scheduler sets that step's rates at once; a group added after it was built
+// has no base rate, and step() says so instead of scheduling it from a rate read out of bounds.
+TEST(LRScheduler, BuiltAtAStepAndRefusingAGroupAddedAfter) {
+  hp::WarmupStableDecayOptions o;
+  o.training_steps = 10;
+  o.warmup_steps = 4;
+  torch::optim::AdamW opt({torch::ones({2}, torch::requires_grad())}, torch::optim::AdamWOptions(1.0));
+  auto sched = hp::linear_warmup_stable_decay(opt, o, /*last_step=*/3);
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.8);  // (3 + 1) / (4 + 1)
+  EXPECT_EQ(sched.last_step(), 3);
+  EXPECT_NE(sched.schedule().find("linear_warmup_stable_decay training_steps=10 warmup_steps=4"), std::string::npos) << sched.schedule();
+  opt.add_param_group(torch::optim::OptimizerParamGroup({torch::ones({2}, torch::requires_grad())},
+                                                        std::make_unique<torch::optim::AdamWOptions>(0.5)));
+  try {
+    sched.step();
+    ADD_FAILURE() << "stepped a schedule over a group it has no base rate for";
+  } catch (const c10::ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("hyper_parallel::LRScheduler::step: the optimizer has 2 parameter groups, the schedule was built for 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("add_param_group"), std::string::npos) << m;
+    EXPECT_NE(m.find("rebuild the scheduler"), std::string::npos) << m;
+  }
+  EXPECT_DOUBLE_EQ(opt.param_groups()[1].options().get_lr(), 0.5) << "the refused step changed a rate";
+  auto rebuilt = hp::linear_warmup_stable_decay(opt, o, 3);
+  EXPECT_DOUBLE_EQ(opt.param_groups()[1].options().get_lr(), 0.5 * 0.8);
+}
+
 TEST(LRScheduler, OptionsItCannotFollowAreRefusedByName) {
   auto refused = [](hp::WarmupStableDecayOptions o, const std::string& says) {
     try {
