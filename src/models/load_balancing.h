@@ -33,5 +33,15 @@ inline void check_load_balancing_layout(const torch::nn::Module& model, const St
   }
 }
 
+/// The router statistics every sparse block (`DecoderLayerImpl::moe`) of `layers` gathered, summed
+/// over the layers and taken (each block starts afresh).
+template <class DecoderLayerImpl>
+nn::RouterStatistics take_router_statistics(const nn::ModuleList& layers) {
+  nn::RouterStatistics s;
+  for (const auto& layer : *layers)
+    if (auto moe = layer->template as<DecoderLayerImpl>()->moe) s.add(moe->take_statistics());
+  return s;
+}
+
 }  // namespace models
 }  // namespace hyper_parallel

@@ -35,13 +35,13 @@ class Stateful {
 /// - optimizer (torch::optim::Adam or AdamW): per parameter, keyed by its FQN in `model`,
 ///   `optimizer.state.<fqn>.{step, exp_avg, exp_avg_sq[, max_exp_avg_sq]}` (a moment of a DTensor
 ///   parameter is saved as a DTensor of the same placements) and `optimizer.param_groups.<fqn>`
-///   (lr, betas, eps, weight_decay, amsgrad). A parameter with no state (its gradient was never
+///   (the base lr, as torch's initial_lr, betas, eps, weight_decay, amsgrad). A parameter with no state (its gradient was never
 ///   defined) is saved without any and loads with none.
-/// - scheduler: its step. `data`: its state_dict(). `extra`: plain tensors of the caller's, the
+/// - scheduler: its step, and its schedule and options (lr_scheduler.schedule). `data`: its state_dict(). `extra`: plain tensors of the caller's, the
 ///   same on every rank, loaded back under their names.
 /// - step, tokens_seen: the run's counters.
 /// - always: the random-number state that decides the next step, per rank: hyper_parallel's
-///   generator (seed and call count) and torch's default CPU generator. A state saved at another
+///   seed and torch's default CPU generator (whose draws key hyper_parallel's generator too). A state saved at another
 ///   world size loads rank 0's (the layouts' random streams cannot correspond element for element).
 struct TrainState {
   torch::nn::Module* model = nullptr;
@@ -61,8 +61,9 @@ struct TrainStateSaveOptions {
 
 /// Saves `state` into `dir` as one transaction: a crash, a full disk or an error on any rank at any
 /// moment leaves the previous train state committed and loadable (see save_sharded). Collective:
-/// every rank calls it. Ranks whose random seeds differ are refused by name before anything is
-/// written.
+/// every rank calls it. Seeds are not compared (a per-rank seed is fine; each rank's state is its
+/// own row). A name holding whitespace or a control character is refused by name before anything
+/// is written.
 /// e.g. `hp::save_train_state("ckpt", state, {/*keep=*/2});`
 void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options = {});
 

@@ -201,10 +201,7 @@ std::vector<at::Tensor> CausalLMImpl::router_logits() const {
 }
 
 hnn::RouterStatistics CausalLMImpl::take_router_statistics() {
-  hnn::RouterStatistics s;
-  for (const auto& layer : *layers)
-    if (auto moe = layer->as<DecoderLayerImpl>()->moe) s.add(moe->take_statistics());
-  return s;
+  return models::take_router_statistics<DecoderLayerImpl>(layers);
 }
 
 at::Tensor CausalLMImpl::aux_loss(const hyper_parallel::Group& data_group) {

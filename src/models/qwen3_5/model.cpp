@@ -184,10 +184,7 @@ std::vector<at::Tensor> CausalLMImpl::router_logits() const {
 }
 
 hnn::RouterStatistics CausalLMImpl::take_router_statistics() {
-  hnn::RouterStatistics s;
-  for (const auto& layer : *layers)
-    if (auto moe = layer->as<DecoderLayerImpl>()->moe) s.add(moe->take_statistics());
-  return s;
+  return models::take_router_statistics<DecoderLayerImpl>(layers);
 }
 
 at::Tensor CausalLMImpl::load_balancing_loss(const hp::Group& data_group) {
