@@ -2,6 +2,7 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/program.h>
 #include <hyper_parallel/runtime/fault_injection.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/control.h>
@@ -148,15 +149,7 @@ std::string bad_name_error(const std::vector<Entry>& entries) {
     if (e.name.empty()) return "an entry has an empty name";
     for (const unsigned char ch : e.name) {
       if (ch > 0x20 && ch != 0x7f) continue;
-      std::string shown;
-      for (const unsigned char c : e.name) {
-        if (c == '\n') shown += "\\n";
-        else if (c == '\t') shown += "\\t";
-        else if (c == '\r') shown += "\\r";
-        else if (c < 0x20 || c == 0x7f) shown += c10::str("\\x", std::hex, static_cast<int>(c));
-        else shown += static_cast<char>(c);
-      }
-      return c10::str("the name '", shown, "' holds ", ch == ' ' ? "a space" : "whitespace or a control character",
+      return c10::str("the name '", printable(e.name), "' holds ", ch == ' ' ? "a space" : "whitespace or a control character",
                       ", which the checkpoint's line-based metadata cannot hold; rename it (a module registered under such a name, ",
                       "an extra tensor's or a Stateful's key). Nothing was written");
     }

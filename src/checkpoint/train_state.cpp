@@ -170,9 +170,9 @@ std::vector<Entry> train_state_entries(const TrainState& state) {
     for (const auto& group : state.optimizer->param_groups()) {
       std::vector<double> hyper = hyper_of(group.options(), kSave);
       // The base rate (torch's initial_lr), never the scheduled one: a scheduler built after the
-      // load takes the groups' rates as its bases, and would apply its factor twice.
-      if (state.scheduler != nullptr && state.scheduler->base_lrs().size() == state.optimizer->param_groups().size())
-        hyper[0] = state.scheduler->base_lrs()[g];
+      // load takes the groups' rates as its bases, and would apply its factor twice. (check_groups
+      // above: the scheduler has a base rate for every group.)
+      if (state.scheduler != nullptr) hyper[0] = state.scheduler->base_lrs()[g];
       ++g;
       const OptimKind kind = kind_of(group.options(), kSave);
       for (const at::Tensor& p : group.params()) {

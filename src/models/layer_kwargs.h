@@ -53,9 +53,11 @@ struct LayerKwargs {
     for (const auto& [name, value] : kwargs) {
       bool known = false;
       for (const char* a : allowed) known = known || name == a;
-      std::string names;
-      for (const char* a : allowed) names += std::string(names.empty() ? "" : ", ") + a;
-      HP_CHECK_T(c10::ValueError, known, "hyper_parallel::", caller, ": takes the keywords ", names, "; got '", name, "'");
+      if (!known) {  // the list of names only for the message: every layer call parses its keywords
+        std::string names;
+        for (const char* a : allowed) names += std::string(names.empty() ? "" : ", ") + a;
+        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::", caller, ": takes the keywords ", names, "; got '", name, "'");
+      }
       if (name == "cache") {
         auto* arg = value.isCapsule() ? dynamic_cast<CacheArgument<CacheT>*>(value.toCapsule().get()) : nullptr;
         HP_CHECK_T(c10::TypeError, arg != nullptr, "hyper_parallel::", caller, ": the keyword 'cache' must be this model's generation ",
