@@ -5,6 +5,7 @@
 //   auto tp = hp::init_device_mesh("cpu", {2}, {"tp"});
 //   auto w = hp::distribute_tensor(weight, tp, {hp::Shard(0)});
 #include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/point_to_point.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>

@@ -3,6 +3,7 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/activation_checkpoint.h>
 #include <hyper_parallel/nn/module.h>
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/collectives.h>
 
 #include <ATen/ATen.h>
@@ -70,9 +71,17 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, DeviceMesh dp_mesh
     b.row_numel += p.padded_numel;
     b.compute_numel += c10::multiply_integers(p.compute_shape);
   }
+  set_fqn("");
   for (Bucket& b : buckets_) b.grad_row_numel = b.row_numel + static_cast<int64_t>(b.params.size());
   for (Bucket& b : buckets_) allocate(b);
   reshard();  // sharded until the first forward
+}
+
+void FSDPParamGroup::set_fqn(const std::string& fqn) {
+  const std::string who = fqn.empty() ? "fully_shard of the root module" : "fully_shard of '" + fqn + "'";
+  gather_label_ = who + ": all_gather of its parameters";
+  reduce_label_ = who + ": reduce_scatter of its gradients";
+  replicas_label_ = who + ": all_reduce of its gradients over the replicas";
 }
 
 at::TensorOptions FSDPParamGroup::options_of(const Bucket& b) const {
@@ -120,6 +129,7 @@ void FSDPParamGroup::issue_unshard() {
     s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
     s->set_nbytes(bytes);
     for (size_t k : b.params) params_[k].copy_in(b.send);
+    const CollectiveLabel label(gather_label_);
     b.gather = all_gather_async(b.send, 0, shard_group_);
   }
   unsharded_ = true;
@@ -152,11 +162,15 @@ namespace {
 thread_local int t_active_forwards = 0;
 }  // namespace
 
+bool FSDPParamGroup::claim_root() {
+  if (root_known_) return false;
+  is_root_ = t_active_forwards == 0;
+  root_known_ = true;
+  return is_root_;
+}
+
 void FSDPParamGroup::pre_forward() {
-  if (!root_known_) {
-    is_root_ = t_active_forwards == 0;
-    root_known_ = true;
-  }
+  claim_root();
   ++t_active_forwards;
   in_forward_ = true;
   unshard();
@@ -225,7 +239,10 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   }
   grads_accumulated_ = false;
   const ReduceOp op = options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG;
-  for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), op, 0, shard_group_);
+  {
+    const CollectiveLabel label(reduce_label_);
+    for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), op, 0, shard_group_);
+  }
   reduce_pending_ = true;
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
@@ -241,7 +258,10 @@ void FSDPParamGroup::finish_reduce_grads() {
     at::Tensor row = b.reduce.wait();
     b.reduce = Work();
     // HSDP: the shard-reduced row averaged over the replicas too.
-    if (replicate_group_) all_reduce_(row, options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG, *replicate_group_);
+    if (replicate_group_) {
+      const CollectiveLabel label(replicas_label_);
+      all_reduce_(row, options_.gradient_divide_factor ? ReduceOp::SUM : ReduceOp::AVG, *replicate_group_);
+    }
     if (options_.gradient_divide_factor) row.div_(*options_.gradient_divide_factor);
     // A parameter gets a gradient iff some rank's backward produced one (as one process on the
     // whole batch): then every rank takes its piece, which holds the other ranks' shares; one no

@@ -50,6 +50,13 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   /// Completes the reduce-scatters in flight and accumulates the sharded gradients.
   void finish_reduce_grads();
 
+  /// Names the group in its collectives' labels (CollectiveLabel): `fqn` is the module's path
+  /// from the root ("" for the root), set by the root's first forward.
+  void set_fqn(const std::string& fqn);
+  /// Decides, at the group's first forward, whether it is the root (no fully_shard forward is
+  /// running on this thread); true only then and only for the root.
+  bool claim_root();
+
   const std::vector<FSDPParam>& params() const { return params_; }
   /// set_requires_gradient_sync.
   bool requires_gradient_sync = true;
@@ -91,6 +98,10 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   bool reduce_pending_ = false;
   bool in_forward_ = false;  // between pre_forward and post_forward
   bool root_known_ = false, is_root_ = false;  // the root (outermost) group keeps its parameters after forward
+  // The labels of its all-gathers, reduce-scatters and HSDP all-reduces: ranks that pair one of
+  // them with another group's collective (a group some rank's forward never called) stop there,
+  // every rank naming the group.
+  std::string gather_label_, reduce_label_, replicas_label_;
 };
 
 }  // namespace fsdp

@@ -153,6 +153,16 @@ c10::intrusive_ptr<FSDPParamGroup> group_of(const torch::nn::Module& module, con
   return g;
 }
 
+// Names each fully_shard group inside `root` by its module's path from it.
+void name_groups_under(torch::nn::Module& root) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& [prefix, m] : nn::modules_with_names(root)) {
+    const auto it = g_groups.find(m);
+    if (it == g_groups.end()) continue;
+    if (auto g = it->second.lock()) g->set_fqn(prefix);
+  }
+}
+
 }  // namespace
 
 torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options) {
@@ -195,7 +205,10 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   }
   auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options);
   const MixedPrecisionPolicy mp = options.mp_policy;
-  platform::register_forward_pre_hook(module, [group, mp](nn::Module&, const std::vector<c10::IValue>& args) -> c10::optional<std::vector<c10::IValue>> {
+  platform::register_forward_pre_hook(module, [group, mp](nn::Module& m, const std::vector<c10::IValue>& args) -> c10::optional<std::vector<c10::IValue>> {
+    // The root's first forward names every group under it by its path (as FSDP2's lazy init):
+    // their collectives' labels then say which module's group a rank was in.
+    if (group->claim_root()) name_groups_under(m);
     group->pre_forward();
     if (!mp.cast_forward_inputs || !mp.param_dtype) return c10::nullopt;
     std::vector<c10::IValue> cast;

@@ -4,9 +4,28 @@
 
 #include <c10/util/ArrayRef.h>
 
+#include <cstring>
+
 #include "fnv1a.h"
 
 namespace hyper_parallel {
+namespace {
+
+// Of a description, what the error quotes for every rank (the hash decided; this only names).
+constexpr size_t kQuotedBytes = 240;
+
+std::vector<int64_t> packed(const std::string& text) {
+  std::vector<int64_t> words(kQuotedBytes / sizeof(int64_t), 0);
+  std::memcpy(words.data(), text.data(), std::min(text.size(), kQuotedBytes - 1));
+  return words;
+}
+
+std::string unpacked(const std::vector<int64_t>& words) {
+  const char* p = reinterpret_cast<const char*>(words.data());
+  return std::string(p, strnlen(p, words.size() * sizeof(int64_t)));
+}
+
+}  // namespace
 
 void check_agreement(const Group& group, const std::string& what, const std::string& description) {
   TORCH_CHECK(group.defined(), "hyper_parallel::check_agreement: the group is undefined");
@@ -16,10 +35,16 @@ void check_agreement(const Group& group, const std::string& what, const std::str
   std::vector<int64_t> differ;
   for (int64_t r = 1; r < group.size(); ++r)
     if (all[static_cast<size_t>(r)][0] != all[0][0]) differ.push_back(group.ranks()[static_cast<size_t>(r)]);
-  HP_CHECK_T(c10::ValueError, differ.empty(), "hyper_parallel::", what, ": the ranks disagree: rank(s) ",
-             c10::IntArrayRef(differ), " differ from rank ", group.ranks()[0], " (every rank must call it with the ",
-             "same arguments and shapes). Rank ", group.ranks()[static_cast<size_t>(group.rank())], " has: ",
-             description);
+  if (differ.empty()) return;
+  // Every rank saw the same hashes, so every rank takes this second exchange: each one's error
+  // can then say what every rank was about to do, not only its own part.
+  const auto texts = control_all_gather(group, packed(description));
+  std::string each;
+  for (int64_t r = 0; r < group.size(); ++r)
+    each += c10::str(r ? "; rank " : "rank ", group.ranks()[static_cast<size_t>(r)], ": ", unpacked(texts[static_cast<size_t>(r)]));
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::", what, ": the ranks disagree: rank(s) ", c10::IntArrayRef(differ),
+             " differ from rank ", group.ranks()[0], " (every rank must call it with the same arguments and shapes). ",
+             "Rank ", group.ranks()[static_cast<size_t>(group.rank())], " has: ", description, ". Every rank: ", each);
 }
 
 }  // namespace hyper_parallel

@@ -2,6 +2,7 @@
 // layouts, staging across devices and the emulations a transport's capabilities call for.
 #include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/errors.h>
@@ -92,9 +93,20 @@ bool debug_collectives() {
   }();
   return on;
 }
+// A labelled collective (CollectiveLabel) on a host transport that does not compare labels
+// itself (Gloo) is preceded by one exchange of its label's hash.
 template <class Describe>
 void fingerprint(const Group& g, const Describe& describe) {
-  if (debug_collectives() && g.size() > 1) check_agreement(g, "collective", describe());
+  if (g.size() <= 1) return;
+  const std::string& label = current_collective_label();
+  if (debug_collectives()) {
+    check_agreement(g, "collective", label.empty() ? describe() : describe() + " for " + label);
+    return;
+  }
+  if (label.empty()) return;
+  const Transport& tr = transport_of(g);
+  if (!tr.capabilities().checks_labels && tr.device_type() == c10::DeviceType::CPU)
+    check_agreement(g, "collective", label);
 }
 
 std::string without_dim(at::IntArrayRef sizes, int64_t dim) {

@@ -38,15 +38,19 @@ Transport& peer_transport_of(const Group& group);
 /// Waits for `work`, collective `what` issued on `g` as its #`seq` (`++g.seq` when it was
 /// issued); when it fails, raises a c10::Error naming the members that did not reach it (asked
 /// through the job's store).
-void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
+/// `label` is the collective's CollectiveLabel at issue ("" when none).
+void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
+                    const std::string& label = "");
 
 /// Waits for `work`, a point-to-point `what` ("send" or "recv") with group rank `peer` and `tag`;
 /// when it fails (the peer died, or the timeout passed), raises a c10::Error naming the peer.
 void wait_peer_work(Group::Impl& g, const char* what, int64_t peer, int64_t tag, const c10::intrusive_ptr<c10d::Work>& work);
 
-/// The message for collective `what` (#`seq` on `g`) that failed with `cause`: the members that
-/// did not arrive, found through the job's store within a short grace period.
-std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause);
+/// The message for collective `what` (#`seq` on `g`, labelled `label`) that failed with `cause`:
+/// the members that did not arrive and what every member that failed too was in, found through
+/// the job's store within a short grace period.
+std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause,
+                                     const std::string& label = "");
 
 /// Transports made for a group (gloo_transport.cpp, nccl_transport.cpp); `timeout` is the job's.
 std::unique_ptr<Transport> make_gloo_transport(Group::Impl& g);

@@ -202,18 +202,21 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
 
 }  // namespace
 
-std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause) {
+std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause,
+                                     const std::string& label) {
   const State& s = state();
-  // Every rank of the group that is still alive and stuck in this collective fails too, and
-  // says so in the store; the ones that never say so within a grace period did not arrive
-  // (stopped, deadlocked, dead or busy elsewhere). The store is asked with a short timeout: if
-  // rank 0, which serves it, is the one stopped, that is a finding too.
+  // Every rank of the group that is still alive and stuck in a collective fails too, and says in
+  // the store which collective it was in; the ones that never say so within a grace period did
+  // not arrive (stopped, deadlocked, dead or busy elsewhere). The store is asked with a short
+  // timeout: if rank 0, which serves it, is the one stopped, that is a finding too.
   const std::string key = "hp/arrived/" + g.prefix;
+  const std::string doing = c10::str(what, " #", seq, label.empty() ? std::string() : " for " + label);
   std::vector<int64_t> missing;
+  std::vector<std::string> each(g.ranks.size());
   std::string store_note;
   try {
     s.store->setTimeout(std::chrono::milliseconds(2000));
-    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>{1});
+    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>(doing.begin(), doing.end()));
     const auto grace = std::min<std::chrono::milliseconds>(s.timeout, std::chrono::milliseconds(5000));
     const auto until = std::chrono::steady_clock::now() + grace;
     do {
@@ -223,26 +226,41 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
       if (missing.empty()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     } while (std::chrono::steady_clock::now() < until);
+    for (size_t r = 0; r < g.ranks.size(); ++r)
+      if (s.store->check({key + std::to_string(r)})) {
+        const auto v = s.store->get(key + std::to_string(r));
+        each[r] = std::string(v.begin(), v.end());
+      }
   } catch (const std::exception&) {
     store_note = " (the rendezvous store on rank 0 does not answer either: rank 0 is probably the one stopped)";
     if (missing.empty()) missing.push_back(g.ranks[0]);
   }
+  std::string arrived;
+  bool same = true;
+  for (size_t r = 0; r < g.ranks.size(); ++r) {
+    if (each[r].empty()) continue;
+    arrived += c10::str(arrived.empty() ? "rank " : "; rank ", g.ranks[r], " was in ", each[r]);
+    same = same && each[r] == doing;
+  }
+  const std::string where = c10::str("hyper_parallel: ", what, " #", seq, label.empty() ? std::string() : " for " + label,
+                                     " on the group of ranks [", join_ranks(g.ranks), "] failed on rank ",
+                                     g.ranks[static_cast<size_t>(g.rank)]);
+  const std::string was_in = arrived.empty() ? std::string() : " (" + arrived + ")";
   if (!missing.empty())
-    return c10::str("hyper_parallel: ", what, " #", seq, " on the group of ranks [", join_ranks(g.ranks),
-                    "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)], " after up to ",
-                    s.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join_ranks(missing),
-                    "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note,
-                    ". Cause: ", cause);
-  return c10::str("hyper_parallel: ", what, " #", seq, " on the group of ranks [", join_ranks(g.ranks),
-                  "] failed on rank ", g.ranks[static_cast<size_t>(g.rank)],
-                  " although every rank of the group reached it. Cause: ", cause);
+    return c10::str(where, " after up to ", s.timeout.count() / 1000.0, " s (HP_TIMEOUT_S): rank(s) [", join_ranks(missing),
+                    "] did not arrive (stopped, deadlocked, exited or busy elsewhere)", store_note, was_in, ". Cause: ", cause);
+  if (!same)
+    return c10::str(where, ": the ranks were in different collectives", was_in,
+                    "; every rank must issue the same collectives in the same order. Cause: ", cause);
+  return c10::str(where, " although every rank of the group reached it", was_in, ". Cause: ", cause);
 }
 
-void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {
+void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
+                    const std::string& label) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e)));
+    TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e), label));
   }
 }
 

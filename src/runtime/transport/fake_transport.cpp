@@ -19,6 +19,7 @@ class FakeTransport final : public Transport {
     TransportCapabilities c;
     c.reduce_scatter = c.average = c.reduce_16bit = c.nan_max_min = true;
     c.simulated = true;
+    c.checks_labels = true;  // no peers to disagree with
     c.point_to_point = true;
     return c;
   }

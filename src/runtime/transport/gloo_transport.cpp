@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <hyper_parallel/runtime/collective_label.h>
+
 #include "../group_impl.h"
 
 namespace hyper_parallel {
@@ -101,7 +103,9 @@ class GlooTransport final : public Transport {
   Completion completion(const char* what, c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep) {
     Group::Impl* g = &g_;
     const uint64_t seq = ++g_.seq;
-    return [g, what, seq, work = std::move(work), keep = std::move(keep)] { wait_c10d_work(*g, what, seq, work); };
+    return [g, what, seq, work = std::move(work), keep = std::move(keep), label = current_collective_label()] {
+      wait_c10d_work(*g, what, seq, work, label);
+    };
   }
   Group::Impl& g_;
 };

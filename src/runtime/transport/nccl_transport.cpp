@@ -8,6 +8,7 @@
 // timeout is reported with the members that never arrived (through the store, as the host
 // transports report them), and the process exits. NCCL's own timeout is set later than ours
 // (c10d_backends.cpp), so ours speaks first.
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -37,10 +38,10 @@ class Watcher {
     if (thread_.joinable()) thread_.join();
   }
 
-  void watch(const char* what, uint64_t seq, c10::intrusive_ptr<c10d::Work> work) {
+  void watch(const char* what, uint64_t seq, c10::intrusive_ptr<c10d::Work> work, std::string label) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    inflight_.push_back({what, seq, std::chrono::steady_clock::now(), std::move(work)});
+    inflight_.push_back({what, seq, std::chrono::steady_clock::now(), std::move(work), std::move(label)});
     cv_.notify_all();
   }
 
@@ -50,6 +51,7 @@ class Watcher {
     uint64_t seq;
     std::chrono::steady_clock::time_point issued;
     c10::intrusive_ptr<c10d::Work> work;
+    std::string label;
   };
 
   void run() {
@@ -63,7 +65,7 @@ class Watcher {
       const Entry& e = inflight_.front();
       if (std::chrono::steady_clock::now() - e.issued > timeout_) {
         const std::string report = failed_collective_report(
-            g_, e.what, e.seq, "the collective did not complete within " + std::to_string(timeout_.count() / 1000.0) + " s");
+            g_, e.what, e.seq, "the collective did not complete within " + std::to_string(timeout_.count() / 1000.0) + " s", e.label);
         std::fprintf(stderr, "%s\n", report.c_str());
         std::fflush(stderr);
         // The caller's stream is blocked behind the collective and cannot be unblocked: as NCCL's
@@ -171,9 +173,9 @@ class NcclTransport final : public Transport {
  private:
   Completion issue(const char* what, c10::intrusive_ptr<c10d::Work> work) {
     const uint64_t seq = ++g_.seq;
-    watcher_.watch(what, seq, work);
+    watcher_.watch(what, seq, work, current_collective_label());
     Group::Impl* g = &g_;
-    return [g, what, seq, work = std::move(work)] { wait_c10d_work(*g, what, seq, work); };
+    return [g, what, seq, work = std::move(work), label = current_collective_label()] { wait_c10d_work(*g, what, seq, work, label); };
   }
   Group::Impl& g_;
   Watcher watcher_;

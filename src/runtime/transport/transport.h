@@ -33,6 +33,8 @@ struct TransportCapabilities {
   bool simulated = false;
   /// send() and recv(); otherwise the group's c10d process group carries them (Gloo).
   bool point_to_point = false;
+  /// Compares every collective's label (CollectiveLabel) across the ranks itself, for free.
+  bool checks_labels = false;
 };
 
 /// One transfer of a batch of point-to-point operations: `buf` (contiguous, on the transport's

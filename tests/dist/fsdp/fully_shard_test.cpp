@@ -425,4 +425,41 @@ TEST(FullyShardDist, ParameterSomeRanksDidNotUseGetsEveryShardOfItsGradient) {
   }
 }
 
+// `b` in its own fully_shard group. When every rank calls it, a step matches one process. When
+// data rank 0 of each shard group calls it and the others never do, rank 0 gathers b's group
+// while the others reduce the root's gradients: that pairing is refused at once, on every rank,
+// each naming b's group (no rank waits for the timeout, no data is exchanged between the two),
+// and the job goes on (the next case runs on the same groups). dp = world size, and HSDP 2 x 2.
+TEST(FullyShardDist, GroupSomeRanksNeverCallStopsOnEveryRankNamingIt) {
+  const int64_t ws = hp::get_world_size();
+  ASSERT_GE(ws, 2);
+  std::vector<std::vector<int64_t>> meshes{{ws}};
+  if (ws == 4) meshes.push_back({2, 2});
+  for (const auto& shape : meshes) {
+    const bool hsdp = shape.size() == 2;
+    SCOPED_TRACE(hsdp ? "HSDP 2 x 2" : "dp = " + std::to_string(ws));
+    auto mesh = hsdp ? hp::init_device_mesh("cpu", shape, {"replicate", "shard"}) : hp::init_device_mesh("cpu", shape, {"dp"});
+    const int64_t dp_rank = hp::get_rank();
+    const int64_t shard_rank = mesh.get_local_rank(static_cast<int64_t>(shape.size()) - 1);
+    const at::Tensor x = random({2 * ws, 4}, 95);
+    {  // every rank calls b: one process
+      auto model = seeded<Branch>(83), ref = seeded<Branch>(83);
+      hp::fully_shard(*model->b, mesh);
+      hp::fully_shard(*model, mesh);
+      model(x.chunk(ws, 0)[dp_rank]).pow(2).mean().backward();
+      reference_loss(ref, x, ws, [](int64_t) { return true; }).backward();
+      auto ref_params = ref->named_parameters();
+      for (const auto& p : model->named_parameters())
+        EXPECT_TRUE(close(full(p.value().grad()), ref_params[p.key()].grad())) << p.key();
+    }
+    auto model = seeded<Branch>(83);
+    hp::fully_shard(*model->b, mesh);
+    hp::fully_shard(*model, mesh);
+    model->use_b = shard_rank == 0;
+    const std::string m = hp_test::error_message([&] { model(x.chunk(ws, 0)[dp_rank]).pow(2).mean().backward(); });
+    EXPECT_NE(m.find("fully_shard of 'b': all_gather of its parameters"), std::string::npos) << m;
+    EXPECT_NE(m.find("fully_shard of the root module: reduce_scatter of its gradients"), std::string::npos) << m;
+  }
+}
+
 }  // namespace t_dist_fsdp_fully_shard_test

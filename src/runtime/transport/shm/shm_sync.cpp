@@ -4,11 +4,13 @@
 
 #include "../../rank_list.h"
 
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <signal.h>
@@ -26,6 +28,13 @@ void ShmTransport::begin(uint32_t kind, uint64_t bytes) {
   Control* me = control(rank_);
   me->kind[step_ % 2] = kind;
   me->bytes[step_ % 2] = bytes;
+  me->label_hash[step_ % 2] = current_collective_label_hash();
+  if (me->label_hash[step_ % 2] != 0) {
+    const std::string& text = current_collective_label();
+    const size_t n = std::min(text.size(), kLabelBytes - 1);
+    std::memcpy(me->label[step_ % 2], text.data(), n);
+    me->label[step_ % 2][n] = '\0';
+  }
   check_step_ = step_;
   check_pending_ = true;
 }
@@ -36,16 +45,19 @@ void ShmTransport::check_agreement(const char* what) {
   const Control* r0 = control(0);
   bool same = true;
   for (int64_t p = 1; p < size(); ++p)
-    same = same && control(p)->kind[k] == r0->kind[k] && control(p)->bytes[k] == r0->bytes[k];
+    same = same && control(p)->kind[k] == r0->kind[k] && control(p)->bytes[k] == r0->bytes[k] &&
+           control(p)->label_hash[k] == r0->label_hash[k];
   if (same) return;
   static const char* kinds[] = {"?", "all_reduce", "all_gather", "all_to_all", "broadcast", "scatter", "barrier", "all_to_all_single"};
   std::string who;
   for (int64_t p = 0; p < size(); ++p)
     who += (p ? ", rank " : "rank ") + std::to_string(ranks_[static_cast<size_t>(p)]) + ": " +
            kinds[std::min<uint32_t>(control(p)->kind[k] & 0xFF, 7)] + " of " + std::to_string(control(p)->bytes[k]) +
-           " bytes" + (control(p)->kind[k] >> 8 ? " (dtype/op code " + std::to_string(control(p)->kind[k] >> 8) + ")" : "");
+           " bytes" + (control(p)->kind[k] >> 8 ? " (dtype/op code " + std::to_string(control(p)->kind[k] >> 8) + ")" : "") +
+           (control(p)->label_hash[k] != 0 ? std::string(" for ") + control(p)->label[k] : std::string(" (unlabelled)"));
   TORCH_CHECK(false, "hyper_parallel::", what, ": the shared-memory transport on the group of ranks [", join_ranks(ranks_),
-              "]: the ranks called different collectives or sizes (", who, ")");
+              "]: the ranks called different collectives, sizes or owners (", who,
+              "); every rank must issue the same collectives in the same order");
 }
 
 void ShmTransport::sync(const char* what) {

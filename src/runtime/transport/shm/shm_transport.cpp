@@ -180,6 +180,7 @@ TransportCapabilities ShmTransport::capabilities() const {
   TransportCapabilities c;
   c.reduce_16bit = true;
   c.nan_max_min = true;
+  c.checks_labels = true;
   return c;
 }
 

@@ -79,6 +79,7 @@ class ShmTransport : public Transport {
  private:
   ShmTransport() = default;
   // Per rank, at the start of its slice of the segment.
+  static constexpr size_t kLabelBytes = 96;  // of a label's text kept for the error (the hash decides)
   struct Control {
     alignas(64) std::atomic<uint64_t> arrived;
     int32_t pid;
@@ -87,10 +88,15 @@ class ShmTransport : public Transport {
     // alike), instead of reading each other's buffers wrongly.
     uint32_t kind[2];
     uint64_t bytes[2];
+    // The collective's label (CollectiveLabel): its hash, compared with kind and size, and its
+    // text, read only to name every rank's label when they differ.
+    uint64_t label_hash[2];
+    char label[2][kLabelBytes];
   };
   static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
                 "the arrival counters must be lock-free to work across processes");
-  static constexpr size_t kControlBytes = 128;
+  static constexpr size_t kControlBytes = 256;
+  static_assert(sizeof(Control) <= kControlBytes, "a rank's control line outgrew its slot");
   Control* control(int64_t r) const;
   unsigned char* buffer(int64_t r, uint64_t step) const;
   void exchange_blocks(const void* in, void* out, size_t block, int64_t src, const char* what);
