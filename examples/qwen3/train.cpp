@@ -12,6 +12,7 @@
 
 #include <hyper_parallel/hyper_parallel.h>
 #include <hyper_parallel/optim/lr_scheduler.h>
+#include <hyper_parallel/runtime/fault_injection.h>
 
 #include <chrono>
 #include <cstdio>

@@ -17,7 +17,6 @@
 #include <hyper_parallel/runtime/process_group.h>
 #include <hyper_parallel/runtime/process_memory.h>
 #include <hyper_parallel/runtime/program.h>
-#include <hyper_parallel/runtime/fault_injection.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/mesh/parallel_dims.h>
 #include <hyper_parallel/dtensor/placement.h>

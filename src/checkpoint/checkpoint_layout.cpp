@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -208,14 +207,6 @@ at::Tensor box(const at::Tensor& t, const std::vector<int64_t>& start, const std
   at::Tensor v = t;
   for (size_t d = 0; d < start.size(); ++d) v = v.narrow(static_cast<int64_t>(d), start[d], len[d]);
   return v;
-}
-
-// A deliberate crash for the fault tests: HP_CHECKPOINT_FAULT=<point>:<rank> kills that rank there.
-void fault_point(const char* point, int64_t rank) {
-  static const char* spec = std::getenv("HP_CHECKPOINT_FAULT");
-  if (spec == nullptr) return;
-  const std::string want = std::string(point) + ":" + std::to_string(rank);
-  if (want == spec) ::raise(SIGKILL);
 }
 
 // Every rank's verdict on a step, agreed with one small control exchange: nobody commits or loads

@@ -118,8 +118,6 @@ bool intersect(const std::vector<int64_t>& a_off, const std::vector<int64_t>& a_
 
 at::Tensor box(const at::Tensor& t, const std::vector<int64_t>& start, const std::vector<int64_t>& len);
 
-// A deliberate crash for the fault tests: HP_CHECKPOINT_FAULT=<point>:<rank> kills that rank there.
-void fault_point(const char* point, int64_t rank);
 
 // Every rank's verdict on a step, agreed with one small all_reduce: nobody commits or loads
 // alone. On failure every rank raises, naming the failed ranks and the first one's reason.

@@ -1,6 +1,7 @@
 // save_hf_checkpoint: one layout computed alike on every rank; rank 0 creates the files (headers,
 // space reserved) in a new directory; every rank writes its boxes through a shared mapping; rank 0
 // swaps the new directory in. The ranks agree after each step.
+#include <hyper_parallel/runtime/fault_injection.h>
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
 #include <hyper_parallel/checkpoint/safetensors.h>
 #include <hyper_parallel/dtensor/dtensor.h>
@@ -340,7 +341,6 @@ void commit(const Target& t, const std::string& tmp, const std::vector<PlannedFi
       if (::link(e.path().c_str(), (tmp + "/" + name).c_str()) != 0) cf::os_error("carry over", e.path().string(), errno);
     }
   cf::sync_dir(tmp);
-  checkpoint_layout::fault_point("hf_before_swap", 0);
   if (exists) {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, t.dir.c_str(), RENAME_EXCHANGE) != 0)
       cf::os_error("swap in the new checkpoint for", t.dir.string(), errno);
@@ -392,11 +392,15 @@ HFSaveReport save_hf_checkpoint(torch::nn::Module& model, const std::string& dir
   HFSaveReport report;
   try {
     report.bytes_written = write_boxes(shared_tmp, files, boxes, options.progress && (!distributed || get_rank() == 0));
-    checkpoint_layout::fault_point("hf_after_write", rank);
+    fault_point("hf_mid_write");
   } catch (const std::exception& e) {
     err = checkpoint_layout::message_of(e);
   }
   checkpoint_layout::agree(distributed, err, "save_hf_checkpoint", tail);
+  // Every rank's boxes are written and agreed; nothing is swapped in. A rank killed here stops the
+  // swap, which rank 0 makes only after this second agreement.
+  fault_point("hf_before_swap");
+  checkpoint_layout::agree(distributed, "", "save_hf_checkpoint", tail);
   if (rank == 0) {
     try {
       commit(target, tmp, files, options, committed);

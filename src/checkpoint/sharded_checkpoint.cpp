@@ -61,7 +61,7 @@ Generation broadcast_generation(Generation gen) {
 // Step 2 on each writing rank: its pieces raw (.bin), each at a multiple of kPieceAlign and its
 // crc covering its padding, then the .meta file naming them.
 void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece>& pieces, const std::string& gdir,
-                      const Generation& gen, int64_t rank) {
+                      const Generation& gen, int64_t rank, int64_t step) {
   std::string meta = std::string(kMagic) + "\nid " + hex(gen.id) + "\nrank " + std::to_string(rank) + "\n";
   for (const auto& e : entries) meta += tensor_line_of(e);
   cf::FileWriter bin(rank_file(gdir, rank, ".bin"));
@@ -96,7 +96,7 @@ void write_rank_files(const std::vector<Entry>& entries, const std::vector<Piece
     meta += "piece " + entries[k].name + " " + join(pieces[k].offset) + " " + join(data[k].sizes()) + " " + std::to_string(crc[k]) +
             " " + std::to_string(at[k]) + "\n";
   bin.finish();
-  fault_point("after_pt", rank);
+  fault_point("mid_write", step);
   meta += "bytes " + std::to_string(bin.size()) + "\n";
   cf::write_file(rank_file(gdir, rank, ".meta"), cf::seal(meta));
 }
@@ -109,7 +109,6 @@ void commit_generation(const std::vector<Entry>& entries, const std::string& dir
   for (const auto& e : entries) meta += tensor_line_of(e);
   cf::write_file(gdir + "/metadata", cf::seal(meta));
   cf::sync_dir(gdir);
-  fault_point("before_commit", 0);
   cf::replace_file(dir + "/LATEST", cf::seal(std::string(kMagic) + "\ngeneration " + std::to_string(gen.seq) + "\nid " +
                                               hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n"));
 }
@@ -186,10 +185,9 @@ PendingSave checkpoint_layout::begin_save(std::vector<Entry> entries, const std:
 }
 
 void checkpoint_layout::write_save(PendingSave& s) {
-  s.error = on_rank(s.rank < s.world, [&] { write_rank_files(s.entries, s.pieces, gen_dir(s.dir, s.gen.seq), s.gen, s.rank); });
+  s.error = on_rank(s.rank < s.world, [&] { write_rank_files(s.entries, s.pieces, gen_dir(s.dir, s.gen.seq), s.gen, s.rank, s.step); });
   s.pieces.clear();  // the host copies, when there are, are not needed any more
-  fault_point("before_agree", s.rank);
-  if (s.step >= 0) hyper_parallel::fault_point("mid_save", s.step);
+  fault_point("mid_save", s.step);
 }
 
 void checkpoint_layout::commit_save(PendingSave& s) {
@@ -203,7 +201,11 @@ void checkpoint_layout::commit_save(PendingSave& s) {
     cleanup();
     throw;
   }
-  if (s.step >= 0) hyper_parallel::fault_point("before_commit", s.step);
+  // Every rank has written and agreed; none has replaced LATEST. A rank that fails here (or is
+  // killed: HP_FAULT's before_commit) stops the commit, which rank 0 makes only after this
+  // second agreement.
+  fault_point("before_commit", s.step);
+  agree(s.distributed, "", s.what, s.unchanged());
   const std::string err = on_rank(s.rank == 0, [&] { commit_generation(s.entries, s.dir, s.gen, s.world); });
   if (!err.empty()) cleanup();
   agree(s.distributed, err, s.what, s.unchanged());

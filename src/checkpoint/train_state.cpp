@@ -15,6 +15,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -146,14 +147,16 @@ std::string groups_key(const std::string& fqn) { return "optimizer.param_groups.
 
 namespace {
 
-// The save in flight, if any: the next one waits for it.
-std::weak_ptr<AsyncSave>& in_flight() {
-  static std::weak_ptr<AsyncSave> p;
+// The save in flight, if any, held here and not by its handle: the next save or load commits it,
+// whether or not the caller kept the handle. A rank that fails never gets there, so it never
+// commits (and never runs a collective on its way out).
+std::shared_ptr<AsyncSave>& in_flight() {
+  static std::shared_ptr<AsyncSave> p;
   return p;
 }
 
 void wait_for_save_in_flight() {
-  if (auto p = in_flight().lock()) p->wait();
+  if (auto p = in_flight()) p->wait();
 }
 
 std::vector<Entry> train_state_entries(const TrainState& state) {
@@ -223,17 +226,21 @@ struct AsyncSave::Impl {
 AsyncSave::AsyncSave(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 AsyncSave::~AsyncSave() {
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    TORCH_WARN("hyper_parallel::AsyncSave: the save in the background failed: ", message_of(e));
-  }
+  // No collective here: the other ranks may be anywhere (this rank may be unwinding from an
+  // error, or the process exiting). This rank's files are finished; the generation stays
+  // uncommitted and the next save removes it.
+  if (impl_->writer.joinable()) impl_->writer.join();
+  if (!impl_->committed)
+    std::fprintf(stderr, "hyper_parallel::AsyncSave: the train state being saved in the background to %s (generation %lld) "
+                 "was not committed: no wait(), save or load came after it; %s keeps its previous state\n",
+                 impl_->save.dir.c_str(), static_cast<long long>(impl_->save.gen.seq), impl_->save.dir.c_str());
 }
 
 void AsyncSave::wait() {
   if (impl_->committed) return;
   if (impl_->writer.joinable()) impl_->writer.join();
   impl_->committed = true;  // once, whatever the outcome: a failed commit is raised once
+  if (in_flight().get() == this) in_flight().reset();  // (the caller holds a reference: `this` lives on)
   commit_save(impl_->save);
 }
 
@@ -247,9 +254,8 @@ std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const 
   // Only this rank's files: no collective runs on the writer thread.
   AsyncSave::Impl* raw = impl.get();
   impl->writer = std::thread([raw] { write_save(raw->save); });
-  auto handle = std::make_shared<AsyncSave>(std::move(impl));
-  in_flight() = handle;
-  return handle;
+  in_flight() = std::make_shared<AsyncSave>(std::move(impl));
+  return in_flight();
 }
 
 bool has_train_state(const std::string& dir) {
@@ -436,6 +442,7 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
 void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options) {
   require_real_world(kLoad, "real files written by every rank of a real job");
   HP_CHECK_T(c10::ValueError, state.model != nullptr, "hyper_parallel::load_train_state: the state has no model");
+  wait_for_save_in_flight();  // a load reads what was saved last
   LoadPlan plan;
   std::vector<at::Tensor> staged;
   std::string err;

@@ -68,18 +68,21 @@ struct TrainStateSaveOptions {
 void save_train_state(const std::string& dir, const TrainState& state, const TrainStateSaveOptions& options = {});
 
 /// A train state being written in the background (async_save_train_state). At most one is in
-/// flight: the next save waits for it first.
+/// flight, and the library holds it, not the handle: the next save or load commits it first, on
+/// every rank, whether or not the handle was kept. No destructor runs a collective: a rank that
+/// fails with a save in flight leaves it uncommitted (one line on stderr when the process ends;
+/// the next save removes it) and the directory keeps its previous state.
 class AsyncSave {
  public:
   struct Impl;
   explicit AsyncSave(std::unique_ptr<Impl> impl);
-  /// Waits (a failure is reported as a warning: a destructor does not throw).
+  /// Joins this rank's writer; an uncommitted save stays uncommitted (no collective here).
   ~AsyncSave();
   AsyncSave(const AsyncSave&) = delete;
   AsyncSave& operator=(const AsyncSave&) = delete;
   /// Waits for this rank's writes, then commits with the other ranks. Collective: every rank
-  /// calls it at the same point (or the next save, or the handle's end, does). Raises on every
-  /// rank when any rank's writes failed; the previous state stays committed.
+  /// calls it at the same point (or the next save or load does). Raises on every rank when any
+  /// rank's writes failed; the previous state stays committed.
   void wait();
   /// Whether wait() has completed.
   bool committed() const;
@@ -89,9 +92,10 @@ class AsyncSave {
 };
 
 /// save_train_state in the background: returns once this rank's shards are copied to host
-/// memory and a thread writes them; the commit happens in wait() (torchtitan's async mode: the
-/// next optimizer step may change the parameters as soon as this returns). Collective. Wait for
-/// it (or let the handle end) before destroy_process_group.
+/// memory and a thread writes them; the commit happens in wait(), or in the next save or load
+/// (torchtitan's async mode: the next optimizer step may change the parameters as soon as this
+/// returns). Collective. Discarding the handle is fine; commit (wait, save or load) before
+/// destroy_process_group, or the save is not committed.
 /// e.g. `auto pending = hp::async_save_train_state("ckpt", state);  ...  pending->wait();`
 std::shared_ptr<AsyncSave> async_save_train_state(const std::string& dir, const TrainState& state,
                                                   const TrainStateSaveOptions& options = {});
@@ -107,7 +111,8 @@ struct TrainStateLoadOptions {
 /// mesh, placements or world size; parameters and moments move bytes, no arithmetic). All or
 /// nothing on every rank: a missing or corrupt file (named, with the key and the piece), another
 /// model config (the FQN and both shapes), another optimizer, or a data state its loader refuses,
-/// and every rank raises c10::ValueError with every object unchanged. Collective.
+/// and every rank raises c10::ValueError with every object unchanged. Collective. A save still in
+/// flight (async_save_train_state) is committed first.
 /// The optimizer's groups get the run's base learning rates (torch's initial_lr, saved in place of
 /// the scheduled ones); `state.scheduler`, when given, then sets the saved step's rates, and a
 /// scheduler built after the load and given the saved step does the same.

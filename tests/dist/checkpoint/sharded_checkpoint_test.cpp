@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <hyper_parallel/checkpoint/hf_checkpoint.h>
+#include <hyper_parallel/checkpoint/train_state.h>
 
 #include <torch/serialize.h>
 
@@ -13,6 +14,7 @@
 #include <csignal>
 #include <sys/resource.h>
 
+#include "../../common/error_message.h"
 #include "../../common/test_files.h"
 #include "../tensor_parallel/tp_models.h"
 
@@ -295,8 +297,8 @@ TEST(ShardedCheckpoint, DiskFullOnOneRankLosesNothing) {
 }
 
 // Driven by tests/tools/checkpoint_fault_test.sh, which kills ranks in the middle of saves
-// (HP_CHECKPOINT_FAULT) and then checks that the previous checkpoint still loads bit-exact.
-// HP_TEST_CKPT=save|verify:<dir>:<seed>.
+// (HP_FAULT) and then checks that the previous checkpoint still loads bit-exact.
+// HP_TEST_CKPT=save|verify|state|state_verify|async_fail:<dir>:<seed>.
 TEST(CheckpointFault, SaveOrVerify) {
   const char* spec = std::getenv("HP_TEST_CKPT");
   if (spec == nullptr) GTEST_SKIP() << "run by checkpoint_fault_test.sh";
@@ -316,9 +318,34 @@ TEST(CheckpointFault, SaveOrVerify) {
     else hp::save_sharded(*model, dir);
     return;
   }
+  // Train states: "state" saves one; "async_fail" starts a save in the background, then rank 1
+  // fails (an exception unwinds past the handle) and exits while rank 0 goes on to the next
+  // step's collective, which must raise naming rank 1 rather than meet a commit (unless hprun
+  // stops rank 0 first, as it stops every rank once one fails).
+  if (mode == "state") {
+    hp::save_train_state(dir, hp::TrainState{model.get(), nullptr});
+    return;
+  }
+  if (mode == "async_fail") {
+    if (hp::get_rank() == 1) {
+      try {
+        auto pending = hp::async_save_train_state(dir, hp::TrainState{model.get(), nullptr});
+        throw std::runtime_error("the step after the save failed on rank 1");
+      } catch (const std::runtime_error&) {
+      }
+      std::exit(3);
+    }
+    auto pending = hp::async_save_train_state(dir, hp::TrainState{model.get(), nullptr});
+    at::Tensor loss = at::ones({1});
+    const std::string m = hp_test::error_message([&] { hp::all_reduce_(loss, hp::ReduceOp::SUM, hp::world_group()); });
+    EXPECT_NE(m.find("rank(s) [1]"), std::string::npos) << m;
+    return;
+  }
   auto target = seeded<Mlp>(91, 8, 4 * tp_size());
   hp::parallelize_module(*target, tp, mlp_plan());
-  if (hf) hp::load_hf_checkpoint(*target, dir);
+  hp::TrainState target_state{target.get(), nullptr};
+  if (mode == "state_verify") hp::load_train_state(dir, target_state);
+  else if (hf) hp::load_hf_checkpoint(*target, dir);
   else hp::load_sharded(*target, dir);
   expect_values(*target, snapshot(*model), "checkpoint of seed " + std::to_string(seed));
 }

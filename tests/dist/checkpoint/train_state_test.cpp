@@ -256,6 +256,27 @@ TEST(TrainStateDist, AsyncSaveKeepsTheStateOfItsStepWhileTrainingGoesOn) {
   EXPECT_TRUE(bitwise_equal(loaded.gathered(), run.gathered()));
 }
 
+// A discarded handle neither makes the save synchronous nor loses it: the library holds the save
+// in flight and the next load commits it before reading, so the load sees the state of the save's
+// step (the training steps after it changed nothing of what it copied).
+TEST(TrainStateDist, AsyncSaveWithItsHandleDiscardedIsCommittedByTheNextLoad) {
+  const Scratch dir("async_discarded");
+  seed_all(43);
+  Trainer run(Layout::Tp, 6);
+  run.step();
+  hp::save_train_state(dir, run.state);
+  run.step();
+  const auto at_two = run.gathered();
+  (void)hp::async_save_train_state(dir, run.state);
+  run.step();
+  seed_all(1);
+  Trainer loaded(Layout::Tp, 9);
+  hp::load_train_state(dir, loaded.state);
+  EXPECT_EQ(loaded.state.step, 2);
+  std::string why;
+  EXPECT_TRUE(bitwise_equal(loaded.gathered(), at_two, &why)) << why;
+}
+
 // A name with whitespace would commit a generation nothing can load: refused at save by name, on
 // every rank, with nothing written (LATEST as it was, the previous state loadable); '=' and
 // non-ASCII keys round-trip; a module registered under a name with a space is refused alike.
