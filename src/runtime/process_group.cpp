@@ -231,6 +231,16 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
         const auto v = s.store->get(key + std::to_string(r));
         each[r] = std::string(v.begin(), v.end());
       }
+    // The store lives in global rank 0: when it is a member, it stays until the others that
+    // arrived have read it too (a short while), or their reports would lose every rank's part.
+    const std::string read = "hp/reported/" + g.prefix;
+    s.store->set(read + std::to_string(g.rank), std::vector<uint8_t>{1});
+    if (s.env.rank == 0) {
+      const auto linger = std::chrono::steady_clock::now() + std::chrono::milliseconds(3000);
+      for (size_t r = 0; r < g.ranks.size(); ++r)
+        while (!each[r].empty() && !s.store->check({read + std::to_string(r)}) && std::chrono::steady_clock::now() < linger)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   } catch (const std::exception&) {
     store_note = " (the rendezvous store on rank 0 does not answer either: rank 0 is probably the one stopped)";
     if (missing.empty()) missing.push_back(g.ranks[0]);

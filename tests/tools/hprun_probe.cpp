@@ -91,6 +91,23 @@ int main(int argc, char** argv) {
     std::printf("rank %d returned\n", rank);
     return 0;
   }
+  if (mode == "mismatched-kinds") {  // rank 0 all_reduces, the others all_gather
+    namespace hp = hyper_parallel;
+    hp::init_process_group();
+    try {
+      if (rank == 0) {
+        at::Tensor t = at::ones({4});
+        hp::all_reduce_(t, hp::ReduceOp::SUM, hp::world_group());
+      } else {
+        hp::all_gather(at::ones({2}), 0, hp::world_group());
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d raised: %.600s\n", rank, e.what());
+      return 3;
+    }
+    std::printf("rank %d returned\n", rank);
+    return 0;
+  }
   if (mode == "transports") {  // a 2-D mesh (dp, tp) over the whole job: who carries what
     namespace hp = hyper_parallel;
     hp::init_process_group();
