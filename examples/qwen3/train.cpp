@@ -177,7 +177,10 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
   hp::TrainState state{model.get(), &opt, &schedule_lr, batches.dataset ? &*batches.dataset : nullptr, &extra};
   const bool checkpointing = mesh && !a.checkpoint_dir.empty();
   if (checkpointing && hp::has_train_state(a.checkpoint_dir)) {
-    hp::load_train_state(a.checkpoint_dir, state);
+    // A newest generation that does not verify (a flipped byte) is skipped for the one before.
+    hp::TrainStateLoadOptions load_options;
+    load_options.fall_back = true;
+    hp::load_train_state(a.checkpoint_dir, state, load_options);
     const at::Tensor l = extra.at("losses");
     losses.assign(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
     if (verbose) std::printf("[parallel] resumed from the train state of step %lld in %s\n", static_cast<long long>(state.step), a.checkpoint_dir.c_str());

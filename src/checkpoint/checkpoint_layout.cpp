@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <random>
 #include <cstdio>
@@ -103,6 +104,34 @@ Latest read_latest(const std::string& dir) {
   return out;
 }
 
+void write_latest(const std::string& dir, const Latest& latest) {
+  cf::replace_file(dir + "/LATEST", cf::seal(std::string(kMagic) + "\ngeneration " + std::to_string(latest.seq) + "\nid " +
+                                             hex(latest.id) + "\nworld_size " + std::to_string(latest.world_size) + "\n"));
+}
+
+Latest generation_record(const std::string& dir, int64_t seq) {
+  const std::string path = gen_dir(dir, seq) + "/metadata";
+  HP_CHECK_T(c10::ValueError, cf::file_size(path) >= 0, "hyper_parallel::load_train_state: ", path,
+             " is missing: generation ", seq, " was never committed, or files were removed");
+  cf::Lines l(path, cf::read_file(path, kMaxMetaBytes), kMagic);
+  Latest out;
+  out.seq = seq;
+  out.id = parse_id(l);
+  out.world_size = l.integer(l.find("world_size"), 1, "world_size", 1, kMaxWorld);
+  return out;
+}
+
+void set_aside_damaged(const std::string& dir, int64_t seq) {
+  const std::string from = gen_dir(dir, seq);
+  std::error_code ec;
+  if (!std::filesystem::exists(from, ec)) return;
+  std::string to = from + ".damaged";
+  for (int k = 2; std::filesystem::exists(to, ec); ++k) to = from + ".damaged." + std::to_string(k);
+  // Another rank on the same file system may have renamed it first: only a failure that leaves
+  // the generation in place is one.
+  if (::rename(from.c_str(), to.c_str()) != 0 && std::filesystem::exists(from, ec))
+    cf::os_error("set aside the damaged generation", from, errno);
+}
 
 // Generation numbers of the gen_<n> directories in `dir`.
 std::vector<int64_t> generations(const std::string& dir) {

@@ -75,10 +75,19 @@ struct Latest {
 };
 
 Latest read_latest(const std::string& dir);
+// Replaces dir/LATEST (atomically) with one naming `latest`.
+void write_latest(const std::string& dir, const Latest& latest);
+// Generation `seq` of `dir` as its own metadata file records it (what LATEST would say of it):
+// for a committed generation older than LATEST's. Throws when the file is missing or damaged.
+Latest generation_record(const std::string& dir, int64_t seq);
 
 
-// Generation numbers of the gen_<n> directories in `dir`.
+// Generation numbers of the gen_<n> directories in `dir` (not gen_<n>.damaged: those a load found
+// damaged and set aside).
 std::vector<int64_t> generations(const std::string& dir);
+// Sets generation `seq` aside as gen_<seq>.damaged (gen_<seq>.damaged.<k> when that exists), if
+// it is still there; never removes anything.
+void set_aside_damaged(const std::string& dir, int64_t seq);
 
 struct SavedPiece {
   std::string name;

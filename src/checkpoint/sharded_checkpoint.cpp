@@ -109,8 +109,7 @@ void commit_generation(const std::vector<Entry>& entries, const std::string& dir
   for (const auto& e : entries) meta += tensor_line_of(e);
   cf::write_file(gdir + "/metadata", cf::seal(meta));
   cf::sync_dir(gdir);
-  cf::replace_file(dir + "/LATEST", cf::seal(std::string(kMagic) + "\ngeneration " + std::to_string(gen.seq) + "\nid " +
-                                              hex(gen.id) + "\nworld_size " + std::to_string(world) + "\n"));
+  write_latest(dir, Latest{gen.seq, gen.id, world});
 }
 
 // Step 4 on rank 0: keeps the newest `keep` committed generations (best effort: a failure here
@@ -338,13 +337,20 @@ void stage_reads(const std::vector<Read>& reads, const std::vector<RankMeta>& ra
 
 }  // namespace
 
-SavedIndex checkpoint_layout::read_index(const std::string& dir) {
+SavedIndex checkpoint_layout::read_index(const std::string& dir) { return read_index(dir, read_latest(dir)); }
+
+SavedIndex checkpoint_layout::read_index(const std::string& dir, const Latest& generation) {
   SavedIndex index;
-  index.latest = read_latest(dir);
+  index.latest = generation;
   index.gdir = gen_dir(dir, index.latest.seq);
   index.meta = read_metadata(index.gdir, index.latest);
   for (int64_t r = 0; r < index.meta.world_size; ++r) index.ranks.push_back(read_rank_meta(index.gdir, r, index.latest, index.meta));
   return index;
+}
+
+void checkpoint_layout::check_saved_entries(const SavedIndex& index, const std::vector<Entry>& entries, const std::string& dir,
+                                            const char* what) {
+  check_entries(entries, index.meta, dir, what);
 }
 
 std::vector<at::Tensor> checkpoint_layout::read_entries(const SavedIndex& index, const std::vector<Entry>& entries, const std::string& dir,

@@ -52,6 +52,12 @@ struct SavedIndex {
   std::vector<RankMeta> ranks;
 };
 SavedIndex read_index(const std::string& dir);
+/// The same for `generation` (LATEST's, or an older one's generation_record).
+SavedIndex read_index(const std::string& dir, const Latest& generation);
+
+/// Whether every entry is in `index` with its shape and dtype (the model's config, not the files'
+/// integrity); throws naming `what` and the first that is not.
+void check_saved_entries(const SavedIndex& index, const std::vector<Entry>& entries, const std::string& dir, const char* what);
 
 /// This rank's boxes of `entries` (each must be in `index` with its shape and dtype), read and
 /// verified into new tensors; nothing of `entries` is written. Throws naming `what`.

@@ -7,6 +7,7 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/agreement.h>
+#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -15,7 +16,10 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -262,8 +266,27 @@ bool has_train_state(const std::string& dir) {
   // No LATEST: a fresh run. A LATEST that cannot be read is an error, not a fresh start (a run
   // that started over would prune the generations it could not read).
   if (checkpoint_files::file_size(dir + "/LATEST") < 0) return false;
-  read_latest(dir);
-  return true;
+  const Latest latest = read_latest(dir);
+  // The generation it names must be there with its metadata; else an older committed one whose
+  // metadata reads (a load with fall_back finds it).
+  std::string why;
+  try {
+    read_metadata(gen_dir(dir, latest.seq), latest);
+    return true;
+  } catch (const std::exception& e) {
+    why = message_of(e);
+  }
+  for (int64_t seq : generations(dir)) {
+    if (seq >= latest.seq) continue;
+    try {
+      generation_record(dir, seq);
+      return true;
+    } catch (const std::exception&) {
+    }
+  }
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::has_train_state: ", dir, "/LATEST names generation ", latest.seq,
+             ", which cannot be read (", why, "), and no older generation is there: not a fresh start, nothing to resume");
+  return false;
 }
 
 namespace {
@@ -439,23 +462,134 @@ void apply(const LoadPlan& plan, const std::vector<at::Tensor>& staged, TrainSta
 
 }  // namespace
 
+namespace {
+
+// One rank's attempt at one generation: what failed, and whether it is the files' integrity (a
+// generation another one may stand in for) or the state's fit (the model, the optimizer, the
+// schedule: no older generation fits better).
+struct Attempt {
+  LoadPlan plan;
+  std::vector<at::Tensor> staged;
+  std::string err;
+  bool damaged = false;
+};
+
+Attempt try_generation(const std::string& dir, const std::function<Latest()>& which, TrainState& state,
+                       const TrainStateLoadOptions& options) {
+  Attempt a;
+  SavedIndex index;
+  try {
+    index = read_index(dir, which());
+  } catch (const std::exception& e) {
+    a.err = message_of(e);
+    a.damaged = true;
+    return a;
+  }
+  try {
+    a.plan = plan_load(index, state, dir);
+    check_saved_entries(index, a.plan.entries, dir, kLoad);
+  } catch (const std::exception& e) {
+    a.err = message_of(e);
+    return a;
+  }
+  try {
+    a.staged = read_entries(index, a.plan.entries, dir, kLoad);
+  } catch (const std::exception& e) {
+    a.err = message_of(e);
+    a.damaged = true;
+    return a;
+  }
+  try {
+    check_staged(a.plan, a.staged, state, options);
+  } catch (const std::exception& e) {
+    a.err = message_of(e);
+  }
+  return a;
+}
+
+// Every rank's verdict on an attempt: 0 loaded, 1 damaged files, 2 anything else.
+std::vector<int64_t> verdicts_of(const Attempt& a) {
+  const int64_t mine = a.err.empty() ? 0 : a.damaged ? 1 : 2;
+  if (!is_initialized()) return {mine};
+  std::vector<int64_t> out;
+  for (const auto& v : control_all_gather(world_group(), {mine})) out.push_back(v[0]);
+  return out;
+}
+
+// The first failing rank's message, on every rank.
+std::string first_failure(const Attempt& a, const std::vector<int64_t>& verdicts) {
+  for (size_t r = 0; r < verdicts.size(); ++r)
+    if (verdicts[r] != 0)
+      return is_initialized() ? control_broadcast_string(world_group(), a.err.substr(0, 2047), static_cast<int64_t>(r)) : a.err;
+  return "";
+}
+
+}  // namespace
+
 void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options) {
   require_real_world(kLoad, "real files written by every rank of a real job");
   HP_CHECK_T(c10::ValueError, state.model != nullptr, "hyper_parallel::load_train_state: the state has no model");
   wait_for_save_in_flight();  // a load reads what was saved last
-  LoadPlan plan;
-  std::vector<at::Tensor> staged;
-  std::string err;
-  try {
-    const SavedIndex index = read_index(dir);
-    plan = plan_load(index, state, dir);
-    staged = read_entries(index, plan.entries, dir, kLoad);
-    check_staged(plan, staged, state, options);
-  } catch (const std::exception& e) {
-    err = message_of(e);
+  if (!options.fall_back) {
+    Attempt a = try_generation(dir, [&] { return read_latest(dir); }, state, options);
+    agree_to_load(is_initialized(), a.damaged ? a.err + " (TrainStateLoadOptions{fall_back} loads the newest generation that verifies)" : a.err,
+                  kLoad);
+    apply(a.plan, a.staged, state);
+    return;
   }
-  agree_to_load(is_initialized(), err, kLoad);
-  apply(plan, staged, state);
+  // LATEST's generation first, then the older committed ones, newest first; a generation whose
+  // files do not verify on some rank is skipped on every rank, saying why.
+  std::vector<int64_t> candidates;
+  std::string latest_err;
+  int64_t newest = std::numeric_limits<int64_t>::max();
+  try {
+    newest = read_latest(dir).seq;
+    candidates.push_back(newest);
+  } catch (const std::exception& e) {
+    latest_err = message_of(e);
+  }
+  // (Every rank reads the same directory; a LATEST one rank cannot read is agreed on below.)
+  agree_to_load(is_initialized(), latest_err.find("holds no committed checkpoint") != std::string::npos ? latest_err : "", kLoad);
+  const auto gens = generations(dir);
+  for (auto it = gens.rbegin(); it != gens.rend(); ++it)
+    if (*it < newest) candidates.push_back(*it);
+  std::vector<std::pair<int64_t, std::string>> skipped;
+  if (!latest_err.empty()) skipped.push_back({-1, latest_err});
+  for (int64_t seq : candidates) {
+    const bool is_latest = latest_err.empty() && seq == newest;
+    Attempt a = try_generation(dir, [&] { return is_latest ? read_latest(dir) : generation_record(dir, seq); }, state, options);
+    const std::vector<int64_t> verdicts = verdicts_of(a);
+    const int64_t worst = *std::max_element(verdicts.begin(), verdicts.end());
+    if (worst == 2) agree_to_load(is_initialized(), a.damaged ? "" : a.err, kLoad);  // a misfit: raised by name, as without fall_back
+    if (worst == 1) {
+      const std::string why = first_failure(a, verdicts);
+      std::fprintf(stderr, "hyper_parallel::load_train_state: rank %lld skips generation %lld of %s, which does not verify: %s\n",
+                   static_cast<long long>(is_initialized() ? get_rank() : 0), static_cast<long long>(seq), dir.c_str(), why.c_str());
+      skipped.push_back({seq, why});
+      continue;
+    }
+    if (!skipped.empty()) {
+      // Every rank verified this one: the skipped ones are set aside (never removed) and LATEST
+      // names this one, so that a load without fall_back, has_train_state and the next save's
+      // pruning all see the directory as it is.
+      std::string err;
+      try {
+        for (const auto& [bad, why] : skipped)
+          if (bad > 0) set_aside_damaged(dir, bad);
+        if (!is_initialized() || get_rank() == 0) write_latest(dir, generation_record(dir, seq));
+      } catch (const std::exception& e) {
+        err = message_of(e);
+      }
+      agree_to_load(is_initialized(), err, kLoad);
+    }
+    apply(a.plan, a.staged, state);
+    return;
+  }
+  std::string why;
+  for (const auto& [bad, reason] : skipped)
+    why += (why.empty() ? "" : "; ") + (bad > 0 ? "generation " + std::to_string(bad) : std::string("LATEST")) + ": " + reason;
+  HP_CHECK_T(c10::ValueError, false, "hyper_parallel::load_train_state: no generation of ", dir, " verifies (", why,
+             "); no rank loaded anything");
 }
 
 }  // namespace hyper_parallel

@@ -105,6 +105,13 @@ struct TrainStateLoadOptions {
   /// The learning-rate schedule (its kind and options, kept in the train state) may differ from the
   /// saved run's; otherwise a different one is refused by name.
   bool schedule_changed = false;
+  /// When the newest generation's files do not verify (a flipped byte, a missing or truncated
+  /// file) on some rank, load the newest older one that does, saying on every rank which one was
+  /// skipped and why; the skipped ones are renamed gen_<n>.damaged (never removed, never counted
+  /// by the pruning of later saves) and LATEST then names the one loaded. A state that does not
+  /// fit (another model, optimizer or schedule) is refused as without it. Off: the damaged
+  /// generation is an error naming the file and the piece.
+  bool fall_back = false;
 };
 
 /// Loads the committed train state of `dir` into `state`'s objects at their current layout (any
@@ -118,8 +125,10 @@ struct TrainStateLoadOptions {
 /// scheduler built after the load and given the saved step does the same.
 void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options = {});
 
-/// Whether `dir` holds a committed train state (a run resumes from it; a fresh run starts without).
-/// A damaged or unreadable `LATEST` is a c10::ValueError naming it, not a fresh start.
+/// Whether `dir` holds a committed train state (a run resumes from it; a fresh run starts without):
+/// LATEST and the metadata of the generation it names, or of an older one (a load with
+/// fall_back reads that). A damaged or unreadable `LATEST`, or one naming a generation that is
+/// not there with nothing older, is a c10::ValueError naming it, not a fresh start.
 bool has_train_state(const std::string& dir);
 
 }  // namespace hyper_parallel

@@ -398,6 +398,76 @@ TEST(TrainStateDist, SchedulerBuiltAfterTheLoadResumesTheUninterruptedRate) {
   EXPECT_DOUBLE_EQ(opt4->param_groups()[0].options().get_lr(), hp::warmup_stable_decay_factor(other, 3));
 }
 
+// keep = 2 and one flipped byte in the newest generation's rank_0.bin: a load names the file and
+// points at fall_back; with fall_back every rank loads the generation before, bitwise, the damaged
+// one is set aside as gen_2.damaged and LATEST names the loaded one (a plain load and
+// has_train_state then agree with it). Later saves never prune the good generations for it.
+TEST(TrainStateDist, DamagedNewestGenerationFallsBackToTheNewestThatVerifies) {
+  const Scratch dir("damaged_newest");
+  seed_all(35);
+  Trainer t(Layout::Tp, 4);
+  t.step();
+  hp::save_train_state(dir, t.state, {/*keep=*/2});
+  const auto at_one = t.gathered();
+  t.step();
+  hp::save_train_state(dir, t.state, {/*keep=*/2});
+  hp::barrier(hp::world_group());
+  if (hp::get_rank() == 0) {
+    const std::string bin = dir.path + "/gen_2/rank_0.bin";
+    std::string bytes = hp_test::read_bytes(bin);
+    bytes[bytes.size() / 3] ^= 0x10;
+    hp_test::write_bytes(bin, bytes);
+  }
+  hp::barrier(hp::world_group());
+  {
+    seed_all(1);
+    Trainer plain(Layout::Tp, 4);
+    const auto before = plain.gathered();
+    try {
+      hp::load_train_state(dir, plain.state);
+      ADD_FAILURE() << "a damaged generation loaded";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank_0.bin"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fall_back"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(bitwise_equal(plain.gathered(), before));
+  }
+  seed_all(1);
+  Trainer resumed(Layout::Tp, 4);
+  hp::TrainStateLoadOptions options;
+  options.fall_back = true;
+  hp::load_train_state(dir, resumed.state, options);
+  EXPECT_EQ(resumed.state.step, 1);
+  std::string why;
+  EXPECT_TRUE(bitwise_equal(resumed.gathered(), at_one, &why)) << why;
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path + "/gen_2.damaged"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/gen_2"));
+  EXPECT_TRUE(hp::has_train_state(dir));
+  {
+    seed_all(1);
+    Trainer plain(Layout::Tp, 4);
+    hp::load_train_state(dir, plain.state);  // LATEST names generation 1 now
+    EXPECT_TRUE(bitwise_equal(plain.gathered(), at_one));
+  }
+  // Two more saves at keep = 2: the two newest good generations stay, the damaged one is kept aside.
+  for (int k = 0; k < 2; ++k) {
+    resumed.step();
+    hp::save_train_state(dir, resumed.state, {/*keep=*/2});
+  }
+  hp::barrier(hp::world_group());
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    if (e.path().filename().string().rfind("gen_", 0) == 0) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"gen_2", "gen_2.damaged", "gen_3"}));
+  seed_all(1);
+  Trainer last(Layout::Tp, 4);
+  hp::load_train_state(dir, last.state, options);
+  EXPECT_EQ(last.state.step, 3);
+  EXPECT_TRUE(bitwise_equal(last.gathered(), resumed.gathered()));
+  hp::barrier(hp::world_group());
+}
+
 TEST(TrainStateDist, BadStatesAreRefusedEverywhereWithNothingChanged) {
   const Scratch dir("bad");
   seed_all(31);
