@@ -23,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include <hyper_parallel/models/tokenizer.h>
@@ -117,11 +118,24 @@ uint64_t state_digest(torch::nn::Module& model, torch::optim::Optimizer& opt) {
 // The batches of the run: --data's packed, shuffled token file read from its global sample
 // counter (its state goes into the train state), else windows of the --text bytes chosen by the
 // step alone.
+// Bad training data (a damaged token file): the program exits with status 2, as for a bad flag,
+// so that hprun does not restart it into the same sample.
+struct BadData : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Batches {
   Batches(const Args& a, const at::Tensor& text) : a(a), text(text) {
     if (!a.data.empty()) dataset.emplace(a.data, hp::data::TokenDatasetOptions{a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});
   }
-  std::pair<at::Tensor, at::Tensor> at_step(int64_t step) { return dataset ? dataset->next_batch(0, 1) : demo::batch_at(text, step, a); }
+  std::pair<at::Tensor, at::Tensor> at_step(int64_t step) {
+    if (!dataset) return demo::batch_at(text, step, a);
+    try {
+      return dataset->next_batch(0, 1);
+    } catch (const c10::ValueError& e) {
+      throw BadData(e.what_without_backtrace());
+    }
+  }
   const Args& a;
   const at::Tensor& text;
   c10::optional<hp::data::TokenDataset> dataset;
@@ -470,5 +484,14 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  return hyper_parallel::run_program([&] { return run(argc, argv); });
+  bool bad_data = false;
+  const int status = hyper_parallel::run_program([&] {
+    try {
+      return run(argc, argv);
+    } catch (const BadData&) {
+      bad_data = true;
+      throw;
+    }
+  });
+  return bad_data ? 2 : status;
 }

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -146,6 +147,20 @@ at::Tensor TokenFile::tokens(int64_t start, int64_t n) const {
     for (int64_t i = 0; i < n; ++i)
       o[i] = static_cast<int64_t>(static_cast<uint32_t>(p[4 * i]) | (static_cast<uint32_t>(p[4 * i + 1]) << 8) |
                                   (static_cast<uint32_t>(p[4 * i + 2]) << 16) | (static_cast<uint32_t>(p[4 * i + 3]) << 24));
+  }
+  // The header vouches for every id (its largest is checked at opening), but the body can still
+  // be damaged: an id the embedding cannot look up is named here, with its place in the file,
+  // rather than as an index error deep in a forward.
+  int64_t largest = -1;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, o[i]);
+  if (largest >= info_.vocab_size || (info_.max_token_id >= 0 && largest > info_.max_token_id)) {
+    int64_t i = 0;
+    while (o[i] != largest) ++i;
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::data::TokenFile::tokens: ", path_, " holds token id ", largest,
+               " at position ", start + i, " (byte offset ", kHeaderBytes + static_cast<uint64_t>((start + i) * info_.bytes_per_token),
+               "), ", largest >= info_.vocab_size ? "outside its vocabulary of " + std::to_string(info_.vocab_size)
+                                                  : "beyond the largest id its header records (" + std::to_string(info_.max_token_id) + ")",
+               ": the file is damaged; tokenize the corpus again (hp_tokenize)");
   }
   return out;
 }

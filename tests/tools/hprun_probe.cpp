@@ -4,6 +4,7 @@
 //   never-joins R        rank R never joins; the others try to and must fail with a timeout
 //   stop-in-collective R rank R stops itself (SIGSTOP) before an all_reduce the others enter
 //   exit-in-collective R rank R exits before an all_reduce the others enter
+//   same-error           rank 1 prints "error: the same failure every time" and exits 1
 //   fail-until-restart R K  prints its round (HPRUN_RESTART_COUNT) and port; rank R exits with 5
 //                        while the round is below K, then every rank sums over the job
 //   late-sum D0 D1       rank 0 starts after D0 ms, the others after D1 ms; then 20 all_reduces
@@ -76,6 +77,13 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     std::printf("rank %d of job %s: sums right\n", rank, std::getenv("HP_JOB_ID"));
+    return 0;
+  }
+  if (mode == "same-error") {  // rank 1 fails the same way in every round
+    if (rank == 1) {
+      std::fprintf(stderr, "error: the same failure every time\n");
+      return 1;
+    }
     return 0;
   }
   if (mode == "mismatched-all-reduce") {  // rank 0 reduces 4 elements, the others 8

@@ -87,6 +87,16 @@ done
 HP_TRANSPORT=gloo HP_TIMEOUT_S=5 "$HPRUN" --nproc-per-node 2 --grace-s 3 "$PROBE" mismatched-kinds >"$OUT" 2>&1
 [ "$(grep -c "raised: .*rank 0 was in all_reduce #[0-9]*; rank 1 was in all_gather #[0-9]*" "$OUT")" -eq 2 ] ||
   fail "a Gloo failure between different collectives does not say what each rank was in"
+# Restarts that cannot help: the same first error line in two rounds stops after one restart,
+# saying why; --restart-policy always retries every failure (torchrun's policy).
+"$HPRUN" --nproc-per-node 2 --grace-s 1 --max-restarts 2 "$PROBE" same-error >"$OUT" 2>&1
+[ $? -eq 1 ] && [ "$(grep -c 'restarting every rank' "$OUT")" -eq 1 ] && grep -q "same error as in the round before" "$OUT" ||
+  fail "a failure repeated with the same error was restarted again, or not named"
+"$HPRUN" --nproc-per-node 2 --grace-s 1 --max-restarts 2 "$PROBE" exit-on-rank 1 2 >"$OUT" 2>&1
+[ $? -eq 2 ] && [ "$(grep -c 'restarting every rank' "$OUT")" -eq 0 ] && grep -q "status 2 (a usage or configuration error" "$OUT" ||
+  fail "a rank's exit status 2 was restarted, or not named"
+"$HPRUN" --nproc-per-node 2 --grace-s 1 --max-restarts 2 --restart-policy always "$PROBE" same-error >"$OUT" 2>&1
+[ "$(grep -c 'restarting every rank' "$OUT")" -eq 2 ] || fail "--restart-policy always did not restart every failure"
 # No shared-memory segment outlives the killed jobs above.
 [ "$(new_segments)" -eq 0 ] || fail "shared-memory segments left in /dev/shm: $(ls /dev/shm | grep '^hp_')"
 # MASTER_PORT already held by another job: the cause first, at once.

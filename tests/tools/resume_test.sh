@@ -101,4 +101,22 @@ for s in range(4, 8):
     assert abs(r - g) <= tol, (s, r, g)
     print(f"step {s}: loss {g:.7f} at dp x tp = 2 x 2, {r:.7f} at tp = 2")
 PY
+# A damaged token file (ids 0xFFFF in its body, its header intact): every rank stops at the first
+# batch that holds one, naming the file and the position, with exit status 2 (bad data, as a bad
+# flag), and hprun --max-restarts 5 does not restart into the same sample.
+"$PY" - "$W/corpus.tokens" "$W/bad.tokens" <<'PY' || fail "could not write the damaged token file"
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+for k in range(100, (len(data) - 64) // 2, 37):
+    data[64 + 2 * k:64 + 2 * k + 2] = b"\xff\xff"
+open(sys.argv[2], "wb").write(data)
+PY
+HP_FAULT= "$HPRUN" --nproc-per-node 2 --max-restarts 5 "$TRAIN" "${COMMON[@]/#$W\/corpus.tokens/$W/bad.tokens}" \
+  --checkpoint-dir "$W/bad.ck" >"$W/log" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "the demo on a damaged token file exited $rc, expected 2"
+grep -q "error: .*bad.tokens holds token id 65535 at position [0-9]*" "$W/log" || fail "the damaged token is not named with its file and position"
+[ "$(grep -c 'restarting every rank' "$W/log")" -le 1 ] || fail "hprun restarted the damaged-data run more than once"
+grep -q "not restarting" "$W/log" || fail "hprun did not say why it stopped restarting"
+echo "damaged token file: $(grep -m1 'error: ' "$W/log" | cut -c1-160)"
 echo "resume tests passed"

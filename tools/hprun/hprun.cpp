@@ -3,7 +3,10 @@
 // each output line with its rank, forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails stops
 // the others and exits with the status of the first failure, naming that rank. With
 // --max-restarts N it starts every rank again instead, up to N times (torchrun's policy: all
-// workers restart, each round with a fresh rendezvous, HPRUN_RESTART_COUNT telling which).
+// workers restart, each round with a fresh rendezvous, HPRUN_RESTART_COUNT telling which) -
+// except when a restart cannot help: the rank that failed first exited with status 2 (usage or
+// configuration), or its first "error:" line is the one of the round before (the same bad data,
+// the same missing file). --restart-policy always restores torchrun's retry of every failure.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -42,6 +45,7 @@ struct Options {
   // another job pointed at the same MASTER_PORT can never pose as ours. One node: made per job.
   std::string rdzv_id;
   int max_restarts = 0;
+  bool restart_always = false;  // --restart-policy always: torchrun's
   std::vector<std::string> cmd;
 };
 
@@ -57,6 +61,7 @@ struct Rank {
   bool running = false;
   int status = 0;  // exit code (128+signal when killed)
   Stream out, err;
+  std::string first_error;  // its first stderr line starting with "error:"
 };
 
 volatile sig_atomic_t g_signal = 0;
@@ -65,7 +70,7 @@ void on_signal(int sig) { g_signal = sig; }
 constexpr const char* kUsage =
     "usage: hprun [--nproc-per-node N] [--nnodes M] [--node-rank R]\n"
     "             [--master-addr A] [--master-port P] [--rdzv-id ID] [--grace-s S] [--bind-cores auto|1|0]\n"
-    "             [--max-restarts N]\n"
+    "             [--max-restarts N] [--restart-policy auto|always]\n"
     "             program [args...]\n";
 
 [[noreturn]] void usage(const char* msg) {
@@ -112,6 +117,10 @@ Options parse(int argc, char** argv) {
     }
     else if (flag == "--rdzv-id") o.rdzv_id = value;
     else if (flag == "--max-restarts") o.max_restarts = parse_int(flag, value.c_str(), 0);
+    else if (flag == "--restart-policy") {
+      if (value != "auto" && value != "always") usage("--restart-policy takes auto (no restart after exit status 2 or the same error twice) or always");
+      o.restart_always = value == "always";
+    }
     else if (flag == "--bind-cores") {
       if (value != "auto" && value != "1" && value != "0") usage("--bind-cores takes auto, 1 or 0");
       o.bind_cores = value;
@@ -149,6 +158,8 @@ int free_port(const std::string& addr) {
 void flush_lines(Rank& r, Stream& s, bool final) {
   size_t start = 0, nl;
   while ((nl = s.pending.find('\n', start)) != std::string::npos) {
+    if (&s == &r.err && r.first_error.empty() && s.pending.compare(start, 6, "error:") == 0)
+      r.first_error = s.pending.substr(start, nl - start);
     std::fprintf(s.sink, "[rank%d]: %.*s\n", r.rank, static_cast<int>(nl - start), s.pending.data() + start);
     start = nl + 1;
   }
@@ -404,6 +415,7 @@ int run(int argc, char** argv) {
   const std::vector<int> cores = cores_to_bind(o);
   const std::string pid = std::to_string(::getpid());
   const std::string base_rdzv = o.rdzv_id;
+  std::string previous_error;  // the first error line of the rank that failed first, last round
   for (int restart = 0;; ++restart) {
     // Each round is a job of its own: its shared-memory names, its rendezvous namespace and (when
     // hprun picked it) its port, so no rank of an earlier round can join this one.
@@ -430,6 +442,18 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "hprun: %d restart(s) used; giving up\n", restart);
       return supervisor.exit_status();
     }
+    const std::string& error = ranks[static_cast<size_t>(supervisor.first_failed)].first_error;
+    if (!o.restart_always && supervisor.first_status == 2) {
+      std::fprintf(stderr, "hprun: rank %d exited with status 2 (a usage or configuration error, which a restart repeats); not "
+                   "restarting (--restart-policy always would)\n", supervisor.first_failed);
+      return supervisor.exit_status();
+    }
+    if (!o.restart_always && !error.empty() && error == previous_error) {
+      std::fprintf(stderr, "hprun: rank %d failed with the same error as in the round before (%.300s); not restarting "
+                   "(--restart-policy always would)\n", supervisor.first_failed, error.c_str());
+      return supervisor.exit_status();
+    }
+    previous_error = error;
     std::fprintf(stderr, "hprun: rank %d failed with status %d; restarting every rank (restart %d of %d)\n", supervisor.first_failed,
                  supervisor.first_status, restart + 1, o.max_restarts);
   }
