@@ -103,27 +103,6 @@ at::Tensor local_input(const c10::IValue& v, const DeviceMesh& mesh, const char*
   return context_parallel::sequence_shard_input(v, mesh, 1, "LinearAttentionContextParallel", name);
 }
 
-// The module's parameters as this rank holds them (its tp heads), and the head counts they give.
-struct LocalWeights {
-  at::Tensor conv_q, conv_k, conv_v, a_log, dt_bias;  // [nk·dk | nv·dv, 1, K], [nv]
-  int64_t nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0;
-};
-
-LocalWeights local_weights(nn::GatedDeltaNetImpl& gdn) {
-  LocalWeights w;
-  w.conv_q = local_tensor(gdn.parameter("conv_q"));
-  w.conv_k = local_tensor(gdn.parameter("conv_k"));
-  w.conv_v = local_tensor(gdn.parameter("conv_v"));
-  w.a_log = local_tensor(gdn.parameter("A_log"));
-  w.dt_bias = local_tensor(gdn.parameter("dt_bias"));
-  w.dk = gdn.options.key_head_dim();
-  w.dv = gdn.options.value_head_dim();
-  w.kernel = gdn.options.conv_kernel_size();
-  w.nk = w.conv_q.size(0) / w.dk;
-  w.nv = w.conv_v.size(0) / w.dv;
-  return w;
-}
-
 void check_heads_split(int64_t nk, int64_t nv, int64_t cp, const std::string& label, const char* fn) {
   HP_CHECK_T(c10::ValueError, nk % cp == 0 && nv % cp == 0, "hyper_parallel::LinearAttentionContextParallel::", fn, ": ", label,
              "ulysses splits the ", nk, " key heads and ", nv, " value heads this rank holds over cp = ", cp,
@@ -136,54 +115,46 @@ void check_halo(int64_t s, int64_t kernel, int64_t cp, const std::string& mode) 
              " (cp = ", cp, "); use fewer cp ranks, a longer sequence, or mode \"ulysses\"");
 }
 
-// Ulysses: heads over the whole sequence.
-at::Tensor ulysses_forward(const LocalWeights& w, const DeviceMesh& mesh, int64_t chunk_size, const at::Tensor& q, const at::Tensor& k,
+// Ulysses: heads over the whole sequence. The module computes this rank's heads; only the two
+// all-to-alls are added.
+at::Tensor ulysses_forward(const nn::GatedDeltaNetImpl& gdn, const DeviceMesh& mesh, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& a, const at::Tensor& b) {
   const int64_t cp = mesh.size(), r = mesh.get_local_rank(0), bsz = q.size(0), s = q.size(1);
-  check_heads_split(w.nk, w.nv, cp, "", "forward");
-  const int64_t cq = w.nk * w.dk / cp, cv = w.nv * w.dv / cp, hv = w.nv / cp;
+  const int64_t nk = gdn.local_key_heads(), nv = gdn.local_value_heads();
+  check_heads_split(nk, nv, cp, "", "forward");
+  const int64_t hk = nk / cp, hv = nv / cp;
+  const int64_t cq = hk * gdn.options.key_head_dim(), cv = hv * gdn.options.value_head_dim();
   // Per destination rank its channels of each projection, side by side, so that one all-to-all
   // moves them all: [B, s, cp, cq | cq | cv | hv | hv].
   const auto by_rank = [&](const at::Tensor& t) { return t.reshape({bsz, s, cp, t.size(2) / cp}); };
-  const at::Tensor packed = at::cat({by_rank(q), by_rank(k), by_rank(v), by_rank(b), by_rank(a)}, 3).reshape({bsz, s, -1});
+  const at::Tensor packed = at::cat({by_rank(q), by_rank(k), by_rank(v), by_rank(a), by_rank(b)}, 3).reshape({bsz, s, -1});
   const at::Tensor mine = DTensor::from_local(packed, mesh, {Shard(1)}).redistribute(mesh, {Shard(2)}).to_local();  // [B, S, X]
-  const int64_t total = mine.size(1);
   const auto parts = mine.split_with_sizes({cq, cq, cv, hv, hv}, 2);
-  // This rank's channels of each conv section and its value heads' gates.
-  const at::Tensor weight =
-      at::cat({w.conv_q.narrow(0, r * cq, cq), w.conv_k.narrow(0, r * cq, cq), w.conv_v.narrow(0, r * cv, cv)}, 0).squeeze(1);
-  const at::Tensor mixed = F::causal_conv1d(at::cat({parts[0], parts[1], parts[2]}, 2), weight).output;
-  const at::Tensor qc = mixed.narrow(2, 0, cq).reshape({bsz, total, -1, w.dk});
-  const at::Tensor kc = mixed.narrow(2, cq, cq).reshape({bsz, total, -1, w.dk});
-  const at::Tensor vc = mixed.narrow(2, 2 * cq, cv).reshape({bsz, total, hv, w.dv});
-  const auto gates = F::gated_delta_gates(parts[4], parts[3], w.a_log.narrow(0, r * hv, hv), w.dt_bias.narrow(0, r * hv, hv));
-  const at::Tensor o = F::chunk_gated_delta_rule(qc, kc, vc, gates.g, gates.beta, {}, true, chunk_size).output;  // [B, S, hv, dv]
+  const nn::GatedDeltaNetPrepared p =
+      gdn.prepare(parts[0], parts[1], parts[2], parts[3], parts[4], {}, nn::GatedDeltaNetHeads{r * hk, hk, r * hv, hv});
+  const at::Tensor o = gdn.mix(p).output;  // [B, S, hv, dv]
   return DTensor::from_local(o, mesh, {Shard(2)}).redistribute(mesh, {Shard(1)}).to_local();
 }
 
-// all_gather and p2p: the sequence stays sharded; the halo and the state come from the ranks before.
-at::Tensor state_passing_forward(const LocalWeights& w, const DeviceMesh& mesh, const std::string& mode, int64_t chunk_size,
-                                 const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b) {
+// all_gather and p2p: the sequence stays sharded; the halo and the state come from the ranks
+// before. The module prepares from the halo and runs from the incoming state; only the exchanges
+// are added.
+at::Tensor state_passing_forward(const nn::GatedDeltaNetImpl& gdn, const DeviceMesh& mesh, const std::string& mode, const at::Tensor& q,
+                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b) {
   const Group& group = mesh.get_group(0);
-  const int64_t cp = group.size(), r = group.rank(), bsz = q.size(0), s = q.size(1), halo = w.kernel - 1;
-  check_halo(s, w.kernel, cp, mode);
-  const at::Tensor mixed = at::cat({q, k, v}, -1);
-  const int64_t channels = mixed.size(2);
+  const int64_t kernel = gdn.options.conv_kernel_size();
+  const int64_t cp = group.size(), r = group.rank(), bsz = q.size(0), s = q.size(1), halo = kernel - 1;
+  check_halo(s, kernel, cp, mode);
   // The conv's state: one unused slot, then the previous rank's last kernel-1 inputs.
   at::Tensor conv_state;
   if (halo > 0) {
+    const at::Tensor mixed = at::cat({q, k, v}, -1);
     const at::Tensor before = ShiftToNext::apply(mixed.narrow(1, s - halo, halo), group);
-    conv_state = at::cat({at::zeros({bsz, 1, channels}, mixed.options()), before}, 1).transpose(1, 2);
+    conv_state = at::cat({at::zeros({bsz, 1, mixed.size(2)}, mixed.options()), before}, 1).transpose(1, 2);
   }
-  const at::Tensor weight = at::cat({w.conv_q, w.conv_k, w.conv_v}, 0).squeeze(1);
-  const at::Tensor conv = F::causal_conv1d(mixed, weight, conv_state).output;
-  const int64_t key_dim = w.nk * w.dk;
-  const at::Tensor qc = conv.narrow(2, 0, key_dim).reshape({bsz, s, w.nk, w.dk});
-  const at::Tensor kc = conv.narrow(2, key_dim, key_dim).reshape({bsz, s, w.nk, w.dk});
-  const at::Tensor vc = conv.narrow(2, 2 * key_dim, w.nv * w.dv).reshape({bsz, s, w.nv, w.dv});
-  const auto gates = F::gated_delta_gates(a, b, w.a_log, w.dt_bias);
-  const F::ChunkedGatedDelta chunked(qc, kc, vc, gates.g, gates.beta, true, chunk_size);
+  const F::ChunkedGatedDelta chunked = gdn.chunked(gdn.prepare(q, k, v, a, b, conv_state));
   const F::GatedDeltaStateSummary summary = chunked.summary();
+  const int64_t dk = gdn.options.key_head_dim(), dv = gdn.options.value_head_dim();
   at::Tensor incoming, tie;  // tie: a zero that keeps a collective's backward in this rank's graph
   if (mode == "all_gather") {
     // Every rank's [S | M], gathered; the gradient of the gathered tensor is a partial sum (the
@@ -193,7 +164,7 @@ at::Tensor state_passing_forward(const LocalWeights& w, const DeviceMesh& mesh, 
         DTensor::from_local(mine, mesh, {Shard(0)}).redistribute(mesh, {Replicate()}).to_local(Placements{Partial()});
     for (int64_t p = 0; p < r; ++p) {
       const at::Tensor sm = all.select(0, p);
-      incoming = F::apply_state_summary({sm.narrow(-1, 0, w.dv), sm.narrow(-1, w.dv, w.dk)}, incoming);
+      incoming = F::apply_state_summary({sm.narrow(-1, 0, dv), sm.narrow(-1, dv, dk)}, incoming);
     }
     if (r == 0) tie = all.sum() * 0;
   } else {
@@ -212,17 +183,9 @@ c10::IValue linear_attention_cp_forward(const std::string& mode, const DeviceMes
              "shards of q, k, v, a and b only (", args.size(), " positional and ", kwargs.size(), " keyword arguments given)");
   const at::Tensor q = local_input(args[0], mesh, "q"), k = local_input(args[1], mesh, "k"), v = local_input(args[2], mesh, "v"),
                    a = local_input(args[3], mesh, "a"), b = local_input(args[4], mesh, "b");
-  const LocalWeights w = local_weights(gdn);
-  HP_CHECK_T(c10::ValueError,
-             q.dim() == 3 && q.size(2) == w.nk * w.dk && k.sizes() == q.sizes() && v.dim() == 3 && v.size(2) == w.nv * w.dv &&
-                 v.size(0) == q.size(0) && v.size(1) == q.size(1) && a.dim() == 3 && a.size(0) == q.size(0) && a.size(1) == q.size(1) &&
-                 a.size(2) == w.nv && b.sizes() == a.sizes(),
-             "hyper_parallel::LinearAttentionContextParallel::forward: expected shards q and k [B, s, ", w.nk * w.dk, "], v [B, s, ",
-             w.nv * w.dv, "] and a, b [B, s, ", w.nv, "], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", a.sizes(), " and ",
-             b.sizes());
-  const int64_t chunk = gdn.options.chunk_size();
-  if (mode == "ulysses") return ulysses_forward(w, mesh, chunk, q, k, v, a, b);
-  return state_passing_forward(w, mesh, mode, chunk, q, k, v, a, b);
+  gdn.check_inputs(q, k, v, a, b, {}, "hyper_parallel::LinearAttentionContextParallel::forward");
+  if (mode == "ulysses") return ulysses_forward(gdn, mesh, q, k, v, a, b);
+  return state_passing_forward(gdn, mesh, mode, q, k, v, a, b);
 }
 
 }  // namespace
@@ -250,10 +213,7 @@ void LinearAttentionContextParallel::validate(torch::nn::Module& module, const s
   HP_CHECK_T(c10::ValueError, gdn->forward_wrapper() == nullptr, "hyper_parallel::LinearAttentionContextParallel::validate: '", label,
              "' already runs through a forward wrapper (context parallelism or activation checkpointing applied to it); ",
              "apply activation checkpointing to the layer around it");
-  if (mode_ == "ulysses") {
-    const lcp::LocalWeights w = lcp::local_weights(*gdn);
-    lcp::check_heads_split(w.nk, w.nv, mesh.size(), "'" + label + "': ", "validate");
-  }
+  if (mode_ == "ulysses") lcp::check_heads_split(gdn->local_key_heads(), gdn->local_value_heads(), mesh.size(), "'" + label + "': ", "validate");
 }
 
 torch::nn::Module& LinearAttentionContextParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh) {

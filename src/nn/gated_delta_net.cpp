@@ -44,32 +44,73 @@ void GatedDeltaNetImpl::reset_parameters() {
   parameter("dt_bias").fill_(1);
 }
 
-at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-                                      const at::Tensor& b, GatedDeltaNetState* state) {
-  const at::Tensor cq = local_tensor(parameter("conv_q")), ck = local_tensor(parameter("conv_k")), cv = local_tensor(parameter("conv_v"));
-  const at::Tensor a_log = local_tensor(parameter("A_log")), dt_bias = local_tensor(parameter("dt_bias"));
+int64_t GatedDeltaNetImpl::local_key_heads() const {
+  return local_tensor(named_parameters(false)["conv_q"]).size(0) / options.key_head_dim();
+}
+
+int64_t GatedDeltaNetImpl::local_value_heads() const {
+  return local_tensor(named_parameters(false)["conv_v"]).size(0) / options.value_head_dim();
+}
+
+void GatedDeltaNetImpl::check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                     const at::Tensor& b, const GatedDeltaNetHeads& heads, const char* caller) const {
   const int64_t dk = options.key_head_dim(), dv = options.value_head_dim();
-  const int64_t nk = cq.size(0) / dk, nv = cv.size(0) / dv;
+  const int64_t hk = heads.key_count < 0 ? local_key_heads() : heads.key_count;
+  const int64_t hv = heads.value_count < 0 ? local_value_heads() : heads.value_count;
   HP_CHECK_T(c10::ValueError,
-             q.dim() == 3 && q.size(2) == cq.size(0) && k.sizes() == q.sizes() && v.dim() == 3 && v.size(2) == cv.size(0) &&
-                 v.size(1) == q.size(1) && a.dim() == 3 && a.size(2) == nv && b.sizes() == a.sizes(),
-             "hyper_parallel::nn::GatedDeltaNet::forward: expected q and k [B, S, ", cq.size(0), "], v [B, S, ", cv.size(0),
-             "] and a, b [B, S, ", nv, "], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", a.sizes(), " and ", b.sizes());
+             q.dim() == 3 && q.size(2) == hk * dk && k.sizes() == q.sizes() && v.dim() == 3 && v.size(2) == hv * dv &&
+                 v.size(0) == q.size(0) && v.size(1) == q.size(1) && a.dim() == 3 && a.size(0) == q.size(0) && a.size(1) == q.size(1) &&
+                 a.size(2) == hv && b.sizes() == a.sizes(),
+             caller, ": expected q and k [B, S, ", hk * dk, "], v [B, S, ", hv * dv, "] and a, b [B, S, ", hv, "], got ", q.sizes(), ", ",
+             k.sizes(), ", ", v.sizes(), ", ", a.sizes(), " and ", b.sizes());
+}
+
+GatedDeltaNetPrepared GatedDeltaNetImpl::prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                                 const at::Tensor& b, const at::Tensor& conv_state, const GatedDeltaNetHeads& heads) const {
+  const auto params = named_parameters(false);
+  const int64_t dk = options.key_head_dim(), dv = options.value_head_dim();
+  const int64_t hk = heads.key_count < 0 ? local_key_heads() : heads.key_count;
+  const int64_t hv = heads.value_count < 0 ? local_value_heads() : heads.value_count;
+  const auto rows = [](const at::Tensor& t, int64_t begin, int64_t count, int64_t per) { return t.narrow(0, begin * per, count * per); };
+  const at::Tensor cq = rows(local_tensor(params["conv_q"]), heads.key_begin, hk, dk);
+  const at::Tensor ck = rows(local_tensor(params["conv_k"]), heads.key_begin, hk, dk);
+  const at::Tensor cv = rows(local_tensor(params["conv_v"]), heads.value_begin, hv, dv);
+  const at::Tensor a_log = local_tensor(params["A_log"]).narrow(0, heads.value_begin, hv);
+  const at::Tensor dt_bias = local_tensor(params["dt_bias"]).narrow(0, heads.value_begin, hv);
+  check_inputs(q, k, v, a, b, heads);
   const int64_t bsz = q.size(0), s = q.size(1);
   // One convolution over the q, k and v channels together, as HF's conv1d over [Q ‖ K ‖ V].
-  const at::Tensor mixed = at::cat({q, k, v}, -1);
-  const at::Tensor weight = at::cat({cq, ck, cv}, 0).squeeze(1);
-  const auto conv = functional::causal_conv1d(mixed, weight, state != nullptr ? state->conv : at::Tensor());
-  if (state != nullptr) state->conv = conv.final_state;
-  const at::Tensor qc = conv.output.narrow(2, 0, nk * dk).reshape({bsz, s, nk, dk});
-  const at::Tensor kc = conv.output.narrow(2, nk * dk, nk * dk).reshape({bsz, s, nk, dk});
-  const at::Tensor vc = conv.output.narrow(2, 2 * nk * dk, nv * dv).reshape({bsz, s, nv, dv});
-  const auto [g, beta] = functional::gated_delta_gates(a, b, a_log, dt_bias);
-  const at::Tensor initial = state != nullptr ? state->recurrent : at::Tensor();
-  const auto rule = initial.defined() && s == 1
-                        ? functional::recurrent_gated_delta_rule(qc, kc, vc, g, beta, initial)
-                        : functional::chunk_gated_delta_rule(qc, kc, vc, g, beta, initial, true, options.chunk_size());
-  if (state != nullptr) state->recurrent = rule.final_state;
+  const auto conv = functional::causal_conv1d(at::cat({q, k, v}, -1), at::cat({cq, ck, cv}, 0).squeeze(1), conv_state);
+  GatedDeltaNetPrepared p;
+  p.query = conv.output.narrow(2, 0, hk * dk).reshape({bsz, s, hk, dk});
+  p.key = conv.output.narrow(2, hk * dk, hk * dk).reshape({bsz, s, hk, dk});
+  p.value = conv.output.narrow(2, 2 * hk * dk, hv * dv).reshape({bsz, s, hv, dv});
+  p.conv_state = conv.final_state;
+  auto gates = functional::gated_delta_gates(a, b, a_log, dt_bias);
+  p.g = std::move(gates.g);
+  p.beta = std::move(gates.beta);
+  return p;
+}
+
+functional::ChunkedGatedDelta GatedDeltaNetImpl::chunked(const GatedDeltaNetPrepared& p) const {
+  return functional::ChunkedGatedDelta(p.query, p.key, p.value, p.g, p.beta, /*use_qk_l2norm=*/true, options.chunk_size());
+}
+
+functional::GatedDeltaRuleOutput GatedDeltaNetImpl::mix(const GatedDeltaNetPrepared& p, const at::Tensor& initial_state) const {
+  if (initial_state.defined() && p.query.size(1) == 1)
+    return functional::recurrent_gated_delta_rule(p.query, p.key, p.value, p.g, p.beta, initial_state);
+  return functional::chunk_gated_delta_rule(p.query, p.key, p.value, p.g, p.beta, initial_state, /*use_qk_l2norm=*/true,
+                                            options.chunk_size());
+}
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                      const at::Tensor& b, GatedDeltaNetState* state) {
+  const GatedDeltaNetPrepared p = prepare(q, k, v, a, b, state != nullptr ? state->conv : at::Tensor());
+  auto rule = mix(p, state != nullptr ? state->recurrent : at::Tensor());
+  if (state != nullptr) {
+    state->conv = p.conv_state;
+    state->recurrent = rule.final_state;
+  }
   return rule.output;
 }
 

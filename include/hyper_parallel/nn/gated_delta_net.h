@@ -31,6 +31,20 @@ struct GatedDeltaNetState {
   at::Tensor conv, recurrent;
 };
 
+/// Which heads a call computes: key heads [key_begin, key_begin + key_count) and value heads
+/// [value_begin, value_begin + value_count) of those this rank holds (count -1: all of them).
+/// Ulysses context parallelism gives each rank some heads of the whole sequence.
+struct GatedDeltaNetHeads {
+  int64_t key_begin = 0, key_count = -1, value_begin = 0, value_count = -1;
+};
+
+/// The rule's inputs, as GatedDeltaNetImpl::prepare makes them: the convolved query and key
+/// [B, S, hk, dk] and value [B, S, hv, dv], the gates g (float32) and beta [B, S, hv], and the
+/// convolution's state for the next call [B, C, K].
+struct GatedDeltaNetPrepared {
+  at::Tensor query, key, value, g, beta, conv_state;
+};
+
 /// Parameters, named and shaped as transformers' Qwen3_5GatedDeltaNet holds them for this rank's
 /// heads: the depthwise conv weights of the q, k and v channels (`conv_q` [nk·dk, 1, K], `conv_k`,
 /// `conv_v` [nv·dv, 1, K]: HF's `conv1d.weight` rows in three sections), `A_log` and `dt_bias` [nv].
@@ -47,6 +61,27 @@ class GatedDeltaNetImpl : public ModuleBase<GatedDeltaNetImpl> {
   void reset_parameters() override;
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
                      GatedDeltaNetState* state = nullptr);
+
+  // forward's two halves, for a context-parallel style that adds only the communication.
+
+  /// The key and value heads this rank holds (read off its parameters: tensor parallelism shards them).
+  int64_t local_key_heads() const;
+  int64_t local_value_heads() const;
+  /// Raises c10::ValueError, naming `caller` (a qualified function), unless q, k [B, S, hk·dk],
+  /// v [B, S, hv·dv] and a, b [B, S, hv] fit `heads`.
+  void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
+                    const GatedDeltaNetHeads& heads = {}, const char* caller = "hyper_parallel::nn::GatedDeltaNet::forward") const;
+  /// The first half: silu of the causal convolution of [q ‖ k ‖ v] continuing from `conv_state`
+  /// [B, C, K] (a cached state, or the halo of the rank before; undefined: zeros), split into
+  /// heads, and the gates. q, k, v, a, b hold the channels of `heads` only.
+  GatedDeltaNetPrepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                const at::Tensor& b, const at::Tensor& conv_state = {}, const GatedDeltaNetHeads& heads = {}) const;
+  /// The second half, chunked and not run yet: summary() gives the tokens' action on any state.
+  functional::ChunkedGatedDelta chunked(const GatedDeltaNetPrepared& p) const;
+  /// The second half: the gated delta rule from `initial_state` [B, hv, dk, dv] (undefined:
+  /// zeros); one token on a state takes the per-token recurrence, anything else the chunked rule.
+  functional::GatedDeltaRuleOutput mix(const GatedDeltaNetPrepared& p, const at::Tensor& initial_state = {}) const;
+
   GatedDeltaNetOptions options;
 };
 HP_MODULE(GatedDeltaNet);
