@@ -183,7 +183,7 @@ c10::IValue linear_attention_cp_forward(const std::string& mode, const DeviceMes
              "shards of q, k, v, a and b only (", args.size(), " positional and ", kwargs.size(), " keyword arguments given)");
   const at::Tensor q = local_input(args[0], mesh, "q"), k = local_input(args[1], mesh, "k"), v = local_input(args[2], mesh, "v"),
                    a = local_input(args[3], mesh, "a"), b = local_input(args[4], mesh, "b");
-  gdn.check_inputs(q, k, v, a, b, {}, "hyper_parallel::LinearAttentionContextParallel::forward");
+  gdn.check_inputs(q, k, v, a, b);  // this rank's shards, before any exchange
   if (mode == "ulysses") return ulysses_forward(gdn, mesh, q, k, v, a, b);
   return state_passing_forward(gdn, mesh, mode, q, k, v, a, b);
 }

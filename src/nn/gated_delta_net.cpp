@@ -53,7 +53,7 @@ int64_t GatedDeltaNetImpl::local_value_heads() const {
 }
 
 void GatedDeltaNetImpl::check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-                                     const at::Tensor& b, const GatedDeltaNetHeads& heads, const char* caller) const {
+                                     const at::Tensor& b, const GatedDeltaNetHeads& heads) const {
   const int64_t dk = options.key_head_dim(), dv = options.value_head_dim();
   const int64_t hk = heads.key_count < 0 ? local_key_heads() : heads.key_count;
   const int64_t hv = heads.value_count < 0 ? local_value_heads() : heads.value_count;
@@ -61,7 +61,7 @@ void GatedDeltaNetImpl::check_inputs(const at::Tensor& q, const at::Tensor& k, c
              q.dim() == 3 && q.size(2) == hk * dk && k.sizes() == q.sizes() && v.dim() == 3 && v.size(2) == hv * dv &&
                  v.size(0) == q.size(0) && v.size(1) == q.size(1) && a.dim() == 3 && a.size(0) == q.size(0) && a.size(1) == q.size(1) &&
                  a.size(2) == hv && b.sizes() == a.sizes(),
-             caller, ": expected q and k [B, S, ", hk * dk, "], v [B, S, ", hv * dv, "] and a, b [B, S, ", hv, "], got ", q.sizes(), ", ",
+             "hyper_parallel::nn::GatedDeltaNet::forward: expected q and k [B, S, ", hk * dk, "], v [B, S, ", hv * dv, "] and a, b [B, S, ", hv, "], got ", q.sizes(), ", ",
              k.sizes(), ", ", v.sizes(), ", ", a.sizes(), " and ", b.sizes());
 }
 

@@ -67,10 +67,10 @@ class GatedDeltaNetImpl : public ModuleBase<GatedDeltaNetImpl> {
   /// The key and value heads this rank holds (read off its parameters: tensor parallelism shards them).
   int64_t local_key_heads() const;
   int64_t local_value_heads() const;
-  /// Raises c10::ValueError, naming `caller` (a qualified function), unless q, k [B, S, hk·dk],
-  /// v [B, S, hv·dv] and a, b [B, S, hv] fit `heads`.
+  /// Raises c10::ValueError (as forward's) unless q, k [B, S, hk·dk], v [B, S, hv·dv] and a, b
+  /// [B, S, hv] fit `heads`.
   void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
-                    const GatedDeltaNetHeads& heads = {}, const char* caller = "hyper_parallel::nn::GatedDeltaNet::forward") const;
+                    const GatedDeltaNetHeads& heads = {}) const;
   /// The first half: silu of the causal convolution of [q ‖ k ‖ v] continuing from `conv_state`
   /// [B, C, K] (a cached state, or the halo of the rank before; undefined: zeros), split into
   /// heads, and the gates. q, k, v, a, b hold the channels of `heads` only.
