@@ -2,17 +2,25 @@
 # Installs what hyper_parallel needs, then configures and builds it. Idempotent: packages already
 # there, a venv that already holds the pinned torch and an existing build are reused.
 #
-#   scripts/setup.sh [extra cmake args]       PyTorch 2.11 from its pip wheel, in a venv -> ./build
+#   scripts/setup.sh [extra cmake args]       PyTorch 2.15 from its pip wheel, in a venv -> ./build
+#   HP_TORCH_VERSION=2.11.0 scripts/setup.sh  PyTorch 2.11 instead, in its own venv (.venv-2.11)
 #   HP_TORCH=/path/to/libtorch scripts/setup.sh   a libtorch 2.x you have (e.g. pytorch.org's zip) -> ./build
 # (Debian's libtorch-dev 1.13 is no longer supported: the platform is PyTorch 2.x.)
 #
-# Environment: HP_VENV (the venv, default ./.venv), HP_BUILD_DIR (the build folder),
-# HP_PYTHON (the interpreter that makes the venv, default python3).
+# Environment: HP_TORCH_VERSION (2.15.0 by default, or 2.11.0), HP_VENV (the venv: ./.venv for
+# 2.15, ./.venv-2.11 for 2.11), HP_BUILD_DIR (the build folder), HP_PYTHON (the interpreter that
+# makes the venv, default python3). pip's cache serves both wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 HP_TORCH=${HP_TORCH:-pip}
-HP_VENV=${HP_VENV:-$PWD/.venv}
+HP_TORCH_VERSION=${HP_TORCH_VERSION:-2.15.0}
+case "$HP_TORCH_VERSION" in
+  2.15.0) HP_VENV=${HP_VENV:-$PWD/.venv} ;;
+  2.11.0) HP_VENV=${HP_VENV:-$PWD/.venv-2.11} ;;
+  *) echo "setup: HP_TORCH_VERSION must be 2.15.0 (the default) or 2.11.0, the versions built and tested; got '$HP_TORCH_VERSION'" >&2
+     exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake ninja-build
@@ -53,12 +61,12 @@ case "$HP_TORCH" in
     # download cache (~/.cache/pip), so a second venv does not fetch the 2.7 GB again.
     [ -x "$HP_VENV/bin/python" ] || "${HP_PYTHON:-python3}" -m venv "$HP_VENV"
     # A no-op (no download) when the venv already holds the pinned versions.
-    "$HP_VENV/bin/python" -m pip install -q -r scripts/requirements.txt
+    "$HP_VENV/bin/python" -m pip install -q "torch==$HP_TORCH_VERSION" -r scripts/requirements.txt
     torch_root=$("$HP_VENV/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
     echo "setup: $("$HP_VENV/bin/python" -c "import torch; print('torch', torch.__version__)") from $torch_root"
     # The torch root, not torch.utils.cmake_prefix_path: with the root first, torch's config finds
     # the wheel's own libraries before any libtorch on the system paths.
-    cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_root")
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_root" -DHP_PYTHON="$HP_VENV/bin/python")
     torch_dir=$torch_root/share/cmake/Torch
     # The wheel is a CUDA build: its CMake config needs the CUDA toolkit, even to build for the CPU.
     if [ -x /usr/local/cuda/bin/nvcc ]; then cmake_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc); fi ;;
@@ -70,10 +78,13 @@ esac
 
 # A build folder configured against another libtorch keeps that one (CMake caches where it found
 # torch and its libraries): configure it afresh instead.
-if [ -f "$BUILD_DIR/CMakeCache.txt" ] && ! grep -qxF "Torch_DIR:PATH=$torch_dir" "$BUILD_DIR/CMakeCache.txt"; then
+# (A venv whose torch was replaced keeps its path: the recorded version tells.)
+torch_version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")/\1/p' "$torch_dir/TorchConfigVersion.cmake" 2>/dev/null || true)
+if [ -f "$BUILD_DIR/CMakeCache.txt" ] && { ! grep -qxF "Torch_DIR:PATH=$torch_dir" "$BUILD_DIR/CMakeCache.txt" ||
+     ! grep -qxF "HP_CONFIGURED_TORCH_VERSION:STRING=$torch_version" "$BUILD_DIR/CMakeCache.txt"; }; then
   echo "setup: $BUILD_DIR was configured against another libtorch ($(grep -m1 '^Torch_DIR:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)); configuring it afresh"
   rm -f "$BUILD_DIR/CMakeCache.txt"
 fi
 
-cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" "$@" >/dev/null
+cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" -DHP_CONFIGURED_TORCH_VERSION="$torch_version" "$@" >/dev/null
 cmake --build "$BUILD_DIR"

@@ -55,7 +55,13 @@ void dtensor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const size_t nargs = op.schema().arguments().size();
   const DeviceMesh* mesh = find_mesh(stack->data() + (stack->size() - nargs), nargs);
   OpInterceptor* interceptor = t_interceptor;
-  if (C10_LIKELY(interceptor == nullptr)) return run_on_dtensors(op, stack, mesh);
+  if (C10_LIKELY(interceptor == nullptr)) {
+    // No DTensor and no interceptor of ours: the key was included by someone else (torch's C++
+    // FakeTensor mode). Plain tensors pass through untouched; making a DTensor is refused there.
+    if (C10_UNLIKELY(mesh == nullptr))
+      return op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDTensorKey), stack);
+    return run_on_dtensors(op, stack, mesh);
+  }
   // The ops this op calls are not intercepted: the interceptor leaves the included keys.
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   const c10::impl::ForceDispatchKeyGuard outside(tls.included_.remove(kDTensorKey), tls.excluded_);
@@ -110,6 +116,13 @@ OpInterceptorScope::~OpInterceptorScope() {
 }
 
 std::atomic<bool> detail::g_dtensor_key_is_ours{false};
+
+void detail::check_included_key_is_ours() {
+  TORCH_CHECK(t_interceptor != nullptr, "hyper_parallel::DTensor: the dispatch key ", c10::toString(kDTensorKey),
+              ", which DTensors use, is in this thread's included keys and hyper_parallel did not put it there: torch's ",
+              "C++ FakeTensor mode (FakeTensorModeTLS) is active on this thread, and every op of it, plain tensors too, ",
+              "would reach the DTensor fallback. Make and use DTensors outside that mode");
+}
 
 void detail::check_dtensor_key_is_ours_slow() {
   const bool ours = !registration().taken_by_another;

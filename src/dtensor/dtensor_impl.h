@@ -1,6 +1,7 @@
 #pragma once
 // The TensorImpl behind every DTensor. Internal to the library.
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
@@ -25,12 +26,16 @@ namespace detail {
 /// Set once the fallback at kDTensorKey is known to be ours (dispatch.cpp).
 extern std::atomic<bool> g_dtensor_key_is_ours;
 void check_dtensor_key_is_ours_slow();
+void check_included_key_is_ours();
 }  // namespace detail
 
-/// Throws, naming the key, when another library registered kDTensorKey's fallback before ours.
-/// Every DTensor is made through here: after the first, one relaxed load.
+/// Throws, naming the key, when another library registered kDTensorKey's fallback before ours, or
+/// when the key is in this thread's included set and we did not put it there (torch 2.15's C++
+/// FakeTensor mode includes `Fake`: every op of the thread, plain tensors too, would reach our
+/// fallback). Every DTensor is made through here: one relaxed load and one thread-local test.
 inline void check_dtensor_key_is_ours() {
   if (C10_UNLIKELY(!detail::g_dtensor_key_is_ours.load(std::memory_order_relaxed))) detail::check_dtensor_key_is_ours_slow();
+  if (C10_UNLIKELY(c10::impl::tls_is_dispatch_key_included(kDTensorKey))) detail::check_included_key_is_ours();
 }
 
 /// Reports the global sizes and strides, holds the local shard, has no storage.

@@ -121,8 +121,22 @@ TEST(ErrorContractDist, DTensorErrorsStartWithTheQualifiedFunctionName) {
   starts([&] { hp::DTensor::from_local(at::ones({2}), mesh, {hp::Shard(0), hp::Shard(0)}); }, "hyper_parallel::DTensor::from_local: ");
   starts([&] { hp::distribute_tensor(at::ones({2}), mesh, {}); }, "hyper_parallel::distribute_tensor: ");
   starts([&] { (void)(x + at::ones({4, 6})); }, "hyper_parallel::dispatch: aten::add.Tensor got a plain tensor");
-  starts([&] { at::cholesky(x); }, "hyper_parallel::dispatch: no sharding rule for aten::cholesky(self: f32[4,6] S(0))");
+  starts([&] { at::cholesky_inverse(x); }, "hyper_parallel::dispatch: no sharding rule for aten::cholesky_inverse(self: f32[4,6] S(0))");
   starts([&] { (void)hp::DTensor(at::ones({2})); }, "hyper_parallel::DTensor: ");
+}
+
+// The key DTensors use (`Fake`) in a thread's included set that we did not put there (torch 2.15's
+// C++ FakeTensor mode does so): making a DTensor is refused naming that mode, not run with every
+// op of the thread routed into our fallback. Without it, the same call works.
+TEST(ErrorContractDist, AForeignFakeTensorModeOnTheThreadIsRefusedAtDTensorCreation) {
+  auto mesh = world_mesh();
+  const at::Tensor local = values({2, 3}).cpu();
+  {
+    c10::impl::IncludeDispatchKeyGuard fake_mode(c10::DispatchKey::Fake);
+    expect_error<c10::Error>([&] { hp::DTensor::from_local(local, mesh, {hp::Shard(0)}); }, "hyper_parallel::DTensor: the dispatch key Fake",
+                 "C++ FakeTensor mode (FakeTensorModeTLS) is active on this thread");
+  }
+  EXPECT_EQ(hp::DTensor::from_local(local, mesh, {hp::Shard(0)}).to_local().sizes(), local.sizes());
 }
 
 }  // namespace t_dist_dtensor_error_contract_test

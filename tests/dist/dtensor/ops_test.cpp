@@ -328,7 +328,7 @@ TEST(OpsDist, ErrorsNameTheOpAndPlacements) {
     EXPECT_TRUE(close(d + at::ones({3}), hp::DTensor(d).full_tensor() + 1));
   }
   try {
-    at::cholesky(d);
+    at::cholesky_inverse(d);  // (at::cholesky is gone from torch 2.15)
     FAIL() << "an op without a rule ran";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no sharding rule"), std::string::npos) << e.what();
