@@ -115,15 +115,15 @@ uint64_t state_digest(torch::nn::Module& model, torch::optim::Optimizer& opt) {
   return out;
 }
 
-// The batches of the run: --data's packed, shuffled token file read from its global sample
-// counter (its state goes into the train state), else windows of the --text bytes chosen by the
-// step alone.
 // Bad training data (a damaged token file): the program exits with status 2, as for a bad flag,
 // so that hprun does not restart it into the same sample.
 struct BadData : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The batches of the run: --data's packed, shuffled token file read from its global sample
+// counter (its state goes into the train state), else windows of the --text bytes chosen by the
+// step alone.
 struct Batches {
   Batches(const Args& a, const at::Tensor& text) : a(a), text(text) {
     if (!a.data.empty()) dataset.emplace(a.data, hp::data::TokenDatasetOptions{a.seq, a.batch, static_cast<uint64_t>(a.seed), a.config.vocab_size});

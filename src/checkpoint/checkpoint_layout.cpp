@@ -249,21 +249,33 @@ std::string without_prefix(const std::string& message, const char* what) {
 }
 }  // namespace
 
+Verdicts gather_verdicts(bool distributed, int64_t code, const std::string& my_message) {
+  Verdicts v;
+  if (!distributed) {
+    v.codes = {code};
+  } else {
+    for (const auto& c : control_all_gather(world_group(), {code})) v.codes.push_back(c[0]);
+  }
+  for (size_t r = 0; r < v.codes.size() && v.first < 0; ++r)
+    if (v.codes[r] != 0) v.first = static_cast<int64_t>(r);
+  if (v.first < 0) return v;
+  // The first failed rank's message reaches everyone (truncated to 2 KiB).
+  v.message = distributed ? control_broadcast_string(world_group(), my_message.substr(0, 2047), v.first) : my_message;
+  return v;
+}
+
 void agree(bool distributed, const std::string& my_error_in, const char* what, const std::string& tail) {
   const std::string my_error = without_prefix(my_error_in, what);
   if (!distributed) {
     TORCH_CHECK(my_error.empty(), "hyper_parallel::", what, ": ", my_error, tail);
     return;
   }
-  const Group g = world_group();
-  const auto verdicts = control_all_gather(g, {my_error.empty() ? 0 : 1});
+  const Verdicts v = gather_verdicts(true, my_error.empty() ? 0 : 1, my_error);
+  if (v.first < 0) return;
   std::vector<int64_t> bad;
-  for (int64_t r = 0; r < g.size(); ++r)
-    if (verdicts[static_cast<size_t>(r)][0] != 0) bad.push_back(r);
-  if (bad.empty()) return;
-  // The first failed rank's message reaches everyone (truncated to 2 KiB).
-  const std::string first = control_broadcast_string(g, my_error.substr(0, 2047), bad[0]);
-  TORCH_CHECK(false, "hyper_parallel::", what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", first, tail);
+  for (size_t r = 0; r < v.codes.size(); ++r)
+    if (v.codes[r] != 0) bad.push_back(static_cast<int64_t>(r));
+  TORCH_CHECK(false, "hyper_parallel::", what, ": rank(s) ", c10::IntArrayRef(bad), " failed; rank ", bad[0], ": ", v.message, tail);
 }
 
 std::string message_of(const std::exception& e) {

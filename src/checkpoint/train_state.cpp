@@ -7,7 +7,6 @@
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
 #include <hyper_parallel/runtime/agreement.h>
-#include <hyper_parallel/runtime/control.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/runtime/process_group.h>
 
@@ -468,18 +467,21 @@ namespace {
 // generation another one may stand in for) or the state's fit (the model, the optimizer, the
 // schedule: no older generation fits better).
 struct Attempt {
+  Latest generation;  // the generation tried, as LATEST would name it
   LoadPlan plan;
   std::vector<at::Tensor> staged;
   std::string err;
   bool damaged = false;
 };
 
+// `which` gives the generation's record (reading it may fail: that is damage too).
 Attempt try_generation(const std::string& dir, const std::function<Latest()>& which, TrainState& state,
                        const TrainStateLoadOptions& options) {
   Attempt a;
   SavedIndex index;
   try {
-    index = read_index(dir, which());
+    a.generation = which();
+    index = read_index(dir, a.generation);
   } catch (const std::exception& e) {
     a.err = message_of(e);
     a.damaged = true;
@@ -507,23 +509,6 @@ Attempt try_generation(const std::string& dir, const std::function<Latest()>& wh
   return a;
 }
 
-// Every rank's verdict on an attempt: 0 loaded, 1 damaged files, 2 anything else.
-std::vector<int64_t> verdicts_of(const Attempt& a) {
-  const int64_t mine = a.err.empty() ? 0 : a.damaged ? 1 : 2;
-  if (!is_initialized()) return {mine};
-  std::vector<int64_t> out;
-  for (const auto& v : control_all_gather(world_group(), {mine})) out.push_back(v[0]);
-  return out;
-}
-
-// The first failing rank's message, on every rank.
-std::string first_failure(const Attempt& a, const std::vector<int64_t>& verdicts) {
-  for (size_t r = 0; r < verdicts.size(); ++r)
-    if (verdicts[r] != 0)
-      return is_initialized() ? control_broadcast_string(world_group(), a.err.substr(0, 2047), static_cast<int64_t>(r)) : a.err;
-  return "";
-}
-
 }  // namespace
 
 void load_train_state(const std::string& dir, TrainState& state, const TrainStateLoadOptions& options) {
@@ -541,9 +526,11 @@ void load_train_state(const std::string& dir, TrainState& state, const TrainStat
   // files do not verify on some rank is skipped on every rank, saying why.
   std::vector<int64_t> candidates;
   std::string latest_err;
+  Latest latest;
   int64_t newest = std::numeric_limits<int64_t>::max();
   try {
-    newest = read_latest(dir).seq;
+    latest = read_latest(dir);
+    newest = latest.seq;
     candidates.push_back(newest);
   } catch (const std::exception& e) {
     latest_err = message_of(e);
@@ -557,12 +544,13 @@ void load_train_state(const std::string& dir, TrainState& state, const TrainStat
   if (!latest_err.empty()) skipped.push_back({-1, latest_err});
   for (int64_t seq : candidates) {
     const bool is_latest = latest_err.empty() && seq == newest;
-    Attempt a = try_generation(dir, [&] { return is_latest ? read_latest(dir) : generation_record(dir, seq); }, state, options);
-    const std::vector<int64_t> verdicts = verdicts_of(a);
-    const int64_t worst = *std::max_element(verdicts.begin(), verdicts.end());
+    Attempt a = try_generation(dir, [&] { return is_latest ? latest : generation_record(dir, seq); }, state, options);
+    // Every rank's verdict: 0 loaded, 1 damaged files, 2 anything else.
+    const Verdicts verdicts = gather_verdicts(is_initialized(), a.err.empty() ? 0 : a.damaged ? 1 : 2, a.err);
+    const int64_t worst = *std::max_element(verdicts.codes.begin(), verdicts.codes.end());
     if (worst == 2) agree_to_load(is_initialized(), a.damaged ? "" : a.err, kLoad);  // a misfit: raised by name, as without fall_back
     if (worst == 1) {
-      const std::string why = first_failure(a, verdicts);
+      const std::string& why = verdicts.message;
       std::fprintf(stderr, "hyper_parallel::load_train_state: rank %lld skips generation %lld of %s, which does not verify: %s\n",
                    static_cast<long long>(is_initialized() ? get_rank() : 0), static_cast<long long>(seq), dir.c_str(), why.c_str());
       skipped.push_back({seq, why});
@@ -576,7 +564,7 @@ void load_train_state(const std::string& dir, TrainState& state, const TrainStat
       try {
         for (const auto& [bad, why] : skipped)
           if (bad > 0) set_aside_damaged(dir, bad);
-        if (!is_initialized() || get_rank() == 0) write_latest(dir, generation_record(dir, seq));
+        if (!is_initialized() || get_rank() == 0) write_latest(dir, a.generation);
       } catch (const std::exception& e) {
         err = message_of(e);
       }

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -227,7 +228,7 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     } while (std::chrono::steady_clock::now() < until);
     for (size_t r = 0; r < g.ranks.size(); ++r)
-      if (s.store->check({key + std::to_string(r)})) {
+      if (std::find(missing.begin(), missing.end(), g.ranks[r]) == missing.end()) {  // it said what it was in
         const auto v = s.store->get(key + std::to_string(r));
         each[r] = std::string(v.begin(), v.end());
       }
@@ -252,8 +253,7 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
     arrived += c10::str(arrived.empty() ? "rank " : "; rank ", g.ranks[r], " was in ", each[r]);
     same = same && each[r] == doing;
   }
-  const std::string where = c10::str("hyper_parallel: ", what, " #", seq, label.empty() ? std::string() : " for " + label,
-                                     " on the group of ranks [", join_ranks(g.ranks), "] failed on rank ",
+  const std::string where = c10::str("hyper_parallel: ", doing, " on the group of ranks [", join_ranks(g.ranks), "] failed on rank ",
                                      g.ranks[static_cast<size_t>(g.rank)]);
   const std::string was_in = arrived.empty() ? std::string() : " (" + arrived + ")";
   if (!missing.empty())

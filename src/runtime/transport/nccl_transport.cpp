@@ -173,9 +173,10 @@ class NcclTransport final : public Transport {
  private:
   Completion issue(const char* what, c10::intrusive_ptr<c10d::Work> work) {
     const uint64_t seq = ++g_.seq;
-    watcher_.watch(what, seq, work, current_collective_label());
+    std::string label = current_collective_label();
+    watcher_.watch(what, seq, work, label);
     Group::Impl* g = &g_;
-    return [g, what, seq, work = std::move(work), label = current_collective_label()] { wait_c10d_work(*g, what, seq, work, label); };
+    return [g, what, seq, work = std::move(work), label = std::move(label)] { wait_c10d_work(*g, what, seq, work, label); };
   }
   Group::Impl& g_;
   Watcher watcher_;

@@ -360,6 +360,16 @@ at::Tensor reference_loss(Branch& ref, const at::Tensor& x, int64_t dp, const st
   return loss;
 }
 
+// The data-parallel meshes of the tests below, each with its trace label: dp = world size, and
+// at 4 ranks HSDP (replicate, shard) = 2 x 2.
+std::vector<std::pair<std::string, hp::DeviceMesh>> data_parallel_meshes() {
+  const int64_t ws = hp::get_world_size();
+  std::vector<std::pair<std::string, hp::DeviceMesh>> out;
+  out.emplace_back("dp = " + std::to_string(ws), hp::init_device_mesh("cpu", {ws}, {"dp"}));
+  if (ws == 4) out.emplace_back("HSDP 2 x 2", hp::init_device_mesh("cpu", {2, 2}, {"replicate", "shard"}));
+  return out;
+}
+
 }  // namespace
 
 // A parameter some data ranks' batches do not use (`b`, used by data rank 0 only, in the root's
@@ -370,12 +380,9 @@ at::Tensor reference_loss(Branch& ref, const at::Tensor& x, int64_t dp, const st
 TEST(FullyShardDist, ParameterSomeRanksDidNotUseGetsEveryShardOfItsGradient) {
   const int64_t ws = hp::get_world_size();
   ASSERT_GE(ws, 2);
-  std::vector<std::vector<int64_t>> meshes{{ws}};
-  if (ws == 4) meshes.push_back({2, 2});
-  for (const auto& shape : meshes) {
-    const bool hsdp = shape.size() == 2;
-    SCOPED_TRACE(hsdp ? "HSDP 2 x 2" : "dp = " + std::to_string(ws));
-    auto mesh = hsdp ? hp::init_device_mesh("cpu", shape, {"replicate", "shard"}) : hp::init_device_mesh("cpu", shape, {"dp"});
+  for (const auto& [label, mesh] : data_parallel_meshes()) {
+    SCOPED_TRACE(label);
+    const bool hsdp = mesh.ndim() == 2;
     const int64_t dp_rank = hp::get_rank();  // the data rank: this rank's rows
     for (const char* optimizer : {"sgd", "adamw"}) {
       SCOPED_TRACE(optimizer);
@@ -433,14 +440,10 @@ TEST(FullyShardDist, ParameterSomeRanksDidNotUseGetsEveryShardOfItsGradient) {
 TEST(FullyShardDist, GroupSomeRanksNeverCallStopsOnEveryRankNamingIt) {
   const int64_t ws = hp::get_world_size();
   ASSERT_GE(ws, 2);
-  std::vector<std::vector<int64_t>> meshes{{ws}};
-  if (ws == 4) meshes.push_back({2, 2});
-  for (const auto& shape : meshes) {
-    const bool hsdp = shape.size() == 2;
-    SCOPED_TRACE(hsdp ? "HSDP 2 x 2" : "dp = " + std::to_string(ws));
-    auto mesh = hsdp ? hp::init_device_mesh("cpu", shape, {"replicate", "shard"}) : hp::init_device_mesh("cpu", shape, {"dp"});
+  for (const auto& [label, mesh] : data_parallel_meshes()) {
+    SCOPED_TRACE(label);
     const int64_t dp_rank = hp::get_rank();
-    const int64_t shard_rank = mesh.get_local_rank(static_cast<int64_t>(shape.size()) - 1);
+    const int64_t shard_rank = mesh.get_local_rank(mesh.ndim() - 1);
     const at::Tensor x = random({2 * ws, 4}, 95);
     {  // every rank calls b: one process
       auto model = seeded<Branch>(83), ref = seeded<Branch>(83);
