@@ -212,6 +212,9 @@ def pytorch_rank():
     if rank == 0:
         for name, (value, unit) in out.items():
             print(json.dumps({"name": name, "value": value, "unit": unit}), flush=True)
+    # Both ranks done before the group goes: torch 2.15's Gloo aborts a rank that tears its group
+    # down while a peer is still in its last collective.
+    dist.barrier()
     dist.destroy_process_group()
 
 

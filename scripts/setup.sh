@@ -7,6 +7,9 @@
 #   HP_TORCH=/path/to/libtorch scripts/setup.sh   a libtorch 2.x you have (e.g. pytorch.org's zip) -> ./build
 # (Debian's libtorch-dev 1.13 is no longer supported: the platform is PyTorch 2.x.)
 #
+# With the pip wheel it also builds the Python package (hyper_parallel, its compiled _C) and makes
+# it importable from the venv.
+#
 # Environment: HP_TORCH_VERSION (2.15.0 by default, or 2.11.0), HP_VENV (the venv: ./.venv for
 # 2.15, ./.venv-2.11 for 2.11), HP_BUILD_DIR (the build folder), HP_PYTHON (the interpreter that
 # makes the venv, default python3). pip's cache serves both wheels.
@@ -88,3 +91,11 @@ fi
 
 cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" -DHP_CONFIGURED_TORCH_VERSION="$torch_version" "$@" >/dev/null
 cmake --build "$BUILD_DIR"
+
+# The Python package (hyper_parallel, with its compiled _C) is importable from the venv: a .pth
+# file puts the build's python/ folder on its path.
+if [ "$HP_TORCH" = pip ] && [ -d "$BUILD_DIR/python/hyper_parallel" ]; then
+  site=$("$HP_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$(cd "$BUILD_DIR/python" && pwd)" > "$site/hyper_parallel_build.pth"
+  echo "setup: 'import hyper_parallel' in $HP_VENV reads $BUILD_DIR/python"
+fi

@@ -22,7 +22,9 @@ bool is_embedding_module(const torch::nn::Module& module) {
 
 bool is_hookable(const torch::nn::Module& module) { return as_hp(module) != nullptr; }
 
-std::string module_type_name(const torch::nn::Module& module) { return c10::demangle(typeid(module).name()); }
+// The module's name: its C++ type unless it was given one (a Python module's mirror carries the
+// Python class).
+std::string module_type_name(const torch::nn::Module& module) { return module.name(); }
 
 nn::Module& hookable(torch::nn::Module& module, const std::string& fqn) {
   auto* m = dynamic_cast<nn::Module*>(&module);

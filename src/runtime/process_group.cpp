@@ -329,6 +329,12 @@ c10::optional<int64_t> env_count(const char* name) {
              "' must be a non-negative integer");
   return static_cast<int64_t>(n);
 }
+// The value of environment variable `name`, or nullopt when it is unset.
+c10::optional<std::string> env_string(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return c10::nullopt;
+  return std::string(v);
+}
 }  // namespace
 
 void init_fake_process_group(int64_t world_size, int64_t rank, const InitOptions& options) {
@@ -373,9 +379,13 @@ void init_process_group(const InitOptions& options) {
   s.device_type = options.device_type;
   set_local_device(s.device_type, s.env.local_rank);
 
+  // Under torchrun the elastic agent already serves MASTER_PORT and asks its workers to join that
+  // store as clients: every rank does, under a prefix of this run and restart of its own.
+  const auto agent_store = env_string("TORCHELASTIC_USE_AGENT_STORE");
+  const bool join_agent = agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(s.env.master_port);
-  so.isServer = s.env.rank == 0;
+  so.isServer = s.env.rank == 0 && !join_agent;
   so.numWorkers = static_cast<size_t>(s.env.world_size);
   // Ranks that never come are found (and named) by the world group's creation below, within
   // one timeout; the store server does not wait for them first.
@@ -407,6 +417,33 @@ void init_process_group(const InitOptions& options) {
   // Every key of this job under its rendezvous id: a rank of another job that reaches this store
   // (the same MASTER_PORT) writes and waits under its own id, never as one of ours.
   if (!s.env.rdzv_id.empty()) s.store = c10::make_intrusive<c10d::PrefixStore>("hp/job/" + s.env.rdzv_id + "/", s.store);
+  if (join_agent)
+    s.store = c10::make_intrusive<c10d::PrefixStore>(
+        "hyper_parallel/" + env_string("TORCHELASTIC_RUN_ID").value_or("run") + "/attempt_" +
+            env_string("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/",
+        s.store);
+  s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
+  make_world(s);
+}
+
+void init_process_group_with_store(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world_size,
+                                   const InitOptions& options) {
+  HP_CHECK_T(c10::ValueError, store != nullptr, "hyper_parallel::init_process_group_with_store: the store is null");
+  HP_CHECK_T(c10::ValueError, world_size >= 1 && rank >= 0 && rank < world_size,
+             "hyper_parallel::init_process_group_with_store: rank ", rank, " is not in a world of ", world_size, " ranks");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  TORCH_CHECK(!s.initialized, "hyper_parallel::init_process_group_with_store: init_process_group() was already called");
+  s.env = LaunchEnv{};
+  s.env.rank = rank;
+  s.env.world_size = world_size;
+  s.env.local_rank = env_count("LOCAL_RANK").value_or(rank);
+  s.env.launcher = "store";
+  s.timeout = options.timeout ? *options.timeout : default_timeout();
+  s.device_type = options.device_type;
+  set_local_device(s.device_type, s.env.local_rank);
+  // Our keys beside the owner's, never among them.
+  s.store = c10::make_intrusive<c10d::PrefixStore>("hyper_parallel/", store);
   s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
   make_world(s);
 }

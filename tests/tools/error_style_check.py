@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every error the library raises starts with "hyper_parallel::<qualified function>: ".
 
-  error_style_check.py ROOT        scans ROOT/src and ROOT/include; exit 1 listing the violations
+  error_style_check.py ROOT        scans ROOT/src, ROOT/include and ROOT/python/csrc; exit 1 listing the violations
 
 A raising site is HP_CHECK_T(type, cond, message...) or TORCH_CHECK(cond, message...). Its message
 must begin with a string literal "hyper_parallel::<name>[::<name>...]: ", or with a call that builds
@@ -62,7 +62,7 @@ def arguments(text, start):
 
 def violations(root):
     out = []
-    for top in ("src", "include"):
+    for top in ("src", "include", "python/csrc"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for f in sorted(files):
                 if not f.endswith((".cpp", ".h")):

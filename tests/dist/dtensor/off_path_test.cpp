@@ -232,6 +232,41 @@ TEST(OffPathDist, MeshDimOfSizeOneNeverCommunicates) {
   EXPECT_TRUE(close(q, full));
 }
 
+// The ops libtorch registers as CompositeExplicitAutograd for every backend key (clone, add,
+// ones_like, expand, _to_copy, new_empty_strided) reach our key and not those kernels: each result
+// is a DTensor with the placements the op's rule gives and the values plain tensors give. A key
+// for which such kernels won would return plain tensors here (the reason the DTensor borrows a
+// functionality key rather than a backend key).
+TEST(OffPathDist, CompositeExplicitOpsReturnDTensors) {
+  auto mesh = world_mesh();
+  const int64_t n = ws();
+  const at::Tensor full = values({4 * n, 3});
+  for (const P& pl : {S0, R}) {
+    SCOPED_TRACE(hp::to_string(pl));
+    const hp::DTensor x = hp::distribute_tensor(full, mesh, pl);
+    auto check = [&](const std::string& op, const at::Tensor& out, const P& placements, const at::Tensor& expected) {
+      ASSERT_TRUE(hp::is_dtensor(out)) << op << " returned a plain tensor";
+      EXPECT_EQ(hp::DTensor(out).placements(), placements) << op;
+      EXPECT_EQ(out.sizes(), expected.sizes()) << op;
+      EXPECT_EQ(out.scalar_type(), expected.scalar_type()) << op;
+      EXPECT_TRUE(at::equal(hp::DTensor(out).full_tensor(), expected)) << op;
+    };
+    check("clone", x.clone(), pl, full);
+    check("add", at::add(x, x), pl, full + full);
+    check("ones_like", at::ones_like(x), pl, at::ones_like(full));
+    const P expanded = pl == S0 ? P{hp::Shard(1)} : R;
+    check("expand", x.expand({2, 4 * n, 3}), expanded, full.expand({2, 4 * n, 3}));
+    check("_to_copy", x.to(at::kDouble), pl, full.to(at::kDouble));
+    // new_empty_strided's values are uninitialised: its spec and geometry are what it fixes.
+    const at::Tensor e = x.new_empty_strided({4 * n, 3}, {3, 1});
+    ASSERT_TRUE(hp::is_dtensor(e)) << "new_empty_strided returned a plain tensor";
+    EXPECT_EQ(hp::DTensor(e).placements(), pl);
+    EXPECT_EQ(e.sizes(), full.sizes());
+    EXPECT_EQ(e.strides(), full.strides());
+    EXPECT_EQ(hp::DTensor(e).to_local().sizes(), x.to_local().sizes());
+  }
+}
+
 // c10::InferenceMode: composite ops (linear, ...) reach DTensors undecomposed there; they run and
 // match plain tensors.
 TEST(OffPathDist, InferenceModeRunsCompositeOps) {

@@ -3,6 +3,9 @@
 // single-device ones, Rowwise included (no division by the tp size).
 #include "tp_models.h"
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/InferenceMode.h>
+
 using namespace tp_test;
 using P = hp::Placements;
 
@@ -32,6 +35,87 @@ TEST(TensorParallelNumerics, C1_ColwiseLinearForwardBackward) {
   EXPECT_TRUE(close(grad_of(l->weight()), ref->weight().grad()));  // gathered on dim 0
   EXPECT_TRUE(close(grad_of(l->bias()), ref->bias().grad()));
   EXPECT_TRUE(close(x.grad(), xr.grad()));  // all-reduced by from_local's backward
+}
+
+namespace {
+// Torch's CPU autocast to `dtype` in a scope, as Python's `torch.autocast("cpu", dtype)` sets it.
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(at::ScalarType dtype)
+      : was_enabled_(at::autocast::is_autocast_enabled(at::kCPU)), was_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, was_enabled_);
+    at::autocast::set_autocast_dtype(at::kCPU, was_dtype_);
+  }
+  CpuAutocast(const CpuAutocast&) = delete;
+  CpuAutocast& operator=(const CpuAutocast&) = delete;
+
+ private:
+  bool was_enabled_;
+  at::ScalarType was_dtype_;
+};
+
+// Within bf16's rounding: 8 bits of mantissa.
+bool close_bf16(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && at::allclose(a.to(at::kFloat), b.to(at::kFloat), 1.0 / 64, 1.0 / 64);
+}
+}  // namespace
+
+// Under CPU autocast to bf16 a Colwise Linear computes in bf16 as the same Linear does on plain
+// tensors under the same autocast: a bf16 output of the same values, and fp32 gradients of the
+// same values. The DTensor carries the autocast key its local tensor has, so autocast casts
+// before our sharding rules run.
+TEST(TensorParallelNumerics, AutocastColwiseLinearEqualsPlainAutocast) {
+  const int64_t n = tp_size();
+  auto l = seeded<hnn::Linear>(21, 16, 8 * n);
+  auto ref = seeded<hnn::Linear>(21, 16, 8 * n);
+  hp::parallelize_module(*l, mesh(), hp::ColwiseParallel(/*input_layouts=*/hp::Replicate(), /*output_layouts=*/hp::Replicate()));
+  at::Tensor x = leaf(random({4, 16}, 1)), xr = leaf(x);
+  at::Tensor w = random({4, 8 * n}, 2);
+  at::Tensor y, yr;
+  {
+    CpuAutocast autocast(at::kBFloat16);
+    y = l(x);
+    yr = ref(xr);
+    EXPECT_EQ(yr.scalar_type(), at::kBFloat16) << "torch's autocast did not cast the plain Linear";
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(close_bf16(y, yr));
+    (y.to(at::kFloat) * w).sum().backward();
+    (yr.to(at::kFloat) * w).sum().backward();
+  }
+  EXPECT_EQ(l->weight().grad().scalar_type(), at::kFloat);
+  EXPECT_TRUE(close_bf16(grad_of(l->weight()), ref->weight().grad()));
+  EXPECT_TRUE(close_bf16(grad_of(l->bias()), ref->bias().grad()));
+  EXPECT_TRUE(close_bf16(x.grad(), xr.grad()));
+}
+
+// A Colwise + Rowwise MLP's forward under c10::InferenceMode (where composite ops reach the
+// DTensors undecomposed) equals its forward in grad mode and one process's, and records nothing
+// for autograd.
+TEST(TensorParallelNumerics, InferenceModeMlpForwardEqualsGradModeForward) {
+  const int64_t n = tp_size();
+  auto m = seeded<Mlp>(22, 16, 8 * n);
+  auto ref = seeded<Mlp>(22, 16, 8 * n);
+  hp::parallelize_module(*m, mesh(), {{"linear1", hp::ColwiseParallel()}, {"linear2", hp::RowwiseParallel()}});
+  const at::Tensor x = random({2, 3, 16}, 1);
+  const at::Tensor grad_mode = m(x);
+  ASSERT_TRUE(grad_mode.requires_grad());
+  at::Tensor inference;
+  {
+    c10::InferenceMode guard;
+    hp::CommDebugMode comm;
+    inference = m(x);
+    EXPECT_EQ(comm.get_comm_count("all_reduce"), 1) << comm.summary();
+  }
+  EXPECT_TRUE(inference.is_inference());
+  EXPECT_FALSE(inference.requires_grad());
+  EXPECT_TRUE(close(inference, grad_mode.detach()));
+  EXPECT_TRUE(close(inference, ref(x).detach()));
 }
 
 TEST(TensorParallelNumerics, C2_RowwiseLinearForwardBackward) {

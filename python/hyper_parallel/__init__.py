@@ -1,0 +1,43 @@
+"""hyper_parallel for Python: the seed's tensor-parallel API over hyper_parallel's C++ DTensor.
+
+    from hyper_parallel import (ColwiseParallel, RowwiseParallel, init_device_mesh,
+                                parallelize_module)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+
+A DTensor is a plain ``torch.Tensor`` whose ops run in C++ (``isinstance(t, hyper_parallel.DTensor)``
+tells them apart); the styles are the C++ library's, applied to ``torch.nn`` modules.
+"""
+import torch as _torch
+
+from ._build_info import TORCH_VERSION as _BUILT_FOR
+
+
+def _minor(version):
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+# _C is compiled against one torch minor (it reaches torch's C++ internals): refuse another one by
+# name before loading it, rather than fail on a missing symbol.
+if _minor(_torch.__version__) != _minor(_BUILT_FOR):
+    raise ImportError(
+        f"hyper_parallel: this build of hyper_parallel._C was compiled against torch {_BUILT_FOR}, but torch "
+        f"{_torch.__version__} is imported; rebuild it against this torch (scripts/setup.sh, or "
+        "pip install --no-build-isolation . in this environment)")
+
+from . import _C  # noqa: E402
+from .placement_types import Partial, Placement, Replicate, Shard  # noqa: E402
+from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
+from .dtensor import DTensor, distribute_tensor  # noqa: E402
+from .style import (ColwiseParallel, NoParallel, ParallelStyle, PrepareModuleInput,  # noqa: E402
+                    PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel, SequenceParallel)
+from .api import parallelize_module  # noqa: E402
+from .debug import CommDebugMode  # noqa: E402
+from ._runtime import get_rank, get_world_size, init_process_group, is_initialized  # noqa: E402
+
+__all__ = [
+    "ColwiseParallel", "CommDebugMode", "DTensor", "DeviceMesh", "NoParallel", "ParallelStyle", "Partial",
+    "Placement", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput", "Replicate",
+    "RowwiseParallel", "SequenceParallel", "Shard", "distribute_tensor", "get_rank", "get_world_size",
+    "init_device_mesh", "init_process_group", "is_initialized", "parallelize_module",
+]

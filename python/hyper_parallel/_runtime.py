@@ -1,0 +1,30 @@
+"""Joining the job: under torchrun (its agent's store), after torch.distributed (its store), or
+under hprun (our own rendezvous)."""
+import torch.distributed as _dist
+
+from . import _C
+
+
+def init_process_group(device_type="cpu"):
+    """Joins the job once (later calls do nothing). With torch.distributed initialised first, our
+    keys live in its store; otherwise the environment torchrun or hprun set is read (under
+    torchrun every rank joins the agent's store as a client)."""
+    if _C.is_initialized():
+        return
+    if _dist.is_available() and _dist.is_initialized():
+        store = _dist.distributed_c10d._get_default_store()
+        _C._init_process_group_with_store(store, _dist.get_rank(), _dist.get_world_size(), device_type)
+    else:
+        _C._init_process_group(device_type, None)
+
+
+def is_initialized():
+    return _C.is_initialized()
+
+
+def get_rank():
+    return _C.get_rank()
+
+
+def get_world_size():
+    return _C.get_world_size()

@@ -1,0 +1,25 @@
+"""CommDebugMode (PyTorch's torch.distributed.tensor.debug.CommDebugMode): counts the
+collectives run in its ``with`` block; the counts stay readable after it."""
+from . import _C
+
+
+class CommDebugMode:
+    def __init__(self):
+        self._mode = _C._CommDebugMode()
+
+    def __enter__(self):
+        self._mode.enter()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.exit()
+        return False
+
+    def get_total_counts(self):
+        return self._mode.get_total_counts()
+
+    def get_comm_counts(self):
+        return self._mode.get_comm_counts()
+
+    def summary(self):
+        return self._mode.summary()

@@ -1,0 +1,114 @@
+"""Our DTensors in Python: plain torch.Tensor objects (their ops run in C++), told apart by
+``isinstance(t, hyper_parallel.DTensor)``, with PyTorch DTensor's methods patched onto
+torch.Tensor (a clear error on other tensors), a repr that never communicates, and pickling
+refused by name."""
+import copy
+
+import torch
+
+from . import _C
+from .placement_types import as_list, from_cpp
+
+
+class _DTensorMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and _C.is_dtensor(obj)
+
+    def __subclasscheck__(cls, sub):
+        return sub is cls
+
+
+class DTensor(metaclass=_DTensorMeta):
+    """``isinstance(t, DTensor)`` is true exactly for hyper_parallel's DTensors (which are
+    torch.Tensor objects). ``DTensor.from_local`` builds one from each rank's piece."""
+
+    @staticmethod
+    def from_local(local_tensor, device_mesh, placements, *, run_check=False, shape=None, stride=None):
+        return _C.from_local(local_tensor, device_mesh, as_list(placements, "DTensor.from_local"), run_check,
+                             None if shape is None else list(shape), None if stride is None else list(stride))
+
+
+def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+    """Splits or replicates a whole tensor over ``device_mesh`` (Replicate on every mesh dim when
+    ``placements`` is None); ``src_data_rank`` as PyTorch's (None: no communication)."""
+    if device_mesh is None:
+        raise ValueError("hyper_parallel.distribute_tensor: device_mesh is required (init_device_mesh(...))")
+    if placements is None:
+        placements = [_C.Placement("replicate")] * device_mesh.ndim
+    return _C._distribute_tensor(tensor, device_mesh, as_list(placements, "distribute_tensor"), src_data_rank)
+
+
+# ---- PyTorch DTensor's methods on torch.Tensor
+
+def _not_a_dtensor(what):
+    return AttributeError(f"hyper_parallel: '{what}' is defined for hyper_parallel DTensors; this tensor is a plain "
+                          "torch.Tensor")
+
+
+def _placements(self):
+    if not _C.is_dtensor(self):
+        raise _not_a_dtensor("placements")
+    return tuple(from_cpp(p) for p in _C._placements(self))
+
+
+def _device_mesh(self):
+    if not _C.is_dtensor(self):
+        raise _not_a_dtensor("device_mesh")
+    return _C._device_mesh(self)
+
+
+def _to_local(self, *, grad_placements=None):
+    return _C._to_local(self, None if grad_placements is None else as_list(grad_placements, "DTensor.to_local"))
+
+
+def _full_tensor(self, *, grad_placements=None):
+    return _C._full_tensor(self)
+
+
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+    if placements is None:
+        raise ValueError("hyper_parallel.DTensor.redistribute: placements are required")
+    return _C._redistribute(self, device_mesh, as_list(placements, "DTensor.redistribute"))
+
+
+_plain_repr = torch.Tensor.__repr__
+_plain_reduce_ex = torch.Tensor.__reduce_ex__
+_plain_deepcopy = torch.Tensor.__deepcopy__
+
+
+def _repr(self, *args, **kwargs):
+    # The spec and this rank's shape: printing on one rank must never wait for the others.
+    if _C.is_dtensor(self):
+        return _C._describe(self)
+    return _plain_repr(self, *args, **kwargs)
+
+
+def _reduce_ex(self, protocol):
+    if _C.is_dtensor(self):
+        raise TypeError("hyper_parallel: a DTensor cannot be pickled or saved with torch.save (it has no storage, "
+                        "only this rank's piece); save a model's sharded state with hyper_parallel's checkpoints "
+                        "(save_sharded, save_train_state, save_hf_checkpoint), or torch.save(t.full_tensor())")
+    return _plain_reduce_ex(self, protocol)
+
+
+def _deepcopy(self, memo):
+    if not _C.is_dtensor(self) or type(self) is not torch.Tensor:
+        return _plain_deepcopy(self, memo)  # nn.Parameter has its own, which clones
+    if id(self) in memo:
+        return memo[id(self)]
+    with torch.no_grad():
+        out = self.clone()
+    out.requires_grad_(self.requires_grad)
+    memo[id(self)] = out
+    return out
+
+
+torch.Tensor.placements = property(_placements)
+torch.Tensor.device_mesh = property(_device_mesh)
+torch.Tensor.to_local = _to_local
+torch.Tensor.full_tensor = _full_tensor
+torch.Tensor.redistribute = _redistribute
+torch.Tensor.__repr__ = _repr
+torch.Tensor.__reduce_ex__ = _reduce_ex
+torch.Tensor.__deepcopy__ = _deepcopy
+_ = copy  # deepcopy goes through __deepcopy__ above
