@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "dtensor_impl.h"
+#include "foreach_ops.h"
 #include "op_execution.h"
 #include "op_interceptor.h"
 #include "op_report.h"
@@ -35,6 +36,7 @@ void decompose(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
 }
 
 void run_on_dtensors(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh* mesh) {
+  if (C10_UNLIKELY(is_foreach_op(op))) return run_foreach_per_tensor(op, stack);
   const size_t nargs = op.schema().arguments().size();
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", op.operator_name());

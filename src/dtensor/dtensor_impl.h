@@ -69,7 +69,12 @@ class DTensorImpl final : public c10::TensorImpl {
   void release_resources() override;
 
  private:
-  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  // torch names it where it refuses storage access, which is where torch.compile and other
+  // code written for dense tensors stop: the name says what to do instead.
+  const char* tensorimpl_type_name() const override {
+    return "hyper_parallel::DTensorImpl (a DTensor has no storage of its own: reach this rank's piece with to_local(); "
+           "torch.compile does not trace hyper_parallel's DTensors, run the module eagerly)";
+  }
   template <class VersionCounter>
   c10::intrusive_ptr<c10::TensorImpl> copy_impl(VersionCounter&& vc, bool allow) const;
   // The spec's global sizes, strides and offset as this TensorImpl's.

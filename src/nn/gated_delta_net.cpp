@@ -5,6 +5,7 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/random.h>
+#include <hyper_parallel/nn/layers.h>
 #include <hyper_parallel/runtime/errors.h>
 
 #include <cmath>

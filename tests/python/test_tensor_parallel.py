@@ -282,6 +282,44 @@ def test_with_mesh_is_the_default_mesh():
     assert m.linear1.weight.device_mesh == MESH
 
 
+# ---- torch.optim and torch.nn.utils on our DTensors
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("make", [
+    lambda ps, fe: torch.optim.SGD(ps, lr=0.05, momentum=0.9, foreach=fe),
+    lambda ps, fe: torch.optim.Adam(ps, lr=0.01, foreach=fe),
+    lambda ps, fe: torch.optim.AdamW(ps, lr=0.01, foreach=fe),
+], ids=["SGD", "Adam", "AdamW"])
+def test_torch_optimizers_equal_one_process_after_five_steps(make, foreach):
+    m = seeded(9, lambda: Mlp(16, 8 * TP))
+    ref = seeded(9, lambda: Mlp(16, 8 * TP))
+    parallelize_module(m, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    opt, ref_opt = make(m.parameters(), foreach), make(ref.parameters(), foreach)
+    for step in range(5):
+        x = torch.randn(4, 16)
+        for o, mod in ((opt, m), (ref_opt, ref)):
+            o.zero_grad()
+            (mod(x) ** 2).sum().backward()
+            o.step()
+    for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.detach().full_tensor(), q.detach(), atol=1e-6, rtol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_clip_grad_norm_with_shard_and_replicate_gradients_equals_one_process(foreach):
+    m = seeded(10, lambda: Mlp(16, 8 * TP))
+    ref = seeded(10, lambda: Mlp(16, 8 * TP))
+    parallelize_module(m, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    x = torch.randn(4, 16)
+    (m(x) ** 2).sum().backward()
+    (ref(x) ** 2).sum().backward()
+    total = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5, foreach=foreach)
+    ref_total = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5, foreach=foreach)
+    torch.testing.assert_close(total.full_tensor() if isinstance(total, hp.DTensor) else total, ref_total)
+    for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=name)
+
+
 # ---- a DTensor in Python
 
 def test_non_tensor_arguments_pass_through_the_hooks_untouched():
@@ -332,6 +370,40 @@ def test_redistribute_and_full_tensor():
     assert r.placements == (Replicate(),)
     torch.testing.assert_close(r.to_local(), full)
     torch.testing.assert_close(t.full_tensor(), full)
+
+
+def test_state_dict_round_trips_and_module_to_keeps_dtensors():
+    m = seeded(11, lambda: Mlp(16, 8 * TP))
+    other = seeded(12, lambda: Mlp(16, 8 * TP))
+    plan = {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()}
+    parallelize_module(m, MESH, plan)
+    parallelize_module(other, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    sd = m.state_dict()
+    assert all(isinstance(v, hp.DTensor) for v in sd.values())
+    other.load_state_dict(sd)
+    for (name, p), (_, q) in zip(m.named_parameters(), other.named_parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor()), name
+    other.to(torch.float64)
+    assert other.linear1.weight.dtype == torch.float64 and isinstance(other.linear1.weight, hp.DTensor)
+    x = torch.randn(2, 16, dtype=torch.float64)
+    torch.testing.assert_close(other(x), m.to(torch.float64)(x))
+
+
+def test_deepcopy_of_an_optimizer_state_dict():
+    m = parallelize_module(Mlp(16, 8 * TP), MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    exp_avg = sd["state"][0]["exp_avg"]
+    assert isinstance(exp_avg, hp.DTensor)
+    torch.testing.assert_close(exp_avg.full_tensor(), opt.state[m.linear1.weight]["exp_avg"].full_tensor())
+
+
+def test_torch_compile_is_refused_naming_hyper_parallel():
+    m = parallelize_module(Mlp(16, 8 * TP), MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    with pytest.raises(Exception, match=r"hyper_parallel(.|\n)*torch\.compile"):
+        torch.compile(m)(torch.randn(2, 16))
 
 
 def test_deepcopy_of_a_parallelized_module_computes_the_same():

@@ -75,4 +75,39 @@ TEST(OptimizerDist, AdamW) {
   });
 }
 
+// torch's _foreach_ ops (torch.optim's foreach path, clip_grad_norm_'s _foreach_norm) on lists of
+// Shard and Replicate DTensors: each element as the per-tensor op gives it, equal to the same
+// foreach op on plain tensors; maximum_ (which has no in-place per-tensor op) too.
+TEST(OptimizerDist, ForeachOpsOnDTensorListsEqualPlain) {
+  auto mesh = world_mesh();
+  auto [dist, plain] = make_mlps(mesh);
+  std::vector<at::Tensor> d, p, dg, pg;
+  for (size_t k = 0; k < dist.params.size(); ++k) {
+    d.push_back(dist.params[k].detach());
+    p.push_back(plain.params[k].detach());
+    at::Tensor g = random(plain.params[k].sizes(), 20 + static_cast<int>(k));
+    pg.push_back(g);
+    dg.push_back(hp::distribute_tensor(g, mesh, hp::DTensor(dist.params[k]).placements()));
+  }
+  at::_foreach_mul_(d, 0.5);
+  at::_foreach_mul_(p, 0.5);
+  at::_foreach_add_(d, dg, 2.0);
+  at::_foreach_add_(p, pg, 2.0);
+  at::_foreach_addcmul_(d, dg, dg, 0.25);
+  at::_foreach_addcmul_(p, pg, pg, 0.25);
+  at::_foreach_maximum_(d, dg);
+  at::_foreach_maximum_(p, pg);
+  at::_foreach_abs_(d);
+  at::_foreach_abs_(p);
+  const std::vector<at::Tensor> ds = at::_foreach_sqrt(d), ps = at::_foreach_sqrt(p);
+  const std::vector<at::Tensor> dn = at::_foreach_norm(dg), pn = at::_foreach_norm(pg);
+  for (size_t k = 0; k < d.size(); ++k) {
+    EXPECT_TRUE(hp::is_dtensor(d[k]) && hp::is_dtensor(ds[k]) && hp::is_dtensor(dn[k])) << k;
+    EXPECT_EQ(hp::DTensor(ds[k]).placements(), hp::DTensor(d[k]).placements()) << k;
+    EXPECT_TRUE(close(d[k], p[k])) << k;
+    EXPECT_TRUE(close(ds[k], ps[k])) << k;
+    EXPECT_TRUE(close(dn[k], pn[k])) << k;
+  }
+}
+
 }  // namespace t_dist_dtensor_optimizer_test
