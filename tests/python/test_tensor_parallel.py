@@ -400,10 +400,17 @@ def test_deepcopy_of_an_optimizer_state_dict():
     torch.testing.assert_close(exp_avg.full_tensor(), opt.state[m.linear1.weight]["exp_avg"].full_tensor())
 
 
-def test_torch_compile_is_refused_naming_hyper_parallel():
+def test_torch_compile_gives_eager_numbers_or_an_error_naming_hyper_parallel():
+    # torch 2.15's dynamo reaches the DTensor's storage and stops there (its error carries our
+    # type's name); 2.11's breaks the graph at our hooks and runs the ops eagerly.
     m = parallelize_module(Mlp(16, 8 * TP), MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
-    with pytest.raises(Exception, match=r"hyper_parallel(.|\n)*torch\.compile"):
-        torch.compile(m)(torch.randn(2, 16))
+    x = torch.randn(2, 16)
+    try:
+        y = torch.compile(m)(x)
+    except Exception as e:  # noqa: BLE001 - dynamo wraps the cause in its own types
+        assert "hyper_parallel" in str(e) and "torch.compile" in str(e), str(e)
+    else:
+        torch.testing.assert_close(y, m(x))
 
 
 def test_deepcopy_of_a_parallelized_module_computes_the_same():
