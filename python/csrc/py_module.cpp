@@ -157,11 +157,13 @@ void PyModuleAdapter::write_back_to_python() {
       if (params.contains(name) && !params[name].is_none() &&
           THPVariable_Unpack(params[name].ptr()).unsafeGetTensorImpl() == p.value().unsafeGetTensorImpl())
         continue;
-      const py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(p.value()));
-      const py::object param = parameter_type(wrapped, py::arg("requires_grad") = p.value().requires_grad());
+      // The very tensor the style made, as an nn.Parameter: nn.Parameter(t) would make a detached
+      // alias, without the gradient hook distribute_module put on `t` (the reduction of a
+      // replicated parameter's Partial gradient). The new DTensor has no Python object of its own
+      // yet, so its class is ours to set.
+      const py::object param = py::reinterpret_steal<py::object>(THPVariable_Wrap(p.value()));
+      if (!py::isinstance(param, parameter_type)) param.attr("__class__") = parameter_type;
       m.attr("__setattr__")(name, param);
-      // The Parameter is a new alias of the same DTensor: the registry holds what Python holds.
-      nn::detail::set_parameter_unchecked(*this, p.key(), THPVariable_Unpack(param.ptr()));
     }
     const py::dict buffers = m.attr("_buffers");
     for (const auto& b : named_buffers(/*recurse=*/false)) {

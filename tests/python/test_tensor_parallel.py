@@ -13,8 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hyper_parallel as hp
-from hyper_parallel import (ColwiseParallel, NoParallel, ParallelStyle, PrepareModuleInput, Replicate,
-                            RowwiseParallel, SequenceParallel, Shard, init_device_mesh, parallelize_module)
+from hyper_parallel import (ColwiseParallel, NoParallel, ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput,
+                            PrepareModuleOutput, Replicate, RowwiseParallel, SequenceParallel, Shard, init_device_mesh,
+                            parallelize_module)
 
 torch.set_num_threads(1)
 hp.init_process_group()
@@ -182,6 +183,16 @@ def test_A9_sequence_parallel_wants_a_tensor(bad):
         m(bad)
 
 
+def test_A10_a_rowwise_linear_whose_output_is_a_plain_tensor_is_a_type_error():
+    class Leaky(nn.Linear):  # a Linear that leaves DTensor land inside its forward
+        def forward(self, x):
+            return F.linear(x, self.weight).redistribute(MESH, [Replicate()]).to_local()
+
+    m = parallelize_module(Leaky(2 * TP, 4, bias=False), MESH, RowwiseParallel())
+    with pytest.raises(TypeError, match="plain tensor"):
+        m(torch.ones(1, 2))
+
+
 def test_A11_a_module_is_distributed_once():
     m = Mlp()
     parallelize_module(m.linear1, MESH, ColwiseParallel())
@@ -214,6 +225,23 @@ def test_B3_B4_embedding_geometry():
     expect_placements(col.weight, [Shard(1)], [10, 4])
     row = parallelize_module(nn.Embedding(4 * TP, 6), MESH, RowwiseParallel())
     expect_placements(row.weight, [Shard(0)], [4, 6])
+
+
+def test_B5_sequence_parallel_layer_norm_parameters_are_replicated():
+    ln = parallelize_module(nn.LayerNorm(12), MESH, SequenceParallel())
+    expect_placements(ln.weight, [Replicate()], [12])
+    expect_placements(ln.bias, [Replicate()], [12])
+
+
+def test_B9_meta_parameters_never_communicate():
+    with torch.device("meta"):
+        m = Mlp(8, 4 * TP)
+    with hp.CommDebugMode() as comm:
+        parallelize_module(m, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    assert comm.get_total_counts() == 0
+    assert m.linear1.weight.to_local().is_meta
+    assert tuple(m.linear1.weight.to_local().shape) == (4, 8)
+    assert tuple(m.linear2.weight.to_local().shape) == (8, 4)
 
 
 @pytest.mark.parametrize("src_data_rank", [0, None])
@@ -257,12 +285,173 @@ def test_C3_colwise_rowwise_mlp_equals_one_process_in_output_gradients_and_adamw
         torch.testing.assert_close(p.full_tensor(), q, msg=name)
 
 
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def piece(t, dim):
+    return t.chunk(TP, dim)[RANK].contiguous()
+
+
+def test_C1_colwise_linear_forward_backward():
+    m = seeded(11, lambda: nn.Linear(16, 8 * TP))
+    ref = seeded(11, lambda: nn.Linear(16, 8 * TP))
+    parallelize_module(m, MESH, ColwiseParallel())
+    x = torch.randn(4, 16)
+    xl, xr = leaf(x), leaf(x)
+    y = m(xl)  # the local Shard(-1) piece
+    assert not isinstance(y, hp.DTensor) and tuple(y.shape) == (4, 8)
+    yr = ref(xr)
+    torch.testing.assert_close(y, piece(yr, -1))
+    w = torch.randn(4, 8 * TP)
+    (y * piece(w, -1)).sum().backward()
+    (yr * w).sum().backward()
+    torch.testing.assert_close(m.weight.grad.full_tensor(), ref.weight.grad)
+    torch.testing.assert_close(m.bias.grad.full_tensor(), ref.bias.grad)
+    torch.testing.assert_close(xl.grad, xr.grad)
+
+
+def test_C2_rowwise_linear_forward_backward():
+    m = seeded(12, lambda: nn.Linear(8 * TP, 6))
+    ref = seeded(12, lambda: nn.Linear(8 * TP, 6))
+    parallelize_module(m, MESH, RowwiseParallel())
+    x = torch.randn(3, 8 * TP)
+    xl, xr = leaf(piece(x, -1)), leaf(x)
+    y, yr = m(xl), ref(xr)
+    torch.testing.assert_close(y, yr)
+    w = torch.randn(3, 6)
+    (y * w).sum().backward()
+    (yr * w).sum().backward()
+    torch.testing.assert_close(m.weight.grad.full_tensor(), ref.weight.grad)  # no division by tp
+    torch.testing.assert_close(m.bias.grad.full_tensor(), ref.bias.grad)
+    torch.testing.assert_close(xl.grad, piece(xr.grad, -1))
+
+
+def test_C4_C5_embeddings():
+    col = seeded(13, lambda: nn.Embedding(10, 4 * TP))
+    row = seeded(13, lambda: nn.Embedding(4 * TP, 6))
+    ref_col, ref_row = seeded(13, lambda: nn.Embedding(10, 4 * TP)), seeded(13, lambda: nn.Embedding(4 * TP, 6))
+    parallelize_module(col, MESH, ColwiseParallel())
+    parallelize_module(row, MESH, RowwiseParallel(input_layouts=Replicate()))  # the ids are whole on every rank
+    ids = torch.tensor([[0, 3, 7], [1, 2, 4 * TP - 1]]) % 10
+    torch.testing.assert_close(col(ids), piece(ref_col(ids), -1))
+    ids_row = torch.tensor([[0, 3], [1, 4 * TP - 1]])
+    torch.testing.assert_close(row(ids_row), ref_row(ids_row))
+
+
+def test_C6_sequence_parallel_layer_norm():
+    ln, ref = seeded(14, lambda: nn.LayerNorm(8)), seeded(14, lambda: nn.LayerNorm(8))
+    with torch.no_grad():
+        for mod in (ln, ref):
+            mod.weight.copy_(torch.linspace(0.5, 1.5, 8))
+            mod.bias.copy_(torch.linspace(-0.2, 0.2, 8))
+    parallelize_module(ln, MESH, SequenceParallel())
+    x = torch.randn(2, 2 * TP, 8)
+    xl, xr = leaf(piece(x, 1)), leaf(x)
+    y = ln(xl)  # use_local_output=False: a DTensor
+    assert y.placements == (Shard(1),)
+    yr = ref(xr)
+    torch.testing.assert_close(y.to_local(), piece(yr, 1))
+    torch.testing.assert_close(y.full_tensor(), yr)
+    w = torch.randn(2, 2 * TP, 8)
+    (y.to_local() * piece(w, 1)).sum().backward()
+    (yr * w).sum().backward()
+    torch.testing.assert_close(xl.grad, piece(xr.grad, 1))
+    assert ln.weight.grad.placements == (Replicate(),)
+    torch.testing.assert_close(ln.weight.grad.full_tensor(), ref.weight.grad)
+    torch.testing.assert_close(ln.bias.grad.full_tensor(), ref.bias.grad)
+
+
+def test_C7_sequence_parallel_dropout_at_zero_is_identity():
+    d = parallelize_module(nn.Dropout(0.0), MESH, SequenceParallel())
+    x = torch.randn(2, 2 * TP, 8)
+    assert torch.equal(d(piece(x, 1)).full_tensor(), x)
+
+
 def test_C8_no_parallel_linear_equals_one_process():
     m = seeded(6, lambda: nn.Linear(6, 5))
     ref = seeded(6, lambda: nn.Linear(6, 5))
     parallelize_module(m, MESH, NoParallel())
     x = torch.randn(3, 6)
     torch.testing.assert_close(m(x), ref(x))
+
+
+def test_C9_sequence_parallel_into_no_parallel():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.proj = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.proj(self.norm(x))
+
+    m, ref = seeded(15, Block), seeded(15, Block)
+    parallelize_module(m, MESH, {"norm": SequenceParallel(), "proj": NoParallel()})
+    x = torch.randn(2, 2 * TP, 8)
+    y = m(piece(x, 1))  # the sequence-sharded activation is gathered into the replicated Linear
+    torch.testing.assert_close(y, ref(x))
+
+
+def test_C10_prepare_module_input_then_colwise():
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(6, 4 * TP)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    m, ref = seeded(16, Wrap), seeded(16, Wrap)
+    parallelize_module(m, MESH, PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)))
+    parallelize_module(m, MESH, {"proj": ColwiseParallel(output_layouts=Replicate())})
+    x = torch.randn(2 * TP, 6)
+    torch.testing.assert_close(m(piece(x, 0)), ref(x))
+
+
+def test_C11_rowwise_then_prepare_module_output():
+    m, ref = seeded(17, lambda: nn.Linear(4 * TP, 6)), seeded(17, lambda: nn.Linear(4 * TP, 6))
+    parallelize_module(m, MESH, RowwiseParallel(use_local_output=False))
+    parallelize_module(m, MESH, PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(0),)))
+    x = torch.randn(2 * TP, 4 * TP)
+    y = m(piece(x, -1))
+    torch.testing.assert_close(y, piece(ref(x), 0))
+
+
+def test_C12_prepare_module_input_output_mlp_block():
+    m, ref = seeded(18, lambda: Mlp(8, 4 * TP)), seeded(18, lambda: Mlp(8, 4 * TP))
+    parallelize_module(m, MESH, PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                         output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)))
+    parallelize_module(m, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel(use_local_output=False)})
+    x = torch.randn(2, 2 * TP, 8)
+    torch.testing.assert_close(m(piece(x, 1)), piece(ref(x), 1))
+
+
+def test_C13_rowwise_reduce_dtype_float32():
+    m = seeded(19, lambda: nn.Linear(8 * TP, 6)).to(torch.bfloat16)
+    ref = seeded(19, lambda: nn.Linear(8 * TP, 6))
+    parallelize_module(m, MESH, RowwiseParallel(reduce_dtype=torch.float32))
+    x = torch.randn(3, 8 * TP)
+    y = m(piece(x, -1).to(torch.bfloat16))
+    assert y.dtype == torch.float32  # reduced, and kept, in reduce_dtype
+    torch.testing.assert_close(y, ref(x), atol=5e-2, rtol=5e-2)
+
+
+def test_C14_sequence_parallel_on_dim_2():
+    class HeadNorm(nn.Module):  # an RMSNorm over head_dim, as Qwen's q_norm / k_norm
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    m, ref = HeadNorm(), HeadNorm()
+    parallelize_module(m, MESH, SequenceParallel(sequence_dim=2))
+    x = torch.randn(2, 3, 2 * TP, 8)
+    y = m(piece(x, 2))
+    assert y.placements == (Shard(2),)
+    torch.testing.assert_close(y.full_tensor(), ref(x))
 
 
 # ---- D: plans
@@ -273,6 +462,55 @@ def test_D1_D2_glob_and_root_style():
     assert not any(isinstance(layer.attn.o_proj.weight, hp.DTensor) for layer in m.layers)
     lin = parallelize_module(nn.Linear(4, 4 * TP), MESH, ColwiseParallel())
     expect_placements(lin.weight, [Shard(0)], [4, 4])
+
+
+class QwenBlock(nn.Module):
+    # The smallest Qwen-like block: norm, q/k/v, attention over heads, o_proj, residual.
+    def __init__(self, dim=8 * 4, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.input_layernorm = nn.LayerNorm(dim)
+        self.attn = nn.Module()
+        self.attn.q_proj, self.attn.k_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.attn.v_proj, self.attn.o_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        h = self.input_layernorm(x)
+        if isinstance(h, hp.DTensor):  # gathered for the attention (PrepareModuleInput in the plan below)
+            h = h.redistribute(h.device_mesh, [Replicate()]).to_local()
+        b, s = h.shape[0], h.shape[1]
+        q, k, v = (p(h).view(b, s, -1, 8).transpose(1, 2) for p in (self.attn.q_proj, self.attn.k_proj, self.attn.v_proj))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+        out = self.attn.o_proj(o)
+        return out + (x if not isinstance(out, hp.DTensor) else hp.DTensor.from_local(x, MESH, [Shard(1)]))
+
+
+@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["D3_sequence_parallel", "D5_no_parallel_norm"])
+def test_D3_D5_minimal_qwen_block_equals_one_process(sequence_parallel):
+    if 4 % TP:
+        pytest.skip("4 heads over tp")
+    m, ref = seeded(20, QwenBlock), seeded(20, QwenBlock)
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel()}
+    if sequence_parallel:
+        plan["input_layernorm"] = SequenceParallel()
+        plan["attn.o_proj"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    else:
+        plan["input_layernorm"] = NoParallel()
+        plan["attn.o_proj"] = RowwiseParallel()
+    parallelize_module(m, MESH, plan)
+    x = torch.randn(2, 2 * TP, 8 * 4)
+    y = m(piece(x, 1) if sequence_parallel else x)
+    y = y.full_tensor() if isinstance(y, hp.DTensor) else y
+    torch.testing.assert_close(y, ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_D4_lm_head_keeps_logits_sharded_on_the_last_dim():
+    head, ref = seeded(21, lambda: nn.Linear(8, 6 * TP, bias=False)), seeded(21, lambda: nn.Linear(8, 6 * TP, bias=False))
+    parallelize_module(head, MESH, ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False))
+    x = torch.randn(2, 2 * TP, 8)
+    y = head(piece(x, 1))
+    assert isinstance(y, hp.DTensor) and y.placements == (Shard(2),)
+    torch.testing.assert_close(y.full_tensor(), ref(x))
 
 
 def test_with_mesh_is_the_default_mesh():

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""hyper_parallel's Python face against PyTorch's DTensor, both called from Python, in one run.
+
+One 2-rank torchrun job (one intra-op thread per rank) holds both: torch.distributed on Gloo, and
+hyper_parallel's runtime keyed into its store. Same shapes and timing protocol as
+bench/vs_pytorch.py (medians of alternating repetitions). Prints one JSON line per figure:
+- op_overhead_<op>: what a DTensor op adds over the plain op, called from Python, ours and
+  PyTorch's; ratio = ours / PyTorch's (goal <= 0.1);
+- step_mlp: a Colwise + Rowwise MLP training step (x [256,256], intermediate 768, gelu, SGD)
+  parallelized by each library's parallelize_module at tp = 2; ratio = ours / PyTorch's.
+
+    .venv/bin/python bench/python_vs_pytorch.py [--build build]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+GOALS = {"op_overhead": 0.1, "step": 0.8}
+
+
+def rank_main():
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+    from torch.distributed.tensor import Replicate as TR, Shard as TS, distribute_tensor as torch_distribute
+    from torch.distributed.tensor.parallel import (ColwiseParallel as TCol, RowwiseParallel as TRow,
+                                                   parallelize_module as torch_parallelize)
+
+    import hyper_parallel as hp
+    from vs_pytorch import time_pair, time_us
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    hp.init_process_group()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tmesh = torch_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    hmesh = hp.init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    out = {}
+
+    torch.manual_seed(0)
+    a, b, w, bias = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 16), torch.randn(16)
+    lw, lb = torch.randn(16), torch.randn(16)
+
+    def both(dist_fn, mesh, S, R):
+        return ([dist_fn(t, mesh, [S]) for t in (a, b)] + [dist_fn(t, mesh, [R]) for t in (w, bias, lw, lb)])
+
+    ours = both(lambda t, m, p: hp.distribute_tensor(t, m, p), hmesh, hp.Shard(0), hp.Replicate())
+    theirs = both(torch_distribute, tmesh, TS(0), TR())
+    with torch.no_grad():
+        cases = {
+            "add": lambda t: torch.add(t[0], t[1]),
+            "linear": lambda t: F.linear(t[0], t[2], t[3]),
+            "layer_norm": lambda t: F.layer_norm(t[0], (16,), t[4], t[5]),
+        }
+        plain = [a, b, w, bias, lw, lb]
+        for op, fn in cases.items():
+            p1, o = time_pair(lambda: fn(plain), lambda: fn(ours), 2000)
+            p2, t = time_pair(lambda: fn(plain), lambda: fn(theirs), 2000)
+            out["op_overhead_" + op] = (o - p1, t - p2, "us")
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(256, 768), nn.Linear(768, 256)
+
+        def forward(self, x):
+            return self.down(F.gelu(self.up(x)))
+
+    x, wx = torch.randn(256, 256), torch.randn(256, 256)
+
+    def stepper(parallelize, mesh, col, row):
+        torch.manual_seed(0)
+        mlp = parallelize(Mlp(), mesh, {"up": col(), "down": row()})
+        sgd = torch.optim.SGD(mlp.parameters(), lr=1e-4)
+
+        def step():
+            dist.barrier()
+            (mlp(x) * wx).sum().backward()
+            sgd.step()
+            sgd.zero_grad()
+        return step
+
+    ours_step = stepper(hp.parallelize_module, hmesh, hp.ColwiseParallel, hp.RowwiseParallel)
+    theirs_step = stepper(torch_parallelize, tmesh, TCol, TRow)
+    o = [time_us(ours_step, 3, reps=5) / 1000 for _ in range(3)]
+    t = [time_us(theirs_step, 3, reps=5) / 1000 for _ in range(3)]
+    out["step_mlp"] = (sorted(o)[1], sorted(t)[1], "ms")
+
+    if rank == 0:
+        print(json.dumps({"name": "python_vs_pytorch_environment", "torch": torch.__version__, "ranks": world,
+                          "intra_op_threads": 1, "cpus": os.cpu_count()}), flush=True)
+        for name, (ours_v, theirs_v, unit) in out.items():
+            goal = next(v for k, v in GOALS.items() if name.startswith(k))
+            ratio = ours_v / theirs_v
+            print(json.dumps({"name": "python_vs_pytorch_" + name, "ours": round(ours_v, 3), "pytorch": round(theirs_v, 3),
+                              "unit": unit, "ratio": round(ratio, 4), "goal": goal, "met": ratio <= goal}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank:
+        return rank_main()
+    package = os.path.join(os.path.abspath(args.build), "python")
+    if not os.path.isdir(os.path.join(package, "hyper_parallel")):
+        sys.exit(f"python_vs_pytorch: {package}/hyper_parallel is missing: build first (scripts/setup.sh)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([package, here]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--local-ranks-filter", "0", os.path.abspath(__file__), "--rank"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            print(line)
+    if proc.returncode != 0:
+        sys.exit(f"python_vs_pytorch: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+
+
+if __name__ == "__main__":
+    main()
