@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/explicit_redistribution.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/runtime/c10d_interop.h>
 #include <hyper_parallel/runtime/collectives.h>
@@ -249,6 +250,20 @@ PYBIND11_MODULE(_C, m) {
         });
       }));
   hyper_parallel::python::bind_modules(m);
+
+  // ---- communication only where asked for by name
+  py::class_<hp::ExplicitRedistribution, std::unique_ptr<hp::ExplicitRedistribution>>(m, "_ExplicitRedistribution")
+      .def(py::init([](const std::string& mode) {
+        return guarded([&] {
+          HP_CHECK_T(c10::ValueError, mode == "raise" || mode == "warn",
+                     "hyper_parallel::ExplicitRedistribution: mode must be 'raise' or 'warn', got '", mode, "'");
+          return std::make_unique<hp::ExplicitRedistribution>(mode == "raise" ? hp::ExplicitRedistribution::Mode::raise
+                                                                              : hp::ExplicitRedistribution::Mode::warn);
+        });
+      }));
+
+  py::class_<hp::ImplicitReplicationGuard, std::unique_ptr<hp::ImplicitReplicationGuard>>(m, "_ImplicitReplication")
+      .def(py::init<>());
 
   // ---- CommDebugMode
   py::class_<hp::python::PyCommDebugMode>(m, "_CommDebugMode")

@@ -5,6 +5,7 @@
 
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/tensor_parallel/api.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
 
 namespace hyper_parallel {
 namespace python {
@@ -15,6 +16,11 @@ namespace {
 // it rides through the C++ hooks in a capsule and comes back as the very same object.
 struct PyObjectSlot : torch::CustomClassHolder {
   explicit PyObjectSlot(py::object o) : obj(std::move(o)) {}
+  // The last reference may go on a thread without the GIL (a hook's result kept by C++).
+  ~PyObjectSlot() override {
+    py::gil_scoped_acquire gil;
+    obj = py::object();
+  }
   py::object obj;
 };
 
@@ -247,7 +253,73 @@ std::shared_ptr<ParallelStyle> style_of(const py::handle& h) {
 
 }  // namespace
 
+namespace {
+
+PyModuleAdapter& adapter_of(torch::nn::Module& module, const char* where) {
+  auto* a = dynamic_cast<PyModuleAdapter*>(&module);
+  HP_CHECK_T(c10::TypeError, a != nullptr, "hyper_parallel::python::adapter_of: ", where, " reached ", module.name(),
+             ", which is not a torch.nn module");
+  return *a;
+}
+
+// A Python function's result as positional arguments: a tuple is the arguments, anything else one.
+std::vector<c10::IValue> as_arguments(Converter& c, const py::object& r) {
+  std::vector<c10::IValue> out;
+  if (py::isinstance<py::tuple>(r))
+    for (const auto& x : r.cast<py::tuple>()) out.push_back(c.in(x));
+  else
+    out.push_back(c.in(r));
+  return out;
+}
+
+}  // namespace
+
 void bind_modules(py::module_& m) {
+  // PyTorch's distribute_module(module, device_mesh, partition_fn, input_fn, output_fn) with
+  // Python functions, run by the C++ one on the module's mirror.
+  m.def("_distribute_module", [](const py::object& module, const DeviceMesh& mesh, const py::object& partition_fn,
+                                 const py::object& input_fn, const py::object& output_fn, std::optional<int64_t> src_data_rank) {
+    guarded([&] {
+      const auto root = PyModuleAdapter::mirror(module);
+      PartitionFn partition;
+      InputFn in;
+      OutputFn out;
+      if (!partition_fn.is_none())
+        partition = [partition_fn](const std::string& name, torch::nn::Module& sub, const DeviceMesh& mesh) {
+          py::gil_scoped_acquire gil;
+          PyModuleAdapter& a = adapter_of(sub, "distribute_module's partition_fn");
+          partition_fn(name, a.py_module(), py::cast(mesh));
+          a.refresh_from_python();
+        };
+      if (!input_fn.is_none())
+        in = [input_fn](nn::Module& mod, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+            -> c10::optional<std::vector<c10::IValue>> {
+          py::gil_scoped_acquire gil;
+          Converter c;
+          py::tuple args(inputs.size());
+          for (size_t i = 0; i < inputs.size(); ++i) args[i] = c.out(inputs[i]);
+          const py::object r = input_fn(adapter_of(mod, "distribute_module's input_fn").py_module(), args, py::cast(mesh));
+          if (r.is_none()) return c10::nullopt;
+          return as_arguments(c, r);
+        };
+      if (!output_fn.is_none())
+        out = [output_fn](nn::Module& mod, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
+          py::gil_scoped_acquire gil;
+          Converter c;
+          const py::object r =
+              output_fn(adapter_of(mod, "distribute_module's output_fn").py_module(), c.out(output), py::cast(mesh));
+          if (r.is_none()) return c10::nullopt;
+          return c.in(r);
+        };
+      {
+        py::gil_scoped_release no_gil;
+        distribute_module(*root, mesh, partition, in, out, src_data_rank);
+      }
+      root->write_back_to_python();
+      root->bridge_hooks(root);
+    });
+  });
+
   py::class_<PyModuleAdapter, std::shared_ptr<PyModuleAdapter>>(m, "_ModuleMirror");
   // plan: a style (a C++ style object or a Python ParallelStyle), or a list of (path, style).
   m.def("_parallelize_module", [](const py::object& module, const std::optional<DeviceMesh>& mesh, const py::object& plan,

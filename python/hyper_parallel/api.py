@@ -1,6 +1,8 @@
-"""parallelize_module (PyTorch's torch.distributed.tensor.parallel.parallelize_module): the C++
+"""parallelize_module, distribute_module and loss_parallel (PyTorch's). parallelize_module: the C++
 engine resolves the plan's FQN globs, validates the whole plan on every rank, then applies the
 styles to the torch.nn module through the platform seam."""
+import contextlib
+
 from . import _C
 from .style import ParallelStyle, _CppStyle
 
@@ -30,3 +32,28 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_d
         parallelize_plan.src_data_rank = src_data_rank
     _C._parallelize_module(module, device_mesh, plan, src_data_rank)
     return module
+
+
+def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None, *, src_data_rank=0):
+    """PyTorch's distribute_module, run by the C++ one: ``partition_fn(name, submodule, mesh)`` on
+    every submodule, then every parameter and buffer not yet a DTensor becomes a Replicate one,
+    then ``input_fn(module, inputs, mesh)`` and ``output_fn(module, outputs, mesh)`` become its
+    forward hooks. A module is distributed once (RuntimeError on the second call)."""
+    if device_mesh is None:
+        raise ValueError("hyper_parallel.distribute_module: device_mesh is required")
+    _C._distribute_module(module, device_mesh, partition_fn, input_fn, output_fn, src_data_rank)
+    return module
+
+
+@contextlib.contextmanager
+def loss_parallel():
+    """PyTorch's loss_parallel: cross_entropy / nll_loss on logits sharded on the class dim
+    (Shard(-1), e.g. a ColwiseParallel lm_head with use_local_output=False) with plain targets.
+    The parallel loss itself needs no context here (each rank scores the targets in its class
+    range and the loss is reduced once, always); inside it, plain tensors mixed with DTensors
+    (the targets, a weight) are taken as replicated, as PyTorch's loss_parallel takes them."""
+    guard = _C._ImplicitReplication()
+    try:
+        yield
+    finally:
+        del guard

@@ -23,3 +23,22 @@ class CommDebugMode:
 
     def summary(self):
         return self._mode.summary()
+
+
+class ExplicitRedistribution:
+    """Communication only where it is asked for by name (PyTorch's ExplicitRedistributionContext):
+    in its ``with`` block, an op on DTensors that would need a collective to redistribute an input
+    raises on every rank (``mode="raise"``) or warns (``mode="warn"``) before communicating;
+    ``redistribute``, ``full_tensor``, the styles' hooks and loss parallelism are allowed."""
+
+    def __init__(self, mode="raise"):
+        self._mode = mode
+        self._guard = None
+
+    def __enter__(self):
+        self._guard = _C._ExplicitRedistribution(self._mode)
+        return self
+
+    def __exit__(self, *exc):
+        self._guard = None
+        return False

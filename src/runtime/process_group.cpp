@@ -386,6 +386,9 @@ void init_process_group(const InitOptions& options) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(s.env.master_port);
   so.isServer = s.env.rank == 0 && !join_agent;
+  // torch.distributed's env:// rendezvous, started after ours in this process (under hprun),
+  // then shares this server instead of failing to bind the same port.
+  so.multiTenant = true;
   so.numWorkers = static_cast<size_t>(s.env.world_size);
   // Ranks that never come are found (and named) by the world group's creation below, within
   // one timeout; the store server does not wait for them first.

@@ -1,6 +1,7 @@
-"""hyper_parallel's runtime beside torch.distributed in one torchrun job, in the order
+"""hyper_parallel's runtime beside torch.distributed in one job, in the order
 HP_TEST_ORDER names: "torch_first" (ours joins torch's store under a hyper_parallel/ prefix) or
-"ours_first" (ours joins torchrun's agent store; torch's env:// init does too). Both then
+"ours_first" (under torchrun both join the agent's store; under hprun torch's env:// rank 0 shares
+our store's server, which is multi-tenant). Run under torchrun and hprun. Both then
 communicate, and their results equal the sums computed here."""
 import os
 

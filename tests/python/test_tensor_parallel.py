@@ -558,6 +558,61 @@ def test_clip_grad_norm_with_shard_and_replicate_gradients_equals_one_process(fo
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=name)
 
 
+# ---- distribute_module, loss_parallel, explicit communication
+
+def test_distribute_module_with_python_functions_equals_one_process():
+    m, ref = seeded(22, lambda: nn.Linear(6, 4 * TP)), seeded(22, lambda: nn.Linear(6, 4 * TP))
+    calls = []
+
+    def partition_fn(name, module, mesh):
+        calls.append(name)
+        if name == "":
+            module.weight = nn.Parameter(hp.distribute_tensor(module.weight.detach(), mesh, [Shard(0)]))
+            module.bias = nn.Parameter(hp.distribute_tensor(module.bias.detach(), mesh, [Shard(0)]))
+
+    def input_fn(module, inputs, mesh):
+        return hp.DTensor.from_local(inputs[0], mesh, [Replicate()])
+
+    def output_fn(module, output, mesh):
+        return output.redistribute(mesh, [Replicate()]).to_local()
+
+    hp.distribute_module(m, MESH, partition_fn, input_fn, output_fn)
+    assert calls == [""]
+    assert m.weight.placements == (Shard(0),)
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(m(x), ref(x))
+    with pytest.raises(RuntimeError, match="distribute_module"):
+        hp.distribute_module(m, MESH)
+
+
+def test_loss_parallel_cross_entropy_on_class_sharded_logits_equals_one_process():
+    head, ref = seeded(23, lambda: nn.Linear(8, 5 * TP, bias=False)), seeded(23, lambda: nn.Linear(8, 5 * TP, bias=False))
+    parallelize_module(head, MESH, ColwiseParallel(use_local_output=False))
+    x = torch.randn(6, 8)
+    target = torch.randint(0, 5 * TP, (6,))
+    with hp.loss_parallel():
+        logits = head(x)
+        assert logits.placements == (Shard(1),)
+        loss = F.cross_entropy(logits, target)
+        loss.backward()
+    ref_loss = F.cross_entropy(ref(x), target)
+    ref_loss.backward()
+    torch.testing.assert_close(loss.full_tensor(), ref_loss)
+    torch.testing.assert_close(head.weight.grad.full_tensor(), ref.weight.grad)
+
+
+def test_explicit_redistribution_refuses_an_implicit_collective():
+    a, b = torch.randn(2 * TP, 2 * TP), torch.randn(2 * TP, 2 * TP)
+    x = hp.distribute_tensor(a, MESH, [Shard(0)])
+    y = hp.distribute_tensor(b, MESH, [Shard(1)])
+    with hp.ExplicitRedistribution():
+        with pytest.raises(RuntimeError, match="aten::add"):
+            x + y  # rows against columns: one of them would have to move
+        z = y.redistribute(MESH, [Shard(0)])  # asked for by name: allowed
+        s = x + z
+    torch.testing.assert_close(s.full_tensor(), a + b)
+
+
 # ---- a DTensor in Python
 
 def test_non_tensor_arguments_pass_through_the_hooks_untouched():
