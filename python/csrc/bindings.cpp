@@ -22,23 +22,12 @@ namespace hyper_parallel {
 namespace python {
 namespace {
 
+// "sum", "avg", "max" or "min": the names the library gives its reductions.
 ReduceOp reduce_op_of(const std::string& s) {
-  if (s == "sum") return ReduceOp::SUM;
-  if (s == "avg") return ReduceOp::AVG;
-  if (s == "max") return ReduceOp::MAX;
-  if (s == "min") return ReduceOp::MIN;
+  for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::MIN})
+    if (s == reduce_op_name(op)) return op;
   HP_CHECK_T(c10::ValueError, false, "hyper_parallel::Partial: reduce_op must be one of 'sum', 'avg', 'max', 'min', got '", s, "'");
   return ReduceOp::SUM;
-}
-
-std::string reduce_op_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM: return "sum";
-    case ReduceOp::AVG: return "avg";
-    case ReduceOp::MAX: return "max";
-    case ReduceOp::MIN: return "min";
-  }
-  return "sum";
 }
 
 std::optional<at::ScalarType> dtype_of(const py::handle& h) {
@@ -130,7 +119,7 @@ PYBIND11_MODULE(_C, m) {
         return p.is_shard() ? "shard" : p.is_partial() ? "partial" : "replicate";
       })
       .def_property_readonly("_dim", &Placement::dim)
-      .def_property_readonly("_reduce_op", [](const Placement& p) { return hp::python::reduce_op_string(p.reduce_op()); })
+      .def_property_readonly("_reduce_op", [](const Placement& p) { return std::string(hp::reduce_op_name(p.reduce_op())); })
       .def("__eq__", [](const Placement& a, const py::object& b) {
         return py::isinstance<Placement>(b) && a == b.cast<const Placement&>();
       })

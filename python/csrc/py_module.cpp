@@ -262,6 +262,15 @@ PyModuleAdapter& adapter_of(torch::nn::Module& module, const char* where) {
   return *a;
 }
 
+// A Python callable kept by C++ callbacks, which are copied and dropped without the GIL: copies
+// share one reference, and the last one takes the GIL to let it go.
+std::shared_ptr<py::object> hold(const py::object& o) {
+  return std::shared_ptr<py::object>(new py::object(o), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 // A Python function's result as positional arguments: a tuple is the arguments, anything else one.
 std::vector<c10::IValue> as_arguments(Converter& c, const py::object& r) {
   std::vector<c10::IValue> out;
@@ -285,29 +294,28 @@ void bind_modules(py::module_& m) {
       InputFn in;
       OutputFn out;
       if (!partition_fn.is_none())
-        partition = [partition_fn](const std::string& name, torch::nn::Module& sub, const DeviceMesh& mesh) {
+        partition = [fn = hold(partition_fn)](const std::string& name, torch::nn::Module& sub, const DeviceMesh& mesh) {
           py::gil_scoped_acquire gil;
           PyModuleAdapter& a = adapter_of(sub, "distribute_module's partition_fn");
-          partition_fn(name, a.py_module(), py::cast(mesh));
+          (*fn)(name, a.py_module(), py::cast(mesh));
           a.refresh_from_python();
         };
       if (!input_fn.is_none())
-        in = [input_fn](nn::Module& mod, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
+        in = [fn = hold(input_fn)](nn::Module& mod, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
             -> c10::optional<std::vector<c10::IValue>> {
           py::gil_scoped_acquire gil;
           Converter c;
           py::tuple args(inputs.size());
           for (size_t i = 0; i < inputs.size(); ++i) args[i] = c.out(inputs[i]);
-          const py::object r = input_fn(adapter_of(mod, "distribute_module's input_fn").py_module(), args, py::cast(mesh));
+          const py::object r = (*fn)(adapter_of(mod, "distribute_module's input_fn").py_module(), args, py::cast(mesh));
           if (r.is_none()) return c10::nullopt;
           return as_arguments(c, r);
         };
       if (!output_fn.is_none())
-        out = [output_fn](nn::Module& mod, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
+        out = [fn = hold(output_fn)](nn::Module& mod, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
           py::gil_scoped_acquire gil;
           Converter c;
-          const py::object r =
-              output_fn(adapter_of(mod, "distribute_module's output_fn").py_module(), c.out(output), py::cast(mesh));
+          const py::object r = (*fn)(adapter_of(mod, "distribute_module's output_fn").py_module(), c.out(output), py::cast(mesh));
           if (r.is_none()) return c10::nullopt;
           return c.in(r);
         };

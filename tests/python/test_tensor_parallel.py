@@ -70,6 +70,21 @@ class Mlp(nn.Module):
         return self.linear2(F.relu(self.linear1(x)))
 
 
+def train_both(m, ref, opt, ref_opt, steps):
+    """`steps` optimizer steps of the parallelized `m` and the one-process `ref` on the same batches."""
+    for _ in range(steps):
+        x = torch.randn(4, 16)
+        for o, mod in ((opt, m), (ref_opt, ref)):
+            o.zero_grad()
+            (mod(x) ** 2).sum().backward()
+            o.step()
+
+
+def expect_same_parameters(m, ref, **tolerance):
+    for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.detach().full_tensor(), q.detach(), msg=name, **tolerance)
+
+
 def expect_placements(t, placements, local_shape):
     assert isinstance(t, hp.DTensor)
     assert t.placements == tuple(placements)
@@ -274,15 +289,8 @@ def test_C3_colwise_rowwise_mlp_equals_one_process_in_output_gradients_and_adamw
     (yr * w).sum().backward()
     for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=name)
-    opt, ref_opt = torch.optim.AdamW(m.parameters()), torch.optim.AdamW(ref.parameters())
-    for step in range(3):
-        xs = torch.randn(4, 16)
-        for o, mod in ((opt, m), (ref_opt, ref)):
-            o.zero_grad()
-            (mod(xs) ** 2).sum().backward()
-            o.step()
-    for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.full_tensor(), q, msg=name)
+    train_both(m, ref, torch.optim.AdamW(m.parameters()), torch.optim.AdamW(ref.parameters()), steps=3)
+    expect_same_parameters(m, ref)
 
 
 def leaf(t):
@@ -532,15 +540,8 @@ def test_torch_optimizers_equal_one_process_after_five_steps(make, foreach):
     m = seeded(9, lambda: Mlp(16, 8 * TP))
     ref = seeded(9, lambda: Mlp(16, 8 * TP))
     parallelize_module(m, MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
-    opt, ref_opt = make(m.parameters(), foreach), make(ref.parameters(), foreach)
-    for step in range(5):
-        x = torch.randn(4, 16)
-        for o, mod in ((opt, m), (ref_opt, ref)):
-            o.zero_grad()
-            (mod(x) ** 2).sum().backward()
-            o.step()
-    for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.detach().full_tensor(), q.detach(), atol=1e-6, rtol=1e-6, msg=name)
+    train_both(m, ref, make(m.parameters(), foreach), make(ref.parameters(), foreach), steps=5)
+    expect_same_parameters(m, ref, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("foreach", [False, True])
