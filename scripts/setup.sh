@@ -40,7 +40,7 @@ case "$HP_TORCH" in
     echo "setup: Debian's libtorch 1.13 is no longer supported; use the pip wheel (default) or HP_TORCH=/path/to/libtorch-2.x" >&2
     exit 2 ;;
   pip)
-    PACKAGES+=(python3-venv)
+    PACKAGES+=(python3-venv python3-dev)  # python3-dev: Python's headers, for hyper_parallel._C
     BUILD_DIR=${HP_BUILD_DIR:-build} ;;
   *)
     [ -d "$HP_TORCH" ] || { echo "setup: HP_TORCH must be 'pip' or a libtorch folder; got '$HP_TORCH'" >&2; exit 2; }

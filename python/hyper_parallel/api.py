@@ -1,7 +1,11 @@
-"""parallelize_module, distribute_module and loss_parallel (PyTorch's). parallelize_module: the C++
+"""parallelize_module, distribute_module and loss_parallel (PyTorch's), and full (unsharded) state
+dicts in and out of a parallelized module. parallelize_module: the C++
 engine resolves the plan's FQN globs, validates the whole plan on every rank, then applies the
 styles to the torch.nn module through the platform seam."""
 import contextlib
+import weakref
+
+import torch
 
 from . import _C
 from .style import ParallelStyle, _CppStyle
@@ -31,7 +35,52 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_d
         plan = _cpp_or_python(parallelize_plan, "parallelize_plan")
         parallelize_plan.src_data_rank = src_data_rank
     _C._parallelize_module(module, device_mesh, plan, src_data_rank)
+    _guard_load_state_dict(module)
     return module
+
+
+# ---- state dicts
+
+_guarded = weakref.WeakSet()
+
+
+def _refuse_plain_tensors(module, state_dict, prefix, *_):
+    # module.load_state_dict would copy a whole tensor into a DTensor parameter's shard: refused,
+    # naming the helper that distributes it first.
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        v = state_dict.get(prefix + name)
+        if v is not None and _C.is_dtensor(t) and isinstance(v, torch.Tensor) and not _C.is_dtensor(v):
+            raise RuntimeError(
+                f"hyper_parallel: load_state_dict got a plain tensor for '{prefix + name}', which is a DTensor "
+                f"({t.placements}) in this parallelized module; load a full (unsharded) state dict with "
+                "hyper_parallel.load_full_state_dict(module, state_dict), or a state dict of DTensors (module.state_dict())")
+
+
+def _guard_load_state_dict(module):
+    if module not in _guarded:
+        module.register_load_state_dict_pre_hook(_refuse_plain_tensors)
+        _guarded.add(module)
+
+
+def get_full_state_dict(module):
+    """``module.state_dict()`` with every DTensor gathered whole (``full_tensor()``): the state dict
+    one process would have, on every rank (it communicates: call it on every rank)."""
+    return {k: v.full_tensor() if _C.is_dtensor(v) else v for k, v in module.state_dict().items()}
+
+
+def load_full_state_dict(module, state_dict, strict=True):
+    """Loads a full (unsharded) state dict, the same on every rank (e.g. one process's), into a
+    parallelized module: each plain tensor whose parameter or buffer is a DTensor is first cut
+    to that DTensor's placements (no communication); returns what ``load_state_dict`` returns."""
+    targets = dict(module.named_parameters())
+    targets.update(dict(module.named_buffers()))
+    converted = {}
+    for k, v in state_dict.items():
+        t = targets.get(k)
+        if t is not None and _C.is_dtensor(t) and isinstance(v, torch.Tensor) and not _C.is_dtensor(v):
+            v = _C._distribute_tensor(v.detach().to(t.dtype), t.device_mesh, list(_C._placements(t)), None)
+        converted[k] = v
+    return module.load_state_dict(converted, strict=strict)
 
 
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None, *, src_data_rank=0):

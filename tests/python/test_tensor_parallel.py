@@ -6,6 +6,7 @@ test compares with the same torch.nn module run whole in this process.
 """
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -646,6 +647,8 @@ def test_pickling_and_torch_save_are_refused_naming_our_checkpoints():
     t = hp.distribute_tensor(torch.ones(2 * TP), MESH, [Shard(0)])
     with pytest.raises(TypeError, match="save_sharded"):
         torch.save(t, io.BytesIO())
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(t)
 
 
 def test_dtensor_methods_on_a_plain_tensor_are_a_clear_error():
@@ -681,6 +684,19 @@ def test_state_dict_round_trips_and_module_to_keeps_dtensors():
     assert other.linear1.weight.dtype == torch.float64 and isinstance(other.linear1.weight, hp.DTensor)
     x = torch.randn(2, 16, dtype=torch.float64)
     torch.testing.assert_close(other(x), m.to(torch.float64)(x))
+
+
+def test_a_full_state_dict_goes_through_the_named_helpers_and_plain_loading_is_refused_naming_them():
+    one = seeded(24, lambda: Mlp(16, 8 * TP))
+    m = parallelize_module(seeded(25, lambda: Mlp(16, 8 * TP)), MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    with pytest.raises(RuntimeError, match="load_full_state_dict"):
+        m.load_state_dict(one.state_dict())
+    hp.load_full_state_dict(m, one.state_dict())
+    assert m.linear1.weight.placements == (Shard(0),)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(m(x), one(x))
+    full = hp.get_full_state_dict(m)
+    assert all(torch.equal(full[k], v) for k, v in one.state_dict().items())
 
 
 def test_deepcopy_of_an_optimizer_state_dict():
