@@ -15,7 +15,6 @@
 #include <hyper_parallel/runtime/process_group.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 
-#include <chrono>
 #include <memory>
 
 namespace hyper_parallel {
@@ -78,11 +77,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hyper_parallel's C++ library for Python";
 
   // ---- runtime
-  m.def("_init_process_group", [](const std::string& device_type, std::optional<double> timeout_s) {
+  // The collective timeout is HP_TIMEOUT_S's (or 300 s), as in C++.
+  m.def("_init_process_group", [](const std::string& device_type) {
     guarded<true>([&] {
       hp::InitOptions o;
       o.device_type = device_type;
-      if (timeout_s) o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000));
       hp::init_process_group(o);
     });
   });
@@ -189,7 +188,7 @@ PYBIND11_MODULE(_C, m) {
       const hp::DTensor d(hp::python::checked_dtensor(t, "__repr__"));
       std::ostringstream s;
       s << "DTensor(" << d.spec().short_string() << ", mesh=" << d.device_mesh().short_string()
-        << ", local_shape=" << d.to_local().sizes() << ", requires_grad=" << (t.requires_grad() ? "True" : "False") << ")";
+        << ", local_shape=" << c10::IntArrayRef(d.spec().local_shape()) << ", requires_grad=" << (t.requires_grad() ? "True" : "False") << ")";
       return s.str();
     });
   });

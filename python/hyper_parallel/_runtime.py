@@ -8,14 +8,15 @@ from . import _C
 def init_process_group(device_type="cpu"):
     """Joins the job once (later calls do nothing). With torch.distributed initialised first, our
     keys live in its store; otherwise the environment torchrun or hprun set is read (under
-    torchrun every rank joins the agent's store as a client)."""
+    torchrun every rank joins the agent's store as a client). The collective timeout is
+    HP_TIMEOUT_S seconds (300 by default)."""
     if _C.is_initialized():
         return
     if _dist.is_available() and _dist.is_initialized():
         store = _dist.distributed_c10d._get_default_store()
         _C._init_process_group_with_store(store, _dist.get_rank(), _dist.get_world_size(), device_type)
     else:
-        _C._init_process_group(device_type, None)
+        _C._init_process_group(device_type)
 
 
 def is_initialized():

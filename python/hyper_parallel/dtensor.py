@@ -2,8 +2,6 @@
 ``isinstance(t, hyper_parallel.DTensor)``, with PyTorch DTensor's methods patched onto
 torch.Tensor (a clear error on other tensors), a repr that never communicates, and pickling
 refused by name."""
-import copy
-
 import torch
 
 from . import _C
@@ -62,6 +60,9 @@ def _to_local(self, *, grad_placements=None):
 
 
 def _full_tensor(self, *, grad_placements=None):
+    if grad_placements is not None:
+        raise NotImplementedError("hyper_parallel: DTensor.full_tensor(grad_placements=...) is not supported: the "
+                                  "gradient of full_tensor() takes the DTensor's own placements")
     return _C._full_tensor(self)
 
 
@@ -111,4 +112,3 @@ torch.Tensor.redistribute = _redistribute
 torch.Tensor.__repr__ = _repr
 torch.Tensor.__reduce_ex__ = _reduce_ex
 torch.Tensor.__deepcopy__ = _deepcopy
-_ = copy  # deepcopy goes through __deepcopy__ above

@@ -84,6 +84,10 @@ LaunchEnv read_launch_env() {
              " is not a TCP port (1..65535)");
   e.master_port = static_cast<int>(p);
   if (auto id = env("HP_RDZV_ID")) e.rdzv_id = *id;
+  const auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  if (agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1"))
+    e.agent_store_prefix = "hyper_parallel/" + env("TORCHELASTIC_RUN_ID").value_or("run") + "/attempt_" +
+                           env("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/";
   return e;
 }
 

@@ -329,12 +329,6 @@ c10::optional<int64_t> env_count(const char* name) {
              "' must be a non-negative integer");
   return static_cast<int64_t>(n);
 }
-// The value of environment variable `name`, or nullopt when it is unset.
-c10::optional<std::string> env_string(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return c10::nullopt;
-  return std::string(v);
-}
 }  // namespace
 
 void init_fake_process_group(int64_t world_size, int64_t rank, const InitOptions& options) {
@@ -379,10 +373,8 @@ void init_process_group(const InitOptions& options) {
   s.device_type = options.device_type;
   set_local_device(s.device_type, s.env.local_rank);
 
-  // Under torchrun the elastic agent already serves MASTER_PORT and asks its workers to join that
-  // store as clients: every rank does, under a prefix of this run and restart of its own.
-  const auto agent_store = env_string("TORCHELASTIC_USE_AGENT_STORE");
-  const bool join_agent = agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
+  // Under torchrun the elastic agent already serves MASTER_PORT: every rank joins it as a client.
+  const bool join_agent = !s.env.agent_store_prefix.empty();
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(s.env.master_port);
   so.isServer = s.env.rank == 0 && !join_agent;
@@ -420,11 +412,7 @@ void init_process_group(const InitOptions& options) {
   // Every key of this job under its rendezvous id: a rank of another job that reaches this store
   // (the same MASTER_PORT) writes and waits under its own id, never as one of ours.
   if (!s.env.rdzv_id.empty()) s.store = c10::make_intrusive<c10d::PrefixStore>("hp/job/" + s.env.rdzv_id + "/", s.store);
-  if (join_agent)
-    s.store = c10::make_intrusive<c10d::PrefixStore>(
-        "hyper_parallel/" + env_string("TORCHELASTIC_RUN_ID").value_or("run") + "/attempt_" +
-            env_string("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/",
-        s.store);
+  if (join_agent) s.store = c10::make_intrusive<c10d::PrefixStore>(s.env.agent_store_prefix, s.store);
   s.store->set(joined_key(s.env.rank), std::vector<uint8_t>{1});
   make_world(s);
 }

@@ -17,6 +17,11 @@ struct LaunchEnv {
   /// `HP_RDZV_ID` (hprun sets it): the job's keys in the rendezvous store live under it, so
   /// ranks of another job pointed at the same MASTER_PORT cannot join this one. Empty: no prefix.
   std::string rdzv_id;
+  /// Under torchrun's elastic agent (`TORCHELASTIC_USE_AGENT_STORE=True`) the agent serves the
+  /// store at MASTER_ADDR:MASTER_PORT and every rank joins it as a client, our keys under this
+  /// prefix: "hyper_parallel/<TORCHELASTIC_RUN_ID>/attempt_<TORCHELASTIC_RESTART_COUNT>/". Empty
+  /// otherwise (rank 0 serves the store).
+  std::string agent_store_prefix;
 };
 
 /// Reads, in this order of preference, torchrun-style `RANK`/`WORLD_SIZE`/`LOCAL_RANK`, OpenMPI's
