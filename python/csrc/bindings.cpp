@@ -13,6 +13,7 @@
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 #include <hyper_parallel/runtime/process_group.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
 
 #include <memory>
@@ -202,13 +203,18 @@ PYBIND11_MODULE(_C, m) {
     });
   }, py::arg("local_tensor"), py::arg("device_mesh"), py::arg("placements"), py::arg("run_check") = false,
         py::arg("shape") = py::none(), py::arg("stride") = py::none());
+  m.def("_reduce_gradient_to_placements", [](const at::Tensor& t) { guarded([&] { hp::reduce_gradient_to_placements(t); }); });
   m.def("_distribute_tensor", [](const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements, std::optional<int64_t> src) {
     return guarded<true>([&]() -> at::Tensor { return hp::distribute_tensor(t, mesh, placements, src); });
   });
 
   // ---- the C++ styles the Python ones hold
+  // src_data_rank lives on the C++ style only: the Python style's attribute reads and writes it.
   py::class_<hp::ParallelStyle, std::shared_ptr<hp::ParallelStyle>>(m, "_CppParallelStyle")
-      .def("describe", &hp::ParallelStyle::describe);
+      .def("describe", &hp::ParallelStyle::describe)
+      .def_property(
+          "src_data_rank", [](const hp::ParallelStyle& s) { return s.src_data_rank; },
+          [](hp::ParallelStyle& s, std::optional<int64_t> r) { s.src_data_rank = r; });
   py::class_<hp::ColwiseParallel, hp::ParallelStyle, std::shared_ptr<hp::ColwiseParallel>>(m, "_ColwiseParallel")
       .def(py::init<Placement, Placement, bool>());
   py::class_<hp::RowwiseParallel, hp::ParallelStyle, std::shared_ptr<hp::RowwiseParallel>>(m, "_RowwiseParallel")

@@ -7,6 +7,9 @@
 #include <hyper_parallel/tensor_parallel/api.h>
 #include <hyper_parallel/tensor_parallel/distribute_module.h>
 
+#include <exception>
+#include <unordered_map>
+
 namespace hyper_parallel {
 namespace python {
 
@@ -97,44 +100,55 @@ std::vector<std::pair<std::string, at::Tensor>> direct(const py::handle& module,
 
 }  // namespace
 
-PyModuleAdapter::PyModuleAdapter(const py::handle& module, std::string type_name, nn::ModuleKind kind)
-    : nn::Module(std::move(type_name)), module_ref_(py::module_::import("weakref").attr("ref")(module)), kind_(kind) {}
+struct PyModuleAdapter::Call {
+  std::unordered_map<PyObject*, std::weak_ptr<PyModuleAdapter>> by_module;
+};
 
-namespace {
-// Each Python module's mirror, kept while the module lives: what the styles record in a module
-// (that it was distributed, its FQN) must outlive one parallelize_module call.
-py::object& mirrors() {
-  static auto* registry = new py::object(py::module_::import("weakref").attr("WeakKeyDictionary")());  // never freed: no GIL at exit
-  return *registry;
+PyModuleAdapter::PyModuleAdapter(const py::handle& module, std::string type_name, nn::ModuleKind kind, std::shared_ptr<Call> call)
+    : nn::Module(std::move(type_name)),
+      module_ref_(py::module_::import("weakref").attr("ref")(module)),
+      kind_(kind),
+      call_(std::move(call)) {}
+
+PyModuleAdapter::~PyModuleAdapter() {
+  // The last owner may be a hook dropped by Python or a call's plan dropped without the GIL.
+  py::gil_scoped_acquire gil;
+  handles_.clear();
+  module_ref_ = py::object();
 }
-}  // namespace
+
+std::shared_ptr<PyModuleAdapter> PyModuleAdapter::self() {
+  return std::static_pointer_cast<PyModuleAdapter>(shared_from_this());
+}
 
 std::shared_ptr<PyModuleAdapter> PyModuleAdapter::mirror(const py::handle& module) {
   const py::module_ torch_nn = py::module_::import("torch.nn");
   HP_CHECK_T(c10::TypeError, py::isinstance(module, torch_nn.attr("Module")), "hyper_parallel::parallelize_module: expected a torch.nn.Module, got ",
              py::str(py::type::handle_of(module).attr("__name__")).cast<std::string>());
-  std::shared_ptr<PyModuleAdapter> a;
-  const py::object known = mirrors().attr("get")(module);
-  if (!known.is_none()) {
-    a = known.cast<std::shared_ptr<PyModuleAdapter>>();
-  } else {
-    const nn::ModuleKind kind = py::isinstance(module, torch_nn.attr("Linear"))      ? nn::ModuleKind::Linear
-                                : py::isinstance(module, torch_nn.attr("Embedding")) ? nn::ModuleKind::Embedding
-                                                                                     : nn::ModuleKind::Other;
-    a.reset(new PyModuleAdapter(module, type_name_of(module), kind));
-    mirrors()[module] = py::cast(a);
-  }
-  a->refresh_from_python();
-  const auto children = a->named_children();
+  return mirror_in(module, std::make_shared<Call>());
+}
+
+std::shared_ptr<PyModuleAdapter> PyModuleAdapter::mirror_in(const py::handle& module, const std::shared_ptr<Call>& call) {
+  if (auto it = call->by_module.find(module.ptr()); it != call->by_module.end())
+    if (auto known = it->second.lock()) return known;
+  const py::module_ torch_nn = py::module_::import("torch.nn");
+  const nn::ModuleKind kind = py::isinstance(module, torch_nn.attr("Linear"))      ? nn::ModuleKind::Linear
+                              : py::isinstance(module, torch_nn.attr("Embedding")) ? nn::ModuleKind::Embedding
+                                                                                   : nn::ModuleKind::Other;
+  std::shared_ptr<PyModuleAdapter> a(new PyModuleAdapter(module, type_name_of(module), kind, call));
+  call->by_module[module.ptr()] = a;
+  a->read_slots(module);
+  return a;
+}
+
+void PyModuleAdapter::read_slots(const py::handle& module) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children;
   for (const auto& item : module.attr("named_children")()) {
     const auto pair = item.cast<py::tuple>();
-    const auto name = pair[0].cast<std::string>();
-    const auto child = mirror(pair[1]);
-    if (!children.contains(name)) a->register_module(name, child);
-    else HP_CHECK_T(c10::ValueError, children[name].get() == child.get(), "hyper_parallel::parallelize_module: submodule '", name,
-                    "' of a ", a->name(), " was replaced after an earlier parallelize_module; parallelize the new module itself");
+    children.emplace_back(pair[0].cast<std::string>(), mirror_in(pair[1], call_));
   }
-  return a;
+  nn::detail::reset_slots(*this, direct(module, "_parameters"), direct(module, "_buffers"), std::move(children));
+  set_distribute_module_applied(*this, py::getattr(module, "_distribute_module_applied", py::bool_(false)).cast<bool>());
 }
 
 py::object PyModuleAdapter::py_module() const { return module_ref_(); }
@@ -143,14 +157,10 @@ void PyModuleAdapter::refresh_from_python() {
   const py::object m = py_module();
   HP_CHECK_T(c10::ValueError, !m.is_none(), "hyper_parallel::python::PyModuleAdapter::refresh_from_python: the module ", name(),
              " no longer exists");
-  for (auto& [name, t] : direct(m, "_parameters")) {
-    if (has_parameter(name)) nn::detail::set_parameter_unchecked(*this, name, t);
-    else register_parameter(name, t, t.requires_grad());
-  }
-  for (auto& [name, t] : direct(m, "_buffers")) {
-    if (named_buffers(/*recurse=*/false).contains(name)) nn::replace_buffer(*this, name, t);
-    else register_buffer(name, t);
-  }
+  // Its subtree as Python has it now: modules already seen in this call keep their mirror.
+  read_slots(m);
+  for (const auto& child : named_children())
+    if (auto* c = dynamic_cast<PyModuleAdapter*>(child.value().get())) c->refresh_from_python();
 }
 
 void PyModuleAdapter::write_back_to_python() {
@@ -165,8 +175,8 @@ void PyModuleAdapter::write_back_to_python() {
         continue;
       // The very tensor the style made, as an nn.Parameter: nn.Parameter(t) would make a detached
       // alias, without the gradient hook distribute_module put on `t` (the reduction of a
-      // replicated parameter's Partial gradient). The new DTensor has no Python object of its own
-      // yet, so its class is ours to set.
+      // replicated parameter's Partial gradient). A new DTensor has no Python object of its own
+      // yet, so its class is ours to set; a tied one is the same object in every owner.
       const py::object param = py::reinterpret_steal<py::object>(THPVariable_Wrap(p.value()));
       if (!py::isinstance(param, parameter_type)) param.attr("__class__") = parameter_type;
       m.attr("__setattr__")(name, param);
@@ -179,42 +189,83 @@ void PyModuleAdapter::write_back_to_python() {
         continue;
       m.attr("__setattr__")(name, py::reinterpret_steal<py::object>(THPVariable_Wrap(b.value())));
     }
+    if (distribute_module_applied(*this)) m.attr("_distribute_module_applied") = true;
   }
   for (const auto& child : named_children())
     if (auto* c = dynamic_cast<PyModuleAdapter*>(child.value().get())) c->write_back_to_python();
 }
 
-void PyModuleAdapter::bridge_hooks(const std::shared_ptr<PyModuleAdapter>& self) {
-  if (has_hooks() && !bridged_) {
-    const py::object m = py_module();
-    std::shared_ptr<PyModuleAdapter> a = self;
-    const py::cpp_function pre([a](const py::object&, const py::tuple& args, const py::dict& kwargs) -> py::object {
-      Converter c;
-      std::vector<c10::IValue> pos;
-      for (const auto& x : args) pos.push_back(c.in(x));
-      nn::Kwargs kw;
-      for (const auto& [k, v] : kwargs) kw.emplace_back(py::str(k).cast<std::string>(), c.in(v));
-      guarded<true>([&] { a->run_forward_pre_hooks(pos, kw); });
-      py::tuple new_args(pos.size());
-      for (size_t i = 0; i < pos.size(); ++i) new_args[i] = c.out(pos[i]);
-      py::dict new_kwargs;
-      for (const auto& [k, v] : kw) new_kwargs[py::str(k)] = c.out(v);
-      return py::make_tuple(new_args, new_kwargs);
-    });
-    const py::cpp_function post([a](const py::object&, const py::tuple& args, const py::dict&, const py::object& output) -> py::object {
-      Converter c;
-      std::vector<c10::IValue> pos;
-      for (const auto& x : args) pos.push_back(c.in(x));
-      c10::IValue out = c.in(output);
-      const bool replaced = guarded<true>([&] { return a->run_forward_hooks(pos, out); });
-      return replaced ? c.out(out) : py::none();
-    });
-    m.attr("register_forward_pre_hook")(pre, py::arg("with_kwargs") = true);
-    m.attr("register_forward_hook")(post, py::arg("with_kwargs") = true);
-    bridged_ = true;
+void PyModuleAdapter::release() {
+  const auto children = named_children();
+  nn::detail::reset_slots(*this, {}, {}, {});
+  for (const auto& child : children)
+    if (auto* c = dynamic_cast<PyModuleAdapter*>(child.value().get())) c->release();
+}
+
+nn::HookHandle PyModuleAdapter::keep_handle(py::object handle) {
+  const uint64_t id = take_hook_id();
+  handles_.emplace(id, std::move(handle));
+  return handle_for(id);
+}
+
+void PyModuleAdapter::remove_hook(uint64_t id) {
+  py::gil_scoped_acquire gil;
+  if (auto it = handles_.find(id); it != handles_.end()) {
+    it->second.attr("remove")();
+    handles_.erase(it);
   }
-  for (const auto& child : named_children())
-    if (auto c = std::dynamic_pointer_cast<PyModuleAdapter>(child.value())) c->bridge_hooks(c);
+}
+
+// Each C++ hook becomes one Python hook of the module, registered now: hooks run in the order
+// the styles and the user registered them, as under PyTorch. A hook that changes nothing
+// returns None, so Python's own objects (containers, namedtuples) pass through untouched.
+nn::HookHandle PyModuleAdapter::register_forward_pre_hook(nn::ForwardPreHook hook) {
+  py::gil_scoped_acquire gil;
+  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args) -> py::object {
+    Converter c;
+    std::vector<c10::IValue> pos;
+    for (const auto& x : args) pos.push_back(c.in(x));
+    const auto r = guarded<true>([&] { return hook(*a, pos); });
+    if (!r) return py::none();
+    py::tuple out(r->size());
+    for (size_t i = 0; i < r->size(); ++i) out[i] = c.out((*r)[i]);
+    return std::move(out);
+  });
+  return keep_handle(py_module().attr("register_forward_pre_hook")(fn));
+}
+
+nn::HookHandle PyModuleAdapter::register_forward_pre_hook_with_kwargs(nn::ForwardPreHookWithKwargs hook) {
+  py::gil_scoped_acquire gil;
+  const py::cpp_function fn(
+      [a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args, const py::dict& kwargs) -> py::object {
+        Converter c;
+        std::vector<c10::IValue> pos;
+        for (const auto& x : args) pos.push_back(c.in(x));
+        nn::Kwargs kw;
+        for (const auto& [k, v] : kwargs) kw.emplace_back(py::str(k).cast<std::string>(), c.in(v));
+        const auto r = guarded<true>([&] { return hook(*a, pos, kw); });
+        if (!r) return py::none();
+        py::tuple new_args(r->first.size());
+        for (size_t i = 0; i < r->first.size(); ++i) new_args[i] = c.out(r->first[i]);
+        py::dict new_kwargs;
+        for (const auto& [k, v] : r->second) new_kwargs[py::str(k)] = c.out(v);
+        return py::make_tuple(new_args, new_kwargs);
+      });
+  return keep_handle(py_module().attr("register_forward_pre_hook")(fn, py::arg("with_kwargs") = true));
+}
+
+nn::HookHandle PyModuleAdapter::register_forward_hook(nn::ForwardHook hook, bool always_call) {
+  py::gil_scoped_acquire gil;
+  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args, const py::dict&,
+                                                                  const py::object& output) -> py::object {
+    Converter c;
+    std::vector<c10::IValue> pos;
+    for (const auto& x : args) pos.push_back(c.in(x));
+    const c10::IValue out = c.in(output);
+    const auto r = guarded<true>([&] { return hook(*a, pos, out); });
+    return r ? c.out(*r) : py::none();
+  });
+  return keep_handle(py_module().attr("register_forward_hook")(fn, py::arg("with_kwargs") = true, py::arg("always_call") = always_call));
 }
 
 PyParallelStyle::PyParallelStyle(py::object style)
@@ -227,18 +278,12 @@ PyParallelStyle::~PyParallelStyle() {
 
 torch::nn::Module& PyParallelStyle::apply(torch::nn::Module& module, const DeviceMesh& device_mesh) {
   auto* a = dynamic_cast<PyModuleAdapter*>(&module);
-  HP_CHECK_T(c10::TypeError, a != nullptr, "hyper_parallel::python::PyParallelStyle::apply: ", name_,
-             " is a Python style; it applies to torch.nn modules only, not to ", module.name());
+  HP_CHECK_T(c10::TypeError, a != nullptr, "hyper_parallel::python::PyParallelStyle::apply: ", name_, " is a Python style; it applies to torch.nn ",
+             "modules only, not to ", module.name());
   py::gil_scoped_acquire gil;
   a->write_back_to_python();  // what the C++ styles before it did, visible to its Python code
-  style_.attr("apply")(a->py_module(), py::cast(device_mesh));
-  // Its changes, visible to the styles after it.
-  std::function<void(PyModuleAdapter&)> refresh = [&](PyModuleAdapter& x) {
-    x.refresh_from_python();
-    for (const auto& child : x.named_children())
-      if (auto* c = dynamic_cast<PyModuleAdapter*>(child.value().get())) refresh(*c);
-  };
-  refresh(*a);
+  returned_ = style_.attr("apply")(a->py_module(), py::cast(device_mesh));
+  a->refresh_from_python();  // and its changes, visible to the styles after it
   return module;
 }
 
@@ -250,10 +295,6 @@ std::shared_ptr<ParallelStyle> style_of(const py::handle& h) {
   if (py::isinstance<ParallelStyle>(h)) return h.cast<std::shared_ptr<ParallelStyle>>();
   return std::make_shared<PyParallelStyle>(py::reinterpret_borrow<py::object>(h));
 }
-
-}  // namespace
-
-namespace {
 
 PyModuleAdapter& adapter_of(torch::nn::Module& module, const char* where) {
   auto* a = dynamic_cast<PyModuleAdapter*>(&module);
@@ -281,6 +322,37 @@ std::vector<c10::IValue> as_arguments(Converter& c, const py::object& r) {
   return out;
 }
 
+// One call on a torch.nn module: its mirror, made now and dropped at the end (nothing is kept
+// for the next call). The caller (the Python face) puts the module back as it was when a call
+// raises.
+class MirrorCall {
+ public:
+  explicit MirrorCall(const py::handle& module) : root_(PyModuleAdapter::mirror(module)) {}
+  ~MirrorCall() { root_->release(); }
+  MirrorCall(const MirrorCall&) = delete;
+  MirrorCall& operator=(const MirrorCall&) = delete;
+  PyModuleAdapter& root() { return *root_; }
+  /// Writes the result back to the Python modules. With a mesh, every rank of it learns whether
+  /// that succeeded everywhere (it runs Python: a module's __setattr__), before returning.
+  void write_back(const DeviceMesh* mesh, const std::string& what) {
+    std::exception_ptr error;
+    try {
+      root_->write_back_to_python();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (mesh == nullptr) {
+      if (error) std::rethrow_exception(error);
+      return;
+    }
+    py::gil_scoped_release no_gil;
+    agree_on_user_code(*mesh, error, what);
+  }
+
+ private:
+  std::shared_ptr<PyModuleAdapter> root_;
+};
+
 }  // namespace
 
 void bind_modules(py::module_& m) {
@@ -289,16 +361,25 @@ void bind_modules(py::module_& m) {
   m.def("_distribute_module", [](const py::object& module, const DeviceMesh& mesh, const py::object& partition_fn,
                                  const py::object& input_fn, const py::object& output_fn, std::optional<int64_t> src_data_rank) {
     guarded([&] {
-      const auto root = PyModuleAdapter::mirror(module);
+      MirrorCall call(module);
       PartitionFn partition;
       InputFn in;
       OutputFn out;
       if (!partition_fn.is_none())
         partition = [fn = hold(partition_fn)](const std::string& name, torch::nn::Module& sub, const DeviceMesh& mesh) {
-          py::gil_scoped_acquire gil;
-          PyModuleAdapter& a = adapter_of(sub, "distribute_module's partition_fn");
-          (*fn)(name, a.py_module(), py::cast(mesh));
-          a.refresh_from_python();
+          // User code: every rank knows it succeeded everywhere before the collectives after it.
+          std::exception_ptr error;
+          {
+            py::gil_scoped_acquire gil;
+            try {
+              PyModuleAdapter& a = adapter_of(sub, "distribute_module's partition_fn");
+              (*fn)(name, a.py_module(), py::cast(mesh));
+              a.refresh_from_python();
+            } catch (...) {
+              error = std::current_exception();
+            }
+          }
+          agree_on_user_code(mesh, error, "distribute_module: partition_fn on '" + (name.empty() ? std::string("<root>") : name) + "'");
         };
       if (!input_fn.is_none())
         in = [fn = hold(input_fn)](nn::Module& mod, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
@@ -321,20 +402,20 @@ void bind_modules(py::module_& m) {
         };
       {
         py::gil_scoped_release no_gil;
-        distribute_module(*root, mesh, partition, in, out, src_data_rank);
+        distribute_module(call.root(), mesh, partition, in, out, src_data_rank);
       }
-      root->write_back_to_python();
-      root->bridge_hooks(root);
+      call.write_back(&mesh, "distribute_module: writing the result back to the torch.nn module");
     });
   });
 
-  py::class_<PyModuleAdapter, std::shared_ptr<PyModuleAdapter>>(m, "_ModuleMirror");
   // plan: a style (a C++ style object or a Python ParallelStyle), or a list of (path, style).
+  // Returns what a single style's apply returned (a Python style may wrap the module), else the module.
   m.def("_parallelize_module", [](const py::object& module, const std::optional<DeviceMesh>& mesh, const py::object& plan,
-                                  std::optional<int64_t> src_data_rank) {
-    guarded([&] {
-      const auto root = PyModuleAdapter::mirror(module);
+                                  std::optional<int64_t> src_data_rank) -> py::object {
+    return guarded([&]() -> py::object {
+      MirrorCall call(module);
       std::optional<ParallelizePlan> cpp_plan;
+      std::shared_ptr<ParallelStyle> single;
       if (py::isinstance<py::list>(plan)) {
         std::vector<PlanEntry> entries;
         for (const auto& item : plan.cast<py::list>()) {
@@ -343,15 +424,32 @@ void bind_modules(py::module_& m) {
         }
         cpp_plan.emplace(std::move(entries));
       } else if (!plan.is_none()) {
-        cpp_plan.emplace(style_of(plan));
+        single = style_of(plan);
+        cpp_plan.emplace(single);
       }
       {
         py::gil_scoped_release no_gil;  // the engine communicates; Python styles take the GIL back
-        if (cpp_plan) parallelize_module(*root, mesh, *cpp_plan, src_data_rank);
-        else parallelize_module(*root, mesh);
+        if (cpp_plan) parallelize_module(call.root(), mesh, *cpp_plan, src_data_rank);
+        else parallelize_module(call.root(), mesh);
       }
-      root->write_back_to_python();
-      root->bridge_hooks(root);
+      if (!cpp_plan) return module;
+      const DeviceMesh used = mesh ? *mesh : *current_mesh();
+      call.write_back(&used, "parallelize_module: writing the result back to the torch.nn module");
+      if (auto* py_style = dynamic_cast<PyParallelStyle*>(single.get())) return py_style->returned();
+      return module;
+    });
+  });
+
+  // A built-in style's apply from Python (PyTorch's style._apply): that one style on that
+  // module, with the style's own src_data_rank; no plan, no agreement between ranks.
+  m.def("_apply_style", [](const std::shared_ptr<ParallelStyle>& style, const py::object& module, const DeviceMesh& mesh) {
+    guarded([&] {
+      MirrorCall call(module);
+      {
+        py::gil_scoped_release no_gil;
+        style->apply(call.root(), mesh);
+      }
+      call.write_back(nullptr, "");
     });
   });
 }

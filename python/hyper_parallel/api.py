@@ -8,6 +8,7 @@ import weakref
 import torch
 
 from . import _C
+from ._snapshot import all_or_nothing
 from .style import ParallelStyle, _CppStyle
 
 
@@ -20,7 +21,11 @@ def _cpp_or_python(style, where):
 def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_data_rank=0):
     """Applies ``parallelize_plan`` (a ParallelStyle, or a dict of FQN glob to ParallelStyle) to
     ``module`` over the 1-D ``device_mesh`` (or the mesh of an enclosing ``with mesh:``); returns
-    the module. A failure on any rank leaves the module unchanged on every rank."""
+    the module, or what a single style's ``apply`` returned. Nothing is kept between calls: each
+    call sees the module as it is. A parameter tied between modules (an output projection sharing
+    the embedding's weight) stays one parameter when its owners' styles give it the same
+    placements, and is refused otherwise. A failure on any rank raises on every rank and leaves
+    the module as it was on every rank."""
     if parallelize_plan is None:
         plan = None
     elif isinstance(parallelize_plan, dict):
@@ -34,31 +39,47 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_d
     else:
         plan = _cpp_or_python(parallelize_plan, "parallelize_plan")
         parallelize_plan.src_data_rank = src_data_rank
-    _C._parallelize_module(module, device_mesh, plan, src_data_rank)
+    result = all_or_nothing(module, lambda: _C._parallelize_module(module, device_mesh, plan, src_data_rank))
     _guard_load_state_dict(module)
-    return module
+    return result
 
 
 # ---- state dicts
 
 _guarded = weakref.WeakSet()
+_before_load = weakref.WeakKeyDictionary()
 
 
-def _refuse_plain_tensors(module, state_dict, prefix, *_):
+def _before_loading(module, state_dict, prefix, *_):
     # module.load_state_dict would copy a whole tensor into a DTensor parameter's shard: refused,
     # naming the helper that distributes it first.
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+    for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
         v = state_dict.get(prefix + name)
         if v is not None and _C.is_dtensor(t) and isinstance(v, torch.Tensor) and not _C.is_dtensor(v):
             raise RuntimeError(
                 f"hyper_parallel: load_state_dict got a plain tensor for '{prefix + name}', which is a DTensor "
                 f"({t.placements}) in this parallelized module; load a full (unsharded) state dict with "
                 "hyper_parallel.load_full_state_dict(module, state_dict), or a state dict of DTensors (module.state_dict())")
+    _before_load[module] = dict(module.named_parameters(remove_duplicate=False))
+
+
+def _after_loading(module, incompatible_keys):
+    # load_state_dict(assign=True) puts new parameter objects in: each one that replaced a
+    # distributed parameter reduces its gradient to its placements as the old one did.
+    before = _before_load.pop(module, {})
+    armed = set()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        old = before.get(name)
+        if (old is not None and p is not old and id(p) not in armed and _C.is_dtensor(p) and _C.is_dtensor(old)
+                and old.requires_grad and p.requires_grad):
+            _C._reduce_gradient_to_placements(p)
+            armed.add(id(p))
 
 
 def _guard_load_state_dict(module):
     if module not in _guarded:
-        module.register_load_state_dict_pre_hook(_refuse_plain_tensors)
+        module.register_load_state_dict_pre_hook(_before_loading)
+        module.register_load_state_dict_post_hook(_after_loading)
         _guarded.add(module)
 
 
@@ -72,8 +93,9 @@ def load_full_state_dict(module, state_dict, strict=True):
     """Loads a full (unsharded) state dict, the same on every rank (e.g. one process's), into a
     parallelized module: each plain tensor whose parameter or buffer is a DTensor is first cut
     to that DTensor's placements (no communication); returns what ``load_state_dict`` returns."""
-    targets = dict(module.named_parameters())
-    targets.update(dict(module.named_buffers()))
+    # Every name of a tied parameter (remove_duplicate=False): the state dict holds each.
+    targets = dict(module.named_parameters(remove_duplicate=False))
+    targets.update(dict(module.named_buffers(remove_duplicate=False)))
     converted = {}
     for k, v in state_dict.items():
         t = targets.get(k)
@@ -87,10 +109,11 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
     """PyTorch's distribute_module, run by the C++ one: ``partition_fn(name, submodule, mesh)`` on
     every submodule, then every parameter and buffer not yet a DTensor becomes a Replicate one,
     then ``input_fn(module, inputs, mesh)`` and ``output_fn(module, outputs, mesh)`` become its
-    forward hooks. A module is distributed once (RuntimeError on the second call)."""
+    forward hooks. A module is distributed once (RuntimeError on the second call). A failure on any
+    rank (a ``partition_fn`` raising on one) raises on every rank and leaves the module as it was."""
     if device_mesh is None:
         raise ValueError("hyper_parallel.distribute_module: device_mesh is required")
-    _C._distribute_module(module, device_mesh, partition_fn, input_fn, output_fn, src_data_rank)
+    all_or_nothing(module, lambda: _C._distribute_module(module, device_mesh, partition_fn, input_fn, output_fn, src_data_rank))
     return module
 
 

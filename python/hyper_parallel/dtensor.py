@@ -104,6 +104,20 @@ def _deepcopy(self, memo):
     return out
 
 
+_plain_parameter_deepcopy = torch.nn.Parameter.__deepcopy__
+
+
+def _parameter_deepcopy(self, memo):
+    # The copy of a distributed parameter reduces its gradient to its placements as the original
+    # does (distribute_module's gradient hook, which torch's copy does not carry).
+    fresh = id(self) not in memo
+    out = _plain_parameter_deepcopy(self, memo)
+    if fresh and _C.is_dtensor(self) and out.requires_grad:
+        _C._reduce_gradient_to_placements(out)
+    return out
+
+
+torch.nn.Parameter.__deepcopy__ = _parameter_deepcopy
 torch.Tensor.placements = property(_placements)
 torch.Tensor.device_mesh = property(_device_mesh)
 torch.Tensor.to_local = _to_local

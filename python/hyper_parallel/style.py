@@ -4,6 +4,7 @@ writes in Python; the built-in styles hold the C++ library's styles, which do th
 import abc
 
 from . import _C
+from ._snapshot import all_or_nothing
 from .placement_types import Placement, Replicate, Shard
 
 
@@ -22,8 +23,18 @@ class _CppStyle(ParallelStyle):
     _cpp = None
 
     def apply(self, module, device_mesh):
-        _C._parallelize_module(module, device_mesh, self._cpp, self.src_data_rank)
+        """This one style on ``module`` (what parallelize_module calls for a plan entry; a Python
+        style may call it on its submodules). A failure leaves the module as it was."""
+        all_or_nothing(module, lambda: _C._apply_style(self._cpp, module, device_mesh))
         return module
+
+    @property
+    def src_data_rank(self):
+        return self._cpp.src_data_rank
+
+    @src_data_rank.setter
+    def src_data_rank(self, rank):
+        self._cpp.src_data_rank = rank
 
     def __repr__(self):
         return self._cpp.describe()

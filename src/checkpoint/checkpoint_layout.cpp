@@ -250,17 +250,13 @@ std::string without_prefix(const std::string& message, const char* what) {
 }  // namespace
 
 Verdicts gather_verdicts(bool distributed, int64_t code, const std::string& my_message) {
+  if (distributed) return hyper_parallel::gather_verdicts(world_group(), code, my_message);
   Verdicts v;
-  if (!distributed) {
-    v.codes = {code};
-  } else {
-    for (const auto& c : control_all_gather(world_group(), {code})) v.codes.push_back(c[0]);
+  v.codes = {code};
+  if (code != 0) {
+    v.first = 0;
+    v.message = my_message;
   }
-  for (size_t r = 0; r < v.codes.size() && v.first < 0; ++r)
-    if (v.codes[r] != 0) v.first = static_cast<int64_t>(r);
-  if (v.first < 0) return v;
-  // The first failed rank's message reaches everyone (truncated to 2 KiB).
-  v.message = distributed ? control_broadcast_string(world_group(), my_message.substr(0, 2047), v.first) : my_message;
   return v;
 }
 

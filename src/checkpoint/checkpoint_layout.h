@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <hyper_parallel/runtime/agreement.h>
+
 #include "checkpoint_files.h"
 
 namespace hyper_parallel {
@@ -132,14 +134,8 @@ at::Tensor box(const at::Tensor& t, const std::vector<int64_t>& start, const std
 // alone. On failure every rank raises, naming the failed ranks and the first one's reason.
 void agree(bool distributed, const std::string& my_error, const char* what, const std::string& tail);
 
-// What agree exchanges, for a caller that decides by more than failed or not: every rank's
-// `code` (0: fine) and, when some rank's is not 0, the first such rank and its message (up to
-// 2 KiB), on every rank. Not distributed: this rank's alone.
-struct Verdicts {
-  std::vector<int64_t> codes;
-  int64_t first = -1;  // the first rank whose code is not 0, or -1
-  std::string message;
-};
+// What agree exchanges (runtime's gather_verdicts over the world), for a caller that decides by
+// more than failed or not. Not distributed: this rank's alone.
 Verdicts gather_verdicts(bool distributed, int64_t code, const std::string& my_message);
 
 std::string message_of(const std::exception& e);

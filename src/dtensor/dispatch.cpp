@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <vector>
 
 #include "dtensor_impl.h"
 #include "foreach_ops.h"
@@ -82,8 +83,19 @@ namespace {
 // library in the process took kDTensorKey first (upstream has begun to use `Fake` for a C++
 // FakeTensor): the dispatcher would refuse a second fallback by aborting the load with a message
 // about dispatch keys. Instead the load succeeds and making a DTensor raises a clear error.
+// Whether `self` may take `from`'s metadata (`param.data = from`, which module.to and to_empty
+// use to keep a parameter object): a DTensor takes any DTensor's (shallow_copy_from copies its
+// local tensor and spec), whatever device its local tensor is on, so to_empty from meta keeps
+// the parameter objects, and with them ties and gradient hooks. Anything else: torch's rule.
+// The op is composite; this kernel sits at the Autograd keys our DTensors carry.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (is_dtensor(self) && is_dtensor(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 struct FallbackRegistration {
   std::unique_ptr<torch::Library> library, kernels;
+  std::vector<std::unique_ptr<torch::Library>> autograd_kernels;
   bool taken_by_another = false;
   FallbackRegistration() {
     if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kDTensorKey)) {
@@ -94,6 +106,10 @@ struct FallbackRegistration {
     library->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor_fallback>());
     kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
     register_unboxed_kernels(*kernels);
+    for (const c10::DispatchKey key : {c10::DispatchKey::AutogradCPU, c10::DispatchKey::AutogradCUDA, c10::DispatchKey::AutogradMeta}) {
+      autograd_kernels.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__));
+      autograd_kernels.back()->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+    }
   }
 };
 

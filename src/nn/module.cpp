@@ -7,8 +7,9 @@ namespace hyper_parallel {
 namespace nn {
 
 namespace {
-// libtorch 1.13 keeps torch::nn::Module::buffers_ private (parameters_ is protected) and has no
-// way to swap a buffer for another tensor, which distribute_module must do. An explicit template
+// libtorch keeps torch::nn::Module::buffers_ and children_ private (parameters_ is protected) and
+// has no way to swap a buffer for another tensor, which distribute_module must do, or to put a
+// module's children back (ModuleSnapshot). An explicit template
 // instantiation may name a private member (C++ [temp.explicit]); this is the one place that does.
 struct BuffersTag {
   using type = torch::OrderedDict<std::string, at::Tensor> torch::nn::Module::*;
@@ -19,13 +20,34 @@ struct Expose {
   friend typename Tag::type member(Tag) { return M; }
 };
 template struct Expose<BuffersTag, &torch::nn::Module::buffers_>;
+struct ChildrenTag {
+  using type = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> torch::nn::Module::*;
+  friend type member(ChildrenTag);
+};
+template struct Expose<ChildrenTag, &torch::nn::Module::children_>;
 
 torch::OrderedDict<std::string, at::Tensor>& buffers_of(torch::nn::Module& m) { return m.*member(BuffersTag{}); }
+torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& children_of(torch::nn::Module& m) {
+  return m.*member(ChildrenTag{});
+}
 
 // parameters_ is protected: reachable through a member pointer named in a derived class.
 struct ParametersAccess : torch::nn::Module {
   static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& m) { return m.*(&ParametersAccess::parameters_); }
 };
+
+template <class V>
+std::vector<std::pair<std::string, V>> items_of(const torch::OrderedDict<std::string, V>& d) {
+  std::vector<std::pair<std::string, V>> out;
+  for (const auto& item : d) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+template <class V>
+void assign(torch::OrderedDict<std::string, V>& d, std::vector<std::pair<std::string, V>> items) {
+  d.clear();
+  for (auto& [k, v] : items) d.insert(std::move(k), std::move(v));
+}
 }  // namespace
 
 void HookHandle::remove() {
@@ -178,6 +200,55 @@ void detail::set_parameter_unchecked(torch::nn::Module& module, const std::strin
   const bool requires_grad = p->requires_grad();
   if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
   *p = std::move(value);
+}
+
+void detail::reset_slots(torch::nn::Module& module, std::vector<std::pair<std::string, at::Tensor>> parameters,
+                         std::vector<std::pair<std::string, at::Tensor>> buffers,
+                         std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children) {
+  assign(ParametersAccess::of(module), std::move(parameters));
+  assign(buffers_of(module), std::move(buffers));
+  assign(children_of(module), std::move(children));
+}
+
+ModuleSnapshot::ModuleSnapshot(torch::nn::Module& root) {
+  std::vector<torch::nn::Module*> seen;
+  for (const auto& [name, m] : modules_with_names(root)) {
+    if (std::find(seen.begin(), seen.end(), m) != seen.end()) continue;  // a module reached twice
+    seen.push_back(m);
+    Entry e;
+    e.module = m;
+    e.parameters = items_of(ParametersAccess::of(*m));
+    for (const auto& [k, t] : e.parameters) e.requires_grad.push_back(t.defined() && t.requires_grad());
+    e.buffers = items_of(buffers_of(*m));
+    e.children = items_of(children_of(*m));
+    if (auto* hp = dynamic_cast<Module*>(m)) {
+      e.hookable = true;
+      e.pre_hooks = hp->pre_hooks_;
+      e.forward_hooks = hp->forward_hooks_;
+      e.forward_wrapper = hp->forward_wrapper_;
+      // States are copied: their owners change them in place.
+      for (const auto& [type, st] : hp->states_) e.states.emplace(type, Module::State{st.copy(st.value.get()), st.copy});
+    }
+    entries_.push_back(std::move(e));
+  }
+}
+
+void ModuleSnapshot::restore() {
+  for (Entry& e : entries_) {
+    for (size_t i = 0; i < e.parameters.size(); ++i) {
+      at::Tensor& t = e.parameters[i].second;
+      if (t.defined() && t.requires_grad() != e.requires_grad[i]) t.set_requires_grad(e.requires_grad[i]);
+    }
+    detail::reset_slots(*e.module, e.parameters, e.buffers, e.children);
+    if (e.hookable) {
+      auto* hp = dynamic_cast<Module*>(e.module);
+      hp->pre_hooks_ = e.pre_hooks;
+      hp->forward_hooks_ = e.forward_hooks;
+      hp->forward_wrapper_ = e.forward_wrapper;
+      hp->states_.clear();
+      for (const auto& [type, st] : e.states) hp->states_.emplace(type, Module::State{st.copy(st.value.get()), st.copy});
+    }
+  }
 }
 
 void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tensor value) {

@@ -47,4 +47,19 @@ void check_agreement(const Group& group, const std::string& what, const std::str
              "Rank ", group.ranks()[static_cast<size_t>(group.rank())], " has: ", description, ". Every rank: ", each);
 }
 
+Verdicts gather_verdicts(const Group& group, int64_t code, const std::string& my_message) {
+  TORCH_CHECK(group.defined(), "hyper_parallel::gather_verdicts: the group is undefined");
+  Verdicts v;
+  if (group.size() == 1) {
+    v.codes = {code};
+  } else {
+    for (const auto& c : control_all_gather(group, {code})) v.codes.push_back(c[0]);
+  }
+  for (size_t r = 0; r < v.codes.size() && v.first < 0; ++r)
+    if (v.codes[r] != 0) v.first = static_cast<int64_t>(r);
+  if (v.first < 0) return v;
+  v.message = group.size() == 1 ? my_message : control_broadcast_string(group, my_message.substr(0, 2047), v.first);
+  return v;
+}
+
 }  // namespace hyper_parallel

@@ -3,11 +3,14 @@
 #include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/errors.h>
 #include <hyper_parallel/tensor_parallel/api.h>
+#include <hyper_parallel/tensor_parallel/distribute_module.h>
 
 #include "module_state.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <exception>
 #include <map>
 #include <set>
 #include <sstream>
@@ -53,6 +56,72 @@ void match(const std::shared_ptr<torch::nn::Module>& m, const std::string& prefi
 
 void record_name(torch::nn::Module& m, const std::string& fqn) {
   if (auto* hp = dynamic_cast<nn::Module*>(&m)) hp->state<TpModuleState>().fqn = fqn.empty() ? "<root>" : fqn;
+}
+
+// A parameter held by several slots (module, name) of the tree: one tensor, tied (an output
+// projection sharing the embedding's weight).
+struct TieSlot {
+  std::string fqn;  // the parameter's name in the model, e.g. "lm_head.weight"
+  torch::nn::Module* module;
+  std::string name;
+};
+using Ties = std::vector<std::vector<TieSlot>>;
+
+Ties find_ties(torch::nn::Module& root) {
+  std::map<const c10::TensorImpl*, std::vector<TieSlot>> by_tensor;
+  std::vector<const c10::TensorImpl*> order;
+  for (const auto& [fqn, m] : nn::modules_with_names(root))
+    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
+      if (!p.value().defined()) continue;
+      auto& slots = by_tensor[p.value().unsafeGetTensorImpl()];
+      if (slots.empty()) order.push_back(p.value().unsafeGetTensorImpl());
+      const bool known = std::any_of(slots.begin(), slots.end(), [&](const TieSlot& s) { return s.module == m && s.name == p.key(); });
+      if (!known) slots.push_back({fqn.empty() ? p.key() : fqn + "." + p.key(), m, p.key()});  // a module reached twice is one slot
+    }
+  Ties ties;
+  for (const auto* impl : order)
+    if (by_tensor[impl].size() > 1) ties.push_back(std::move(by_tensor[impl]));
+  return ties;
+}
+
+at::Tensor slot_value(const TieSlot& s) {
+  const at::Tensor* t = s.module->named_parameters(/*recurse=*/false).find(s.name);
+  return t != nullptr ? *t : at::Tensor();
+}
+
+std::string layout_of(const at::Tensor& t) {
+  if (!t.defined()) return "no parameter (removed)";
+  if (!is_dtensor(t)) return "a plain tensor (no style in the plan lays it out)";
+  const DTensor d(t);
+  return to_string(d.placements()) + " on mesh " + d.device_mesh().short_string();
+}
+
+// A tie stays one parameter: when every owner's style gave it the same layout, every slot takes
+// the first owner's DTensor (the values are the same: one tensor, split the same way). Anything
+// else is refused, naming every owner, before the caller lets the change stand.
+void keep_ties(const Ties& ties) {
+  for (const auto& slots : ties) {
+    std::vector<at::Tensor> now;
+    for (const auto& s : slots) now.push_back(slot_value(s));
+    const auto same_object = [&](const at::Tensor& t) { return t.defined() && t.unsafeGetTensorImpl() == now[0].unsafeGetTensorImpl(); };
+    if (std::all_of(now.begin(), now.end(), same_object)) continue;  // untouched, or one tensor everywhere
+    const auto same_layout = [&](const at::Tensor& t) {
+      if (!t.defined() || !is_dtensor(t) || !is_dtensor(now[0])) return false;
+      const DTensor a(t), b(now[0]);
+      return a.placements() == b.placements() && a.device_mesh() == b.device_mesh() && t.sizes() == now[0].sizes() &&
+             t.scalar_type() == now[0].scalar_type();
+    };
+    if (std::all_of(now.begin(), now.end(), same_layout)) {
+      for (size_t i = 1; i < slots.size(); ++i) nn::replace_parameter(*slots[i].module, slots[i].name, now[0]);
+      continue;
+    }
+    std::ostringstream owners;
+    for (size_t i = 0; i < slots.size(); ++i) owners << (i ? "; " : "") << "'" << slots[i].fqn << "': " << layout_of(now[i]);
+    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::parallelize_module: '", slots[0].fqn, "' and '", slots[1].fqn,
+               "' are one parameter (tied), but the plan lays its owners out differently (", owners.str(),
+               "); give every module that holds it a style with the same placements (RowwiseParallel on an embedding and "
+               "ColwiseParallel on an output projection both give Shard(dim=0)), or untie them first. The module is left as it was");
+  }
 }
 
 }  // namespace
@@ -116,10 +185,31 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
     }
   }
 
-  for (const auto& t : targets) {
-    t.style->src_data_rank = src_data_rank;
-    record_name(*t.module, t.fqn);
-    t.style->apply(*t.module, *mesh);
+  // From here on every rank changes the module; a failure anywhere puts it back as it was.
+  const Ties ties = find_ties(module);
+  nn::ModuleSnapshot before(module);
+  try {
+    for (const auto& t : targets) {
+      t.style->src_data_rank = src_data_rank;
+      record_name(*t.module, t.fqn);
+      if (!t.style->runs_user_code()) {
+        t.style->apply(*t.module, *mesh);
+        continue;
+      }
+      // Code we could not validate: no rank goes on to the next entry's collectives before every
+      // rank knows it succeeded everywhere.
+      std::exception_ptr error;
+      try {
+        t.style->apply(*t.module, *mesh);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      agree_on_user_code(*mesh, error, "parallelize_module: " + t.style->name() + " on '" + (t.fqn.empty() ? "<root>" : t.fqn) + "'");
+    }
+    keep_ties(ties);
+  } catch (...) {
+    before.restore();
+    throw;
   }
   return module;
 }

@@ -66,11 +66,13 @@ class Module : public torch::nn::Module {
 
   /// Hooks run in registration order. e.g.
   /// `m->register_forward_pre_hook([](Module&, const auto& args) { return c10::nullopt; });`
-  HookHandle register_forward_pre_hook(ForwardPreHook hook);
-  HookHandle register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwargs hook);
+  /// Virtual so that a module standing in for another frontend's module (the platform seam's
+  /// Python mirror) attaches them to that module, in the order they are registered.
+  virtual HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  virtual HookHandle register_forward_pre_hook_with_kwargs(ForwardPreHookWithKwargs hook);
   /// With `always_call` (as PyTorch's), the hook also runs when a pre-hook or forward throws,
   /// with a None output, before the exception propagates: the place to undo what a pre-hook did.
-  HookHandle register_forward_hook(ForwardHook hook, bool always_call = false);
+  virtual HookHandle register_forward_hook(ForwardHook hook, bool always_call = false);
   bool has_hooks() const { return !pre_hooks_.empty() || !forward_hooks_.empty() || forward_wrapper_ != nullptr; }
   /// Sets (or with nullptr removes) the wrapper the forward runs through; one per module.
   void set_forward_wrapper(ForwardWrapper wrapper) { forward_wrapper_ = std::move(wrapper); }
@@ -118,22 +120,35 @@ class Module : public torch::nn::Module {
   /// The state another layer keeps for this module, one object per type T, made on first use;
   /// it lives and dies with the module (tensor_parallel/ records here that it distributed the
   /// module, without nn/ knowing about tensor parallelism).
+  /// T is copyable: a ModuleSnapshot keeps a copy of each state to put back.
   template <class T>
   T& state() {
-    std::shared_ptr<void>& p = states_[std::type_index(typeid(T))];
-    if (p == nullptr) p = std::make_shared<T>();
-    return *static_cast<T*>(p.get());
+    State& s = states_[std::type_index(typeid(T))];
+    if (s.value == nullptr) {
+      s.value = std::make_shared<T>();
+      s.copy = [](const void* v) -> std::shared_ptr<void> { return std::make_shared<T>(*static_cast<const T*>(v)); };
+    }
+    return *static_cast<T*>(s.value.get());
   }
   /// The state of type T, or nullptr when none was made.
   template <class T>
   const T* find_state() const {
     const auto it = states_.find(std::type_index(typeid(T)));
-    return it == states_.end() ? nullptr : static_cast<const T*>(it->second.get());
+    return it == states_.end() ? nullptr : static_cast<const T*>(it->second.value.get());
   }
+
+ protected:
+  /// Removes hook `id` (what HookHandle::remove calls); an override removes what its
+  /// register_* overrides attached.
+  virtual void remove_hook(uint64_t id);
+  /// The id the next hook gets (overrides of register_* number their hooks with it).
+  uint64_t take_hook_id() { return next_hook_id_++; }
+  /// A handle that removes hook `id` from this module while it lives.
+  HookHandle handle_for(uint64_t id) { return HookHandle(alive_, this, id); }
 
  private:
   friend class HookHandle;
-  void remove_hook(uint64_t id);
+  friend class ModuleSnapshot;
   struct PreHook {
     uint64_t id;
     ForwardPreHook plain;
@@ -148,8 +163,38 @@ class Module : public torch::nn::Module {
   std::vector<PostHook> forward_hooks_;
   uint64_t next_hook_id_ = 1;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
-  std::unordered_map<std::type_index, std::shared_ptr<void>> states_;
+  struct State {
+    std::shared_ptr<void> value;
+    std::function<std::shared_ptr<void>(const void*)> copy;
+  };
+  std::unordered_map<std::type_index, State> states_;
   ForwardWrapper forward_wrapper_;
+};
+
+/// What a change to a module tree may alter, taken before a change that must be all or nothing
+/// (parallelize_module) and put back when it fails: every module's parameter, buffer and child
+/// slots, its parameters' requires_grad, and for hyper_parallel::nn modules their hooks, forward
+/// wrapper and states. Tensors changed in place are not covered (the styles replace, never write).
+/// e.g. `ModuleSnapshot s(model); try { apply(); } catch (...) { s.restore(); throw; }`
+class ModuleSnapshot {
+ public:
+  explicit ModuleSnapshot(torch::nn::Module& root);
+  /// Puts every module of the tree back as it was when the snapshot was taken.
+  void restore();
+
+ private:
+  struct Entry {
+    torch::nn::Module* module;
+    std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;
+    std::vector<bool> requires_grad;
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children;
+    bool hookable = false;
+    std::vector<Module::PreHook> pre_hooks;
+    std::vector<Module::PostHook> forward_hooks;
+    ForwardWrapper forward_wrapper;
+    std::unordered_map<std::type_index, Module::State> states;
+  };
+  std::vector<Entry> entries_;
 };
 
 /// `module` itself (named "") and every submodule with its FQN, in named_modules order. Unlike
@@ -168,6 +213,14 @@ namespace detail {
 /// requires_grad: for tensors that stand in for a parameter during one forward (fully_shard's
 /// gathered compute tensors in another dtype, activation checkpointing's recompute aliases).
 void set_parameter_unchecked(torch::nn::Module& module, const std::string& name, at::Tensor value);
+
+/// Makes `module`'s own parameter, buffer and child slots exactly these, in this order, taking
+/// each tensor as it is (requires_grad included): for a module that stands in for another
+/// frontend's module (the platform seam's Python mirror), read again after that frontend's code
+/// changed the module it mirrors.
+void reset_slots(torch::nn::Module& module, std::vector<std::pair<std::string, at::Tensor>> parameters,
+                 std::vector<std::pair<std::string, at::Tensor>> buffers,
+                 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children);
 
 template <class T>
 constexpr bool is_kwargs_v = std::is_same_v<std::decay_t<T>, Kwargs>;

@@ -40,6 +40,10 @@ class ParallelStyle {
   virtual void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const = 0;
   /// Whether apply() calls distribute_module (at most one such style per module).
   virtual bool distributes_module() const { return false; }
+  /// Whether apply() runs code the library cannot check beforehand (a user's style, a Python
+  /// one): parallelize_module then has every rank agree that it succeeded before the next entry,
+  /// so that a rank that failed never leaves the others in a collective. The built-in styles say no.
+  virtual bool runs_user_code() const { return true; }
   /// e.g. "ColwiseParallel".
   virtual std::string name() const = 0;
   /// The name with the parameters that change what apply() does, e.g.
@@ -70,6 +74,7 @@ class ColwiseParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "ColwiseParallel"; }
+  bool runs_user_code() const override { return false; }
   std::string describe() const override {
     return name() + "(input_layouts=" + input_layouts_.to_string() + ", output_layouts=" + output_layouts_.to_string() +
            ", use_local_output=" + std::to_string(use_local_output_) + ")";
@@ -106,6 +111,7 @@ class RowwiseParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "RowwiseParallel"; }
+  bool runs_user_code() const override { return false; }
   std::string describe() const override {
     return name() + "(input_layouts=" + input_layouts_.to_string() + ", output_layouts=" + output_layouts_.to_string() +
            ", use_local_output=" + std::to_string(use_local_output_) + ")";
@@ -134,6 +140,7 @@ class SequenceParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "SequenceParallel"; }
+  bool runs_user_code() const override { return false; }
   std::string describe() const override {
     return name() + "(sequence_dim=" + std::to_string(sequence_dim_) + ", use_local_output=" + std::to_string(use_local_output_) + ")";
   }
@@ -164,6 +171,7 @@ class NoParallel : public ParallelStyle {
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   bool distributes_module() const override { return true; }
   std::string name() const override { return "NoParallel"; }
+  bool runs_user_code() const override { return false; }
   std::string describe() const override {
     return name() + "(input_layout=" + input_layout_.to_string() + ", desired_input_layout=" +
            desired_input_layout_.to_string() + ", output_layout=" + output_layout_.to_string() +
@@ -196,6 +204,7 @@ class PrepareModuleInput : public ParallelStyle {
   torch::nn::Module& apply(torch::nn::Module& module, const DeviceMesh& device_mesh) override;
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   std::string name() const override { return "PrepareModuleInput"; }
+  bool runs_user_code() const override { return false; }
 
  private:
   c10::optional<Layouts> input_layouts_, desired_input_layouts_;
@@ -217,6 +226,7 @@ class PrepareModuleOutput : public ParallelStyle {
   torch::nn::Module& apply(torch::nn::Module& module, const DeviceMesh& device_mesh) override;
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   std::string name() const override { return "PrepareModuleOutput"; }
+  bool runs_user_code() const override { return false; }
 
  private:
   Layouts output_layouts_, desired_output_layouts_;
@@ -240,6 +250,7 @@ class PrepareModuleInputOutput : public ParallelStyle {
   torch::nn::Module& apply(torch::nn::Module& module, const DeviceMesh& device_mesh) override;
   void validate(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& device_mesh) const override;
   std::string name() const override { return "PrepareModuleInputOutput"; }
+  bool runs_user_code() const override { return false; }
 
  private:
   PrepareModuleInput input_;

@@ -313,4 +313,72 @@ TEST(ParallelizeModuleApi, DisagreeingRanksAreNamed) {
   EXPECT_TRUE(at::equal(hp::DTensor(y).full_tensor(), at::ones({4, 4})));
 }
 
+// A language model whose output projection is its embedding's weight (tie_word_embeddings): one
+// tensor registered in two modules.
+class TiedLmImpl : public hnn::ModuleBase<TiedLmImpl> {
+ public:
+  TiedLmImpl(int64_t vocab, int64_t dim) {
+    embed = register_module("embed", hnn::Embedding(vocab, dim));
+    head = register_module("head", hnn::Linear(hnn::LinearOptions(dim, vocab).bias(false)));
+    hnn::replace_parameter(*head, "weight", embed->parameter("weight"));
+  }
+  at::Tensor forward(const at::Tensor& ids) { return head(embed(ids)); }
+  hnn::Embedding embed{nullptr};
+  hnn::Linear head{nullptr};
+};
+HP_MODULE(TiedLm);
+
+TEST(ParallelizeModuleApi, TiedParameterStaysOneParameterAndItsGradientEqualsOneProcess) {
+  const int64_t vocab = 4 * tp_size(), dim = 6;
+  auto model = seeded<TiedLm>(3, vocab, dim);
+  auto ref = seeded<TiedLm>(3, vocab, dim);
+  ASSERT_EQ(ref->head->weight().unsafeGetTensorImpl(), ref->embed->parameter("weight").unsafeGetTensorImpl());
+  // transformers' plan for a tied Qwen3: the embedding on the vocabulary, the head on its output
+  // features: both Shard(0) of the one [vocab, dim] tensor.
+  hp::parallelize_module(*model, tp_mesh(), {{"embed", hp::RowwiseParallel().input_layouts(hp::Replicate())},
+                                             {"head", hp::ColwiseParallel().output_layouts(hp::Replicate())}});
+  const at::Tensor w = model->embed->parameter("weight");
+  EXPECT_EQ(model->head->weight().unsafeGetTensorImpl(), w.unsafeGetTensorImpl());
+  ASSERT_TRUE(hp::is_dtensor(w));
+  EXPECT_EQ(hp::DTensor(w).placements(), hp::Placements{hp::Shard(0)});
+  EXPECT_EQ(model->parameters().size(), ref->parameters().size());  // libtorch lists a tie once per owner
+
+  const at::Tensor ids = at::tensor(std::vector<int64_t>{0, 3, vocab - 1, 2, 1, vocab / 2}, at::kLong).view({2, 3});
+  const at::Tensor y = model(ids), y_ref = ref(ids);
+  EXPECT_TRUE(close(full(y), y_ref));
+  (full(y) * y_ref.detach()).sum().backward();
+  (y_ref * y_ref.detach()).sum().backward();
+  // Both uses' gradients land in the one parameter, as in one process.
+  EXPECT_TRUE(close(full(w.grad()), ref->embed->parameter("weight").grad()));
+}
+
+TEST(ParallelizeModuleApi, TiedParameterWithDifferentLayoutsIsRefusedNamingBothOwnersAndLeavesTheModule) {
+  const int64_t vocab = 4 * tp_size(), dim = 6;
+  auto model = seeded<TiedLm>(3, vocab, dim);
+  const auto before = params_of(*model);
+  const auto expect_refused = [&](const hp::ParallelizePlan& plan, const std::string& layout) {
+    try {
+      hp::parallelize_module(*model, tp_mesh(), plan);
+      FAIL() << "a tie laid out two ways was accepted";
+    } catch (const c10::ValueError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'embed.weight'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("'head.weight'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(layout), std::string::npos) << msg;
+    }
+    EXPECT_EQ(model->head->weight().unsafeGetTensorImpl(), model->embed->parameter("weight").unsafeGetTensorImpl());
+    EXPECT_TRUE(same_params(before, params_of(*model)));
+    EXPECT_FALSE(model->embed->has_hooks());
+    EXPECT_FALSE(model->head->has_hooks());
+    EXPECT_FALSE(hp::distribute_module_applied(*model->embed));
+  };
+  // Rowwise on the head shards its weight on dim 1; only one owner in the plan leaves the other plain.
+  expect_refused({{"embed", hp::RowwiseParallel().input_layouts(hp::Replicate())}, {"head", hp::RowwiseParallel()}}, "Shard(dim=1)");
+  expect_refused({{"embed", hp::RowwiseParallel().input_layouts(hp::Replicate())}}, "plain tensor");
+  // The module is usable as it was: the right plan then applies.
+  hp::parallelize_module(*model, tp_mesh(), {{"embed", hp::RowwiseParallel().input_layouts(hp::Replicate())},
+                                             {"head", hp::ColwiseParallel().output_layouts(hp::Replicate())}});
+  EXPECT_EQ(model->head->weight().unsafeGetTensorImpl(), model->embed->parameter("weight").unsafeGetTensorImpl());
+}
+
 }  // namespace t_dist_tensor_parallel_api_test
