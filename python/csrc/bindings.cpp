@@ -8,6 +8,7 @@
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/dtensor/explicit_redistribution.h>
+#include <hyper_parallel/dtensor/loss_parallel.h>
 #include <hyper_parallel/mesh/device_mesh.h>
 #include <hyper_parallel/runtime/c10d_interop.h>
 #include <hyper_parallel/runtime/collectives.h>
@@ -41,6 +42,14 @@ const at::Tensor& checked_dtensor(const at::Tensor& t, const char* what) {
   HP_CHECK_T(c10::TypeError, t.defined() && is_dtensor(t), "hyper_parallel::python::checked_dtensor: DTensor.", what,
              "() is defined for hyper_parallel DTensors; this tensor is a plain torch.Tensor");
   return t;
+}
+
+// The meshes entered with `with mesh:` on this thread, innermost last.
+// Never destroyed: a scope left open at thread exit must not pop the library's own per-thread
+// stack after that is gone.
+std::vector<std::unique_ptr<MeshScope>>& mesh_scopes() {
+  thread_local auto* scopes = new std::vector<std::unique_ptr<MeshScope>>();
+  return *scopes;
 }
 
 // CommDebugMode as a Python context manager: the counts survive the `with` block.
@@ -156,9 +165,22 @@ PYBIND11_MODULE(_C, m) {
              });
            })
       .def("__eq__", [](const DeviceMesh& a, const py::object& b) { return py::isinstance<DeviceMesh>(b) && a == b.cast<const DeviceMesh&>(); })
-      .def("__hash__", [](const DeviceMesh& d) { return std::hash<const void*>()(d.impl()); })
+      // By value, as == compares (equal meshes hash equal; PyTorch's meshes do the same).
+      .def("__hash__", [](const DeviceMesh& d) {
+        return py::hash(py::make_tuple(d.device_type(), py::tuple(py::cast(d.shape())), py::tuple(py::cast(d.ranks())),
+                                       py::tuple(py::cast(d.mesh_dim_names()))));
+      })
+      // `with mesh:` makes it the mesh parallelize_module uses when given none (a stack per thread).
+      .def("__enter__", [](const DeviceMesh& d) {
+        hp::python::mesh_scopes().push_back(std::make_unique<hp::MeshScope>(d));
+        return d;
+      })
+      .def("__exit__", [](const DeviceMesh&, const py::args&) {
+        auto& scopes = hp::python::mesh_scopes();
+        if (!scopes.empty()) scopes.pop_back();
+        return false;
+      })
       .def("__repr__", &DeviceMesh::to_string);
-  py::class_<hp::MeshScope, std::unique_ptr<hp::MeshScope>>(m, "_MeshScope").def(py::init<DeviceMesh>());
   m.def("_init_device_mesh", [](const std::string& device_type, const std::vector<int64_t>& shape, const std::vector<std::string>& names) {
     return guarded<true>([&] { return hp::init_device_mesh(device_type, shape, names); });
   });
@@ -258,6 +280,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<hp::ImplicitReplicationGuard, std::unique_ptr<hp::ImplicitReplicationGuard>>(m, "_ImplicitReplication")
       .def(py::init<>());
+  py::class_<hp::LossParallelGuard, std::unique_ptr<hp::LossParallelGuard>>(m, "_LossParallel").def(py::init<>());
 
   // ---- CommDebugMode
   py::class_<hp::python::PyCommDebugMode>(m, "_CommDebugMode")

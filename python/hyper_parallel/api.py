@@ -12,10 +12,13 @@ from ._snapshot import all_or_nothing
 from .style import ParallelStyle, _CppStyle
 
 
-def _cpp_or_python(style, where):
+def _check_style(style, where):
     if not isinstance(style, ParallelStyle):
         raise TypeError(f"hyper_parallel.parallelize_module: {where} must be a ParallelStyle, got {type(style).__name__}")
-    return style._cpp if isinstance(style, _CppStyle) else style
+
+
+def _cpp_or_python(style):
+    return style._cpp_style() if isinstance(style, _CppStyle) else style
 
 
 def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_data_rank=0):
@@ -33,12 +36,14 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_d
         for path, style in parallelize_plan.items():
             if not isinstance(path, str):
                 raise TypeError(f"hyper_parallel.parallelize_module: plan keys must be module paths (str), got {type(path).__name__}")
-            plan.append((path, _cpp_or_python(style, f"the plan value for '{path}'")))
-        for style in parallelize_plan.values():
+            _check_style(style, f"the plan value for '{path}'")
+        for path, style in parallelize_plan.items():
             style.src_data_rank = src_data_rank
+            plan.append((path, _cpp_or_python(style)))
     else:
-        plan = _cpp_or_python(parallelize_plan, "parallelize_plan")
+        _check_style(parallelize_plan, "parallelize_plan")
         parallelize_plan.src_data_rank = src_data_rank
+        plan = _cpp_or_python(parallelize_plan)
     result = all_or_nothing(module, lambda: _C._parallelize_module(module, device_mesh, plan, src_data_rank))
     _guard_load_state_dict(module)
     return result
@@ -121,10 +126,11 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
 def loss_parallel():
     """PyTorch's loss_parallel: cross_entropy / nll_loss on logits sharded on the class dim
     (Shard(-1), e.g. a ColwiseParallel lm_head with use_local_output=False) with plain targets.
-    The parallel loss itself needs no context here (each rank scores the targets in its class
-    range and the loss is reduced once, always); inside it, plain tensors mixed with DTensors
-    (the targets, a weight) are taken as replicated, as PyTorch's loss_parallel takes them."""
-    guard = _C._ImplicitReplication()
+    Inside it the loss ops take their plain targets and class weights as replicated (the same
+    on every rank), as PyTorch's do; any other op mixing a per-rank plain tensor with a DTensor is
+    still refused. The parallel loss itself needs no context here: a class-sharded input is
+    always reduced exactly once."""
+    guard = _C._LossParallel()
     try:
         yield
     finally:

@@ -1,30 +1,8 @@
 """init_device_mesh and DeviceMesh (PyTorch's torch.distributed.device_mesh)."""
-import threading
-
 from . import _C
 from ._runtime import init_process_group
 
 DeviceMesh = _C.DeviceMesh
-
-_scopes = threading.local()
-
-
-def _enter(mesh):
-    stack = getattr(_scopes, "stack", None)
-    if stack is None:
-        stack = _scopes.stack = []
-    stack.append(_C._MeshScope(mesh))
-    return mesh
-
-
-def _exit(mesh, *exc):
-    _scopes.stack.pop()
-    return False
-
-
-# `with mesh:` makes it the mesh parallelize_module uses when given none.
-DeviceMesh.__enter__ = _enter
-DeviceMesh.__exit__ = _exit
 
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):

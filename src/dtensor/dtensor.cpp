@@ -1,6 +1,7 @@
 // The DTensor API: accessors, the differentiable from_local / to_local / redistribute boundaries,
 // distribute_tensor.
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/loss_parallel.h>
 #include <hyper_parallel/runtime/agreement.h>
 #include <hyper_parallel/runtime/chunking.h>
 #include <hyper_parallel/runtime/call_context.h>
@@ -328,6 +329,13 @@ ImplicitReplicationGuard::ImplicitReplicationGuard() : previous_(t_implicit_repl
 }
 ImplicitReplicationGuard::~ImplicitReplicationGuard() { t_implicit_replication = previous_; }
 bool ImplicitReplicationGuard::enabled() { return t_implicit_replication; }
+
+namespace {
+thread_local bool t_loss_parallel = false;
+}  // namespace
+LossParallelGuard::LossParallelGuard() : previous_(t_loss_parallel) { t_loss_parallel = true; }
+LossParallelGuard::~LossParallelGuard() { t_loss_parallel = previous_; }
+bool LossParallelGuard::enabled() { return t_loss_parallel; }
 
 std::ostream& operator<<(std::ostream& os, const DTensor& t) {
   if (!t.defined()) return os << "DTensor(undefined)";

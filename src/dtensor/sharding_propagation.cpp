@@ -3,6 +3,7 @@
 #include "sharding_propagation.h"
 
 #include <hyper_parallel/dtensor/dtensor.h>
+#include <hyper_parallel/dtensor/loss_parallel.h>
 
 #include <hyper_parallel/runtime/errors.h>
 
@@ -107,11 +108,18 @@ void key_value(DecisionKey& k, const c10::IValue& v) {
   else k.push_back(kKeyOther);
 }
 
+// The loss ops whose plain targets and class weights LossParallelGuard takes as replicated.
+bool takes_replicated_targets(const OpInfo& info) {
+  const std::string& name = info.schema().name();
+  return name == "aten::nll_loss_forward" || name == "aten::nll_loss2d_forward";
+}
+
 [[noreturn]] void mixed_error(const OpInfo& info, size_t arg, const at::Tensor& t) {
   TORCH_CHECK(false, "hyper_parallel::dispatch: ", info.name(), " got a plain tensor (argument '",
               info.schema().arguments()[arg].name(), "', shape ", t.sizes(),
               ") mixed with DTensors; convert it with DTensor::from_local or distribute_tensor, "
-              "or run the op inside an ImplicitReplicationGuard to treat it as replicated");
+              "or run the op inside an ImplicitReplicationGuard to treat it as replicated (loss_parallel takes only the loss ops' "
+              "targets and class weights as replicated)");
 }
 
 }  // namespace
@@ -189,7 +197,8 @@ struct InputCollector {
   // guard anyway.
   void plain(size_t arg, int64_t elem, const at::Tensor& t) {
     const bool implicit = ImplicitReplicationGuard::enabled() ||
-                          torch::autograd::get_current_graph_task_exec_info() != nullptr;
+                          torch::autograd::get_current_graph_task_exec_info() != nullptr ||
+                          (LossParallelGuard::enabled() && takes_replicated_targets(info));
     if (t.dim() == 0 && !implicit) return key_plain(key, t);
     if (!implicit) mixed_error(info, arg, t);
     auto s = std::make_unique<DTensorSpec>(mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()),

@@ -603,6 +603,17 @@ def test_loss_parallel_cross_entropy_on_class_sharded_logits_equals_one_process(
     torch.testing.assert_close(head.weight.grad.full_tensor(), ref.weight.grad)
 
 
+def test_loss_parallel_refuses_a_per_rank_plain_tensor_mixed_with_a_dtensor_outside_the_loss():
+    head = seeded(23, lambda: nn.Linear(8, 5 * TP, bias=False))
+    parallelize_module(head, MESH, ColwiseParallel(use_local_output=False))
+    x = torch.randn(6, 8)
+    per_rank = torch.full((6, 5 * TP), float(RANK))  # differs between ranks: never take it as replicated
+    with hp.loss_parallel():
+        logits = head(x)
+        with pytest.raises(RuntimeError, match="plain tensor .* mixed with DTensors"):
+            logits + per_rank
+
+
 def test_explicit_redistribution_refuses_an_implicit_collective():
     a, b = torch.randn(2 * TP, 2 * TP), torch.randn(2 * TP, 2 * TP)
     x = hp.distribute_tensor(a, MESH, [Shard(0)])

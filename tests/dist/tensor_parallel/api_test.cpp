@@ -329,7 +329,7 @@ class TiedLmImpl : public hnn::ModuleBase<TiedLmImpl> {
 HP_MODULE(TiedLm);
 
 TEST(ParallelizeModuleApi, TiedParameterStaysOneParameterAndItsGradientEqualsOneProcess) {
-  const int64_t vocab = 4 * tp_size(), dim = 6;
+  const int64_t vocab = 4 * tp_size(), dim = 2 * tp_size();
   auto model = seeded<TiedLm>(3, vocab, dim);
   auto ref = seeded<TiedLm>(3, vocab, dim);
   ASSERT_EQ(ref->head->weight().unsafeGetTensorImpl(), ref->embed->parameter("weight").unsafeGetTensorImpl());
@@ -353,7 +353,7 @@ TEST(ParallelizeModuleApi, TiedParameterStaysOneParameterAndItsGradientEqualsOne
 }
 
 TEST(ParallelizeModuleApi, TiedParameterWithDifferentLayoutsIsRefusedNamingBothOwnersAndLeavesTheModule) {
-  const int64_t vocab = 4 * tp_size(), dim = 6;
+  const int64_t vocab = 4 * tp_size(), dim = 2 * tp_size();
   auto model = seeded<TiedLm>(3, vocab, dim);
   const auto before = params_of(*model);
   const auto expect_refused = [&](const hp::ParallelizePlan& plan, const std::string& layout) {

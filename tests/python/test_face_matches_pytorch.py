@@ -1,0 +1,116 @@
+"""The face shaped like PyTorch's, tested side by side with PyTorch's own classes in one job:
+meshes compare and hash by value, ``with mesh:``, the styles' attributes and repr, and a custom
+style written for PyTorch (``_apply``) running unchanged.
+
+Run SPMD under torchrun or hprun with test_tensor_parallel.py.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.tensor as torch_dt
+import torch.distributed.tensor.parallel as torch_tp
+import torch.nn as nn
+
+import hyper_parallel as hp
+
+torch.set_num_threads(1)
+hp.init_process_group()
+TP = hp.get_world_size()
+if not dist.is_initialized():
+    dist.init_process_group("gloo")
+
+
+def test_equal_meshes_are_one_set_member_as_in_pytorch():
+    ours = [hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",)) for _ in range(2)]
+    theirs = [torch.distributed.device_mesh.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",)) for _ in range(2)]
+    for a, b in (ours, theirs):
+        assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert (ours[0].ndim, ours[0].shape, ours[0].mesh_dim_names, ours[0].size(), ours[0].get_local_rank()) == \
+           (theirs[0].ndim, tuple(theirs[0].shape), theirs[0].mesh_dim_names, theirs[0].size(), theirs[0].get_local_rank())
+
+
+def test_with_mesh_nests_and_is_the_default_mesh_inside():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    m = nn.Linear(4, 2 * TP)
+    with mesh as entered:
+        assert entered == mesh
+        with mesh:
+            pass
+        hp.parallelize_module(m, parallelize_plan=hp.ColwiseParallel())
+    assert m.weight.placements == (hp.Shard(0),)
+    with pytest.raises(RuntimeError, match="no device_mesh given"):
+        hp.parallelize_module(nn.Linear(4, 2 * TP), parallelize_plan=hp.ColwiseParallel())
+
+
+def side_by_side():
+    """(ours, PyTorch's) for each style, built with the same arguments."""
+    return [
+        (hp.ColwiseParallel(), torch_tp.ColwiseParallel()),
+        (hp.ColwiseParallel(input_layouts=hp.Shard(1), output_layouts=hp.Replicate(), use_local_output=False),
+         torch_tp.ColwiseParallel(input_layouts=torch_dt.Shard(1), output_layouts=torch_dt.Replicate(), use_local_output=False)),
+        (hp.RowwiseParallel(output_layouts=hp.Shard(1)), torch_tp.RowwiseParallel(output_layouts=torch_dt.Shard(1))),
+        (hp.SequenceParallel(sequence_dim=2), torch_tp.SequenceParallel(sequence_dim=2)),
+        (hp.PrepareModuleInput(input_layouts=(hp.Shard(0), None), desired_input_layouts=(hp.Replicate(), None)),
+         torch_tp.PrepareModuleInput(input_layouts=(torch_dt.Shard(0), None), desired_input_layouts=(torch_dt.Replicate(), None))),
+        (hp.PrepareModuleOutput(output_layouts=hp.Replicate(), desired_output_layouts=hp.Shard(1)),
+         torch_tp.PrepareModuleOutput(output_layouts=torch_dt.Replicate(), desired_output_layouts=torch_dt.Shard(1))),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_styles_settings_are_its_attributes_and_its_repr_as_in_pytorch(index):
+    ours, theirs = side_by_side()[index]
+    assert repr(ours) == repr(theirs)
+    for name in ("input_layouts", "output_layouts", "desired_input_layouts", "desired_output_layouts", "use_local_output",
+                 "sequence_sharding", "input_kwarg_layouts", "desired_input_kwarg_layouts"):
+        if hasattr(theirs, name):
+            assert repr(getattr(ours, name)) == repr(getattr(theirs, name)), name
+
+
+def test_a_changed_attribute_is_what_the_style_applies():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    style = hp.ColwiseParallel()
+    style.use_local_output = False
+    m = hp.parallelize_module(nn.Linear(4, 2 * TP), mesh, style)
+    assert isinstance(m(torch.randn(3, 4)), hp.DTensor)
+
+
+def test_a_style_written_for_pytorch_with_apply_underscore_runs_unchanged():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+
+    class ShardWeightOnly(hp.ParallelStyle):  # PyTorch's pattern: only _apply
+        def _apply(self, module, device_mesh):
+            module.weight = nn.Parameter(hp.distribute_tensor(module.weight.detach(), device_mesh, [hp.Shard(0)]))
+            return module
+
+    torch.manual_seed(0)
+    m, ref = nn.Linear(4, 2 * TP), nn.Linear(4, 2 * TP)
+    ref.load_state_dict(m.state_dict())
+    hp.parallelize_module(m, mesh, ShardWeightOnly())
+    assert m.weight.placements == (hp.Shard(0),)
+    torch.testing.assert_close(m.weight.full_tensor(), ref.weight)
+    with pytest.raises(TypeError):
+        hp.ParallelStyle()  # still abstract
+
+
+def test_saving_a_parallelized_model_names_the_way_out_and_that_way_gives_one_process_weights(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=4, head_dim=8, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    hp.parallelize_module(model, mesh, {"model.layers.*.mlp.gate_proj": hp.ColwiseParallel(),
+                                        "model.layers.*.mlp.up_proj": hp.ColwiseParallel(),
+                                        "model.layers.*.mlp.down_proj": hp.RowwiseParallel()})
+    with pytest.raises(Exception) as e:
+        model.save_pretrained(tmp_path / "direct")
+    assert "hyper_parallel" in str(e.value) and "get_full_state_dict" in str(e.value), str(e.value)
+    model.save_pretrained(tmp_path / "full", state_dict=hp.get_full_state_dict(model))  # gathers on every rank
+    if hp.get_rank() != 0:
+        return  # under torch.distributed, transformers writes from rank 0 only
+    loaded = Qwen3ForCausalLM.from_pretrained(tmp_path / "full").state_dict()
+    assert loaded.keys() == ref.keys()
+    for k, v in ref.items():
+        assert torch.equal(loaded[k], v), k
