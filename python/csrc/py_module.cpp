@@ -355,7 +355,7 @@ class MirrorCall {
 
 }  // namespace
 
-void bind_modules(py::module_& m) {
+void bind_parallelize(py::module_& m) {
   // PyTorch's distribute_module(module, device_mesh, partition_fn, input_fn, output_fn) with
   // Python functions, run by the C++ one on the module's mirror.
   m.def("_distribute_module", [](const py::object& module, const DeviceMesh& mesh, const py::object& partition_fn,

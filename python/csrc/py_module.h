@@ -1,13 +1,10 @@
 #pragma once
 // The Python side of the seed's platform seam: a torch.nn.Module seen by the C++ styles as a
 // hyper_parallel::nn::Module. The styles' logic stays in C++ (one implementation for both
-// frontends); this file only mirrors a Python module's kind, children and parameters, writes
-// replaced parameters back as nn.Parameter, and runs the C++ hooks from Python's hooks.
-#include <torch/csrc/Exceptions.h>
-#include <pybind11/stl.h>
-#include <torch/csrc/utils/pybind.h>
-
-#include <hyper_parallel/runtime/errors.h>
+// frontends); this file only mirrors a Python module's kind, children and parameters for one
+// call, writes replaced parameters back as nn.Parameter, and registers the C++ hooks as the
+// module's own Python hooks.
+#include "bindings.h"
 
 #include <hyper_parallel/nn/module.h>
 #include <hyper_parallel/tensor_parallel/style.h>
@@ -19,30 +16,6 @@
 
 namespace hyper_parallel {
 namespace python {
-
-namespace py = pybind11;
-
-/// hyper_parallel::AssertionError raised in Python as AssertionError (torch maps the other
-/// c10 error types itself).
-struct PyAssertionError : torch::PyTorchError {
-  using torch::PyTorchError::PyTorchError;
-  PyObject* python_type() override { return PyExc_AssertionError; }
-};
-
-/// Runs `f` with torch's translation of C++ errors and warnings into Python's (ValueError,
-/// TypeError, NotImplementedError, IndexError, RuntimeError, UserWarning), plus AssertionError
-/// for ours. With `release_gil` the GIL is released while `f` runs (it may communicate).
-template <bool release_gil = false, class F>
-auto guarded(F&& f) -> decltype(f()) {
-  HANDLE_TH_ERRORS
-  try {
-    torch::detail::conditional_gil_scoped_release<release_gil> no_gil;
-    return f();
-  } catch (const AssertionError& e) {
-    throw PyAssertionError(e.what_without_backtrace());
-  }
-  END_HANDLE_TH_ERRORS_PYBIND
-}
 
 /// A torch.nn.Module seen by the C++ styles for one call, through the seed's platform seam:
 /// module_kind() from isinstance with torch.nn.Linear / torch.nn.Embedding, one child per named
@@ -109,8 +82,6 @@ class PyParallelStyle : public ParallelStyle {
   py::object returned_;
 };
 
-/// The Python binding of everything in this file (called from the module definition).
-void bind_modules(py::module_& m);
 
 }  // namespace python
 }  // namespace hyper_parallel

@@ -31,15 +31,17 @@ from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 from .dtensor import DTensor, distribute_tensor  # noqa: E402
 from .style import (ColwiseParallel, NoParallel, ParallelStyle, PrepareModuleInput,  # noqa: E402
                     PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel, SequenceParallel)
-from .api import (distribute_module, get_full_state_dict, load_full_state_dict, loss_parallel,  # noqa: E402
-                  parallelize_module)
+from .api import (distribute_module, get_full_state_dict, implicit_replication, load_full_state_dict,  # noqa: E402
+                  loss_parallel, parallelize_module)
 from .debug import CommDebugMode, ExplicitRedistribution  # noqa: E402
-from ._runtime import get_rank, get_world_size, init_process_group, is_initialized  # noqa: E402
+from ._runtime import (barrier, destroy_process_group, get_rank, get_world_size, init_process_group,  # noqa: E402
+                       is_initialized)
 
 __all__ = [
     "ColwiseParallel", "CommDebugMode", "DTensor", "DeviceMesh", "ExplicitRedistribution", "NoParallel", "ParallelStyle", "Partial",
     "Placement", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput", "Replicate",
-    "RowwiseParallel", "SequenceParallel", "Shard", "distribute_module", "distribute_tensor", "get_full_state_dict", "get_rank", "get_world_size",
-    "init_device_mesh", "init_process_group", "is_initialized", "load_full_state_dict", "loss_parallel",
+    "RowwiseParallel", "SequenceParallel", "Shard", "barrier", "destroy_process_group", "distribute_module", "distribute_tensor",
+    "get_full_state_dict", "get_rank", "get_world_size", "implicit_replication", "init_device_mesh", "init_process_group",
+    "is_initialized", "load_full_state_dict", "loss_parallel",
     "parallelize_module",
 ]

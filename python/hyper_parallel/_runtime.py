@@ -10,7 +10,7 @@ def init_process_group(device_type="cpu"):
     keys live in its store; otherwise the environment torchrun or hprun set is read (under
     torchrun every rank joins the agent's store as a client). The collective timeout is
     HP_TIMEOUT_S seconds (300 by default)."""
-    if _C.is_initialized():
+    if _C._is_initialized():
         return
     if _dist.is_available() and _dist.is_initialized():
         store = _dist.distributed_c10d._get_default_store()
@@ -20,12 +20,26 @@ def init_process_group(device_type="cpu"):
 
 
 def is_initialized():
-    return _C.is_initialized()
+    """Whether this process has joined the job (init_process_group or init_device_mesh ran)."""
+    return _C._is_initialized()
 
 
 def get_rank():
-    return _C.get_rank()
+    """This process's rank in the job."""
+    return _C._get_rank()
 
 
 def get_world_size():
-    return _C.get_world_size()
+    """The number of processes in the job."""
+    return _C._get_world_size()
+
+
+def barrier():
+    """Waits until every rank of the job reaches it."""
+    _C._barrier()
+
+
+def destroy_process_group():
+    """Leaves the job (every rank calls it): meshes and DTensors made before can no longer
+    communicate. torch.distributed's own process group, if any, is left alone."""
+    _C._destroy_process_group()

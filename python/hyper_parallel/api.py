@@ -60,7 +60,7 @@ def _before_loading(module, state_dict, prefix, *_):
     # naming the helper that distributes it first.
     for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
         v = state_dict.get(prefix + name)
-        if v is not None and _C.is_dtensor(t) and isinstance(v, torch.Tensor) and not _C.is_dtensor(v):
+        if v is not None and _C._is_dtensor(t) and isinstance(v, torch.Tensor) and not _C._is_dtensor(v):
             raise RuntimeError(
                 f"hyper_parallel: load_state_dict got a plain tensor for '{prefix + name}', which is a DTensor "
                 f"({t.placements}) in this parallelized module; load a full (unsharded) state dict with "
@@ -75,7 +75,7 @@ def _after_loading(module, incompatible_keys):
     armed = set()
     for name, p in module.named_parameters(remove_duplicate=False):
         old = before.get(name)
-        if (old is not None and p is not old and id(p) not in armed and _C.is_dtensor(p) and _C.is_dtensor(old)
+        if (old is not None and p is not old and id(p) not in armed and _C._is_dtensor(p) and _C._is_dtensor(old)
                 and old.requires_grad and p.requires_grad):
             _C._reduce_gradient_to_placements(p)
             armed.add(id(p))
@@ -91,7 +91,7 @@ def _guard_load_state_dict(module):
 def get_full_state_dict(module):
     """``module.state_dict()`` with every DTensor gathered whole (``full_tensor()``): the state dict
     one process would have, on every rank (it communicates: call it on every rank)."""
-    return {k: v.full_tensor() if _C.is_dtensor(v) else v for k, v in module.state_dict().items()}
+    return {k: v.full_tensor() if _C._is_dtensor(v) else v for k, v in module.state_dict().items()}
 
 
 def load_full_state_dict(module, state_dict, strict=True):
@@ -104,7 +104,7 @@ def load_full_state_dict(module, state_dict, strict=True):
     converted = {}
     for k, v in state_dict.items():
         t = targets.get(k)
-        if t is not None and _C.is_dtensor(t) and isinstance(v, torch.Tensor) and not _C.is_dtensor(v):
+        if t is not None and _C._is_dtensor(t) and isinstance(v, torch.Tensor) and not _C._is_dtensor(v):
             v = _C._distribute_tensor(v.detach().to(t.dtype), t.device_mesh, list(_C._placements(t)), None)
         converted[k] = v
     return module.load_state_dict(converted, strict=strict)
@@ -120,6 +120,18 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
         raise ValueError("hyper_parallel.distribute_module: device_mesh is required")
     all_or_nothing(module, lambda: _C._distribute_module(module, device_mesh, partition_fn, input_fn, output_fn, src_data_rank))
     return module
+
+
+@contextlib.contextmanager
+def implicit_replication():
+    """PyTorch's implicit_replication (torch.distributed.tensor.experimental): inside it, a plain
+    tensor mixed with DTensors in an op is taken as a Replicate DTensor: the same on every rank,
+    which is the caller's promise. Outside it such an op is refused."""
+    guard = _C._ImplicitReplication()
+    try:
+        yield
+    finally:
+        del guard
 
 
 @contextlib.contextmanager

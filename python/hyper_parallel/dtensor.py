@@ -5,12 +5,12 @@ refused by name."""
 import torch
 
 from . import _C
-from .placement_types import as_list, from_cpp
+from .placement_types import Replicate, as_list
 
 
 class _DTensorMeta(type):
     def __instancecheck__(cls, obj):
-        return isinstance(obj, torch.Tensor) and _C.is_dtensor(obj)
+        return isinstance(obj, torch.Tensor) and _C._is_dtensor(obj)
 
     def __subclasscheck__(cls, sub):
         return sub is cls
@@ -22,8 +22,8 @@ class DTensor(metaclass=_DTensorMeta):
 
     @staticmethod
     def from_local(local_tensor, device_mesh, placements, *, run_check=False, shape=None, stride=None):
-        return _C.from_local(local_tensor, device_mesh, as_list(placements, "DTensor.from_local"), run_check,
-                             None if shape is None else list(shape), None if stride is None else list(stride))
+        return _C._from_local(local_tensor, device_mesh, as_list(placements, "DTensor.from_local"), run_check,
+                              None if shape is None else list(shape), None if stride is None else list(stride))
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
@@ -32,7 +32,7 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     if device_mesh is None:
         raise ValueError("hyper_parallel.distribute_tensor: device_mesh is required (init_device_mesh(...))")
     if placements is None:
-        placements = [_C.Placement("replicate")] * device_mesh.ndim
+        placements = [Replicate()] * device_mesh.ndim
     return _C._distribute_tensor(tensor, device_mesh, as_list(placements, "distribute_tensor"), src_data_rank)
 
 
@@ -44,13 +44,13 @@ def _not_a_dtensor(what):
 
 
 def _placements(self):
-    if not _C.is_dtensor(self):
+    if not _C._is_dtensor(self):
         raise _not_a_dtensor("placements")
-    return tuple(from_cpp(p) for p in _C._placements(self))
+    return _C._placements(self)
 
 
 def _device_mesh(self):
-    if not _C.is_dtensor(self):
+    if not _C._is_dtensor(self):
         raise _not_a_dtensor("device_mesh")
     return _C._device_mesh(self)
 
@@ -79,21 +79,24 @@ _plain_deepcopy = torch.Tensor.__deepcopy__
 
 def _repr(self, *args, **kwargs):
     # The spec and this rank's shape: printing on one rank must never wait for the others.
-    if _C.is_dtensor(self):
+    if _C._is_dtensor(self):
         return _C._describe(self)
     return _plain_repr(self, *args, **kwargs)
 
 
 def _reduce_ex(self, protocol):
-    if _C.is_dtensor(self):
+    if _C._is_dtensor(self):
         raise TypeError("hyper_parallel: a DTensor cannot be pickled or saved with torch.save (it has no storage, "
-                        "only this rank's piece); save a model's sharded state with hyper_parallel's checkpoints "
-                        "(save_sharded, save_train_state, save_hf_checkpoint), or torch.save(t.full_tensor())")
+                        "only this rank's piece); save the whole model with "
+                        "torch.save(hyper_parallel.get_full_state_dict(model), path) or "
+                        "model.save_pretrained(dir, state_dict=hyper_parallel.get_full_state_dict(model)), one tensor with "
+                        "torch.save(t.full_tensor()); from C++, the sharded checkpoints (save_sharded, save_train_state, "
+                        "save_hf_checkpoint)")
     return _plain_reduce_ex(self, protocol)
 
 
 def _deepcopy(self, memo):
-    if not _C.is_dtensor(self) or type(self) is not torch.Tensor:
+    if not _C._is_dtensor(self) or type(self) is not torch.Tensor:
         return _plain_deepcopy(self, memo)  # nn.Parameter has its own, which clones
     if id(self) in memo:
         return memo[id(self)]
@@ -112,7 +115,7 @@ def _parameter_deepcopy(self, memo):
     # does (distribute_module's gradient hook, which torch's copy does not carry).
     fresh = id(self) not in memo
     out = _plain_parameter_deepcopy(self, memo)
-    if fresh and _C.is_dtensor(self) and out.requires_grad:
+    if fresh and _C._is_dtensor(self) and out.requires_grad:
         _C._reduce_gradient_to_placements(out)
     return out
 

@@ -1,43 +1,21 @@
-"""Shard, Replicate and Partial (PyTorch's torch.distributed.tensor placement types)."""
-from ._C import Placement
+"""Shard, Replicate and Partial (PyTorch's torch.distributed.tensor placement types): Python
+subclasses of the C++ classes, so that the library's placements cross to and from C++ as they
+are, and compare, hash and print as PyTorch's."""
+from ._C import Placement, _Partial, _Replicate, _Shard
 
 
-class Shard(Placement):
-    """The tensor is split along ``dim`` over a mesh dimension (torch.chunk's pieces)."""
-
-    def __init__(self, dim):
-        super().__init__("shard", dim)
-
-    @property
-    def dim(self):
-        return self._dim
+class Shard(_Shard):
+    """The tensor is split along ``dim`` over a mesh dimension (torch.chunk's pieces).
+    e.g. ``Shard(0)``; ``Shard(1) == Shard(1)``, ``Shard(0).is_shard(0)``."""
 
 
-class Replicate(Placement):
-    """Every rank of the mesh dimension holds the whole tensor."""
-
-    def __init__(self):
-        super().__init__("replicate")
+class Replicate(_Replicate):
+    """Every rank of the mesh dimension holds the whole tensor. e.g. ``Replicate()``."""
 
 
-class Partial(Placement):
-    """Every rank holds an addend (or a max, min, ...) of the value: ``reduce_op`` combines them."""
-
-    def __init__(self, reduce_op="sum"):
-        super().__init__("partial", 0, reduce_op)
-
-    @property
-    def reduce_op(self):
-        return self._reduce_op
-
-
-def from_cpp(p):
-    """The Python placement of a C++ one (what C++ functions return)."""
-    if p._kind == "shard":
-        return Shard(p._dim)
-    if p._kind == "partial":
-        return Partial(p._reduce_op)
-    return Replicate()
+class Partial(_Partial):
+    """Every rank holds an addend (or a max, min, ...) of the value; ``reduce_op`` ("sum",
+    "avg", "max" or "min") combines them. e.g. ``Partial()``, ``Partial("max")``."""
 
 
 def as_list(placements, where):

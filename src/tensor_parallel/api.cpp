@@ -85,7 +85,8 @@ Ties find_ties(torch::nn::Module& root) {
 }
 
 at::Tensor slot_value(const TieSlot& s) {
-  const at::Tensor* t = s.module->named_parameters(/*recurse=*/false).find(s.name);
+  const auto parameters = s.module->named_parameters(/*recurse=*/false);  // a copy: keep it while reading
+  const at::Tensor* t = parameters.find(s.name);
   return t != nullptr ? *t : at::Tensor();
 }
 

@@ -4,6 +4,9 @@ style written for PyTorch (``_apply``) running unchanged.
 
 Run SPMD under torchrun or hprun with test_tensor_parallel.py.
 """
+import pathlib
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -93,8 +96,14 @@ def test_a_style_written_for_pytorch_with_apply_underscore_runs_unchanged():
         hp.ParallelStyle()  # still abstract
 
 
-def test_saving_a_parallelized_model_names_the_way_out_and_that_way_gives_one_process_weights(tmp_path):
+def test_saving_a_parallelized_model_names_the_way_out_and_that_way_gives_one_process_weights():
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    # A folder of this rank's own (pytest's tmp_path is shared by the ranks, which race to clean it).
+    with tempfile.TemporaryDirectory() as d:
+        save_and_reload(pathlib.Path(d), Qwen3Config, Qwen3ForCausalLM)
+
+
+def save_and_reload(tmp_path, Qwen3Config, Qwen3ForCausalLM):
     config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=4, head_dim=8, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -114,3 +123,34 @@ def test_saving_a_parallelized_model_names_the_way_out_and_that_way_gives_one_pr
     assert loaded.keys() == ref.keys()
     for k, v in ref.items():
         assert torch.equal(loaded[k], v), k
+
+
+PLACEMENTS = [(lambda m: m.Shard(1)), (lambda m: m.Shard(0)), (lambda m: m.Replicate()), (lambda m: m.Partial()),
+              (lambda m: m.Partial("max"))]
+
+
+@pytest.mark.parametrize("make", range(len(PLACEMENTS)))
+def test_placements_compare_hash_and_print_as_pytorchs(make):
+    ours, theirs = PLACEMENTS[make](hp), PLACEMENTS[make](torch_dt)
+    assert repr(ours) == repr(theirs)
+    for query in (lambda p: p.is_shard(), lambda p: p.is_shard(1), lambda p: p.is_replicate(), lambda p: p.is_partial()):
+        assert query(ours) == query(theirs)
+    others = [PLACEMENTS[i](hp) for i in range(len(PLACEMENTS))]
+    their_others = [PLACEMENTS[i](torch_dt) for i in range(len(PLACEMENTS))]
+    assert [ours == o for o in others] == [theirs == o for o in their_others]
+    assert hash(ours) == hash(PLACEMENTS[make](hp)) and len({ours, PLACEMENTS[make](hp)}) == 1
+    assert isinstance(ours, hp.Placement)
+    if ours.is_shard():
+        assert ours.dim == theirs.dim
+    if ours.is_partial():
+        assert ours.reduce_op == theirs.reduce_op
+
+
+def test_a_dtensors_placements_are_the_python_classes():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    t = hp.distribute_tensor(torch.randn(2 * TP, 3), mesh, [hp.Shard(0)])
+    assert type(t.placements[0]) is hp.Shard and t.placements == (hp.Shard(0),)
+    p = hp.DTensor.from_local(torch.ones(2), mesh, [hp.Partial("max")])
+    assert type(p.placements[0]) is hp.Partial and p.placements[0].reduce_op == "max"
+    with pytest.raises(ValueError, match="reduce_op"):
+        hp.Partial("mean")

@@ -90,6 +90,11 @@ class Three(nn.Module):
         return y if self.c is None else self.c(y)
 
 
+def expect_one_process_output(m, ref, seed, dtype=torch.float32):
+    x = seeded(seed, lambda: torch.randn(3, 8, dtype=dtype))
+    torch.testing.assert_close(full(m(x)), ref(x))
+
+
 def module_state(m):
     """Everything a call may change, by identity: each module's parameters, buffers, children,
     requires_grad, hooks and attributes."""
@@ -253,8 +258,7 @@ def test_a_bias_removed_between_calls_stays_removed_and_the_output_equals_one_pr
     ref.b.bias = None
     lib.parallelize_module(m, lib.mesh, {"b": lib.Rowwise()})
     assert m.c.bias is None and m.b.bias is None
-    x = seeded(5, lambda: torch.randn(3, 8))
-    torch.testing.assert_close(full(m(x)), ref(x))
+    expect_one_process_output(m, ref, 5)
 
 
 @BOTH
@@ -266,8 +270,7 @@ def test_a_removed_submodule_named_by_a_plan_warns_and_the_other_entries_apply(l
     with pytest.warns(UserWarning, match="'c'"):
         lib.parallelize_module(m, lib.mesh, {"c": lib.Colwise(), "b": lib.Rowwise()})
     assert m.c is None and m.b.weight.placements == (lib.Shard(1),)
-    x = seeded(7, lambda: torch.randn(3, 8))
-    torch.testing.assert_close(full(m(x)), ref(x))
+    expect_one_process_output(m, ref, 7)
 
 
 @BOTH
@@ -278,8 +281,7 @@ def test_a_replaced_submodule_is_parallelized_by_the_next_call(lib):
     ref.b = seeded(9, lambda: nn.Linear(16, 8))
     lib.parallelize_module(m, lib.mesh, {"b": lib.Rowwise()})
     assert m.b.weight.placements == (lib.Shard(1),)
-    x = seeded(10, lambda: torch.randn(3, 8))
-    torch.testing.assert_close(full(m(x)), ref(x))
+    expect_one_process_output(m, ref, 10)
 
 
 @BOTH
@@ -290,8 +292,7 @@ def test_a_module_converted_to_float64_between_calls_is_parallelized_as_it_is_no
     ref.double()
     lib.parallelize_module(m, lib.mesh, {"b": lib.Rowwise()})
     assert m.scale.dtype == torch.float64 and m.b.weight.dtype == torch.float64
-    x = seeded(12, lambda: torch.randn(3, 8, dtype=torch.float64))
-    torch.testing.assert_close(full(m(x)), ref(x))
+    expect_one_process_output(m, ref, 12, torch.float64)
 
 
 # ---- 3. a failure on any rank raises on every rank and leaves every rank's module as it was
@@ -328,8 +329,7 @@ def test_a_failing_python_style_raises_on_every_rank_and_leaves_every_module_as_
     assert not hasattr(m.a, "touched") and not isinstance(m.c.weight, hp.DTensor)
     # The corrected plan then works, and equals one process.
     parallelize_module(m, MESH, {"c": ColwiseParallel(output_layouts=Replicate()), "a": ColwiseParallel(), "b": RowwiseParallel()})
-    x = seeded(14, lambda: torch.randn(3, 8))
-    torch.testing.assert_close(m(x), ref(x))
+    expect_one_process_output(m, ref, 14)
 
 
 @pytest.mark.parametrize("ranks", ["all", "one"])
@@ -381,8 +381,7 @@ def test_a_user_hook_between_two_calls_sees_what_the_first_style_made(lib):
     lib.parallelize_module(m, lib.mesh, {"a": lib.PrepareModuleOutput(output_layouts=lib.Shard(-1),
                                                                       desired_output_layouts=lib.Shard(-1))})
     lib.parallelize_module(m, lib.mesh, {"b": lib.Rowwise()})
-    x = seeded(17, lambda: torch.randn(3, 8))
-    torch.testing.assert_close(full(m(x)), ref(x))
+    expect_one_process_output(m, ref, 17)
     assert seen == [(True, (lib.Shard(1),))]
 
 
