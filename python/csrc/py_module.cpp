@@ -15,7 +15,7 @@ namespace python {
 
 namespace {
 
-// A Python value that is neither a tensor nor a scalar (a cache object, a list, a custom type):
+// A Python value that is not a tensor or None (a tuple, a list, a number, a cache object):
 // it rides through the C++ hooks in a capsule and comes back as the very same object.
 struct PyObjectSlot : torch::CustomClassHolder {
   explicit PyObjectSlot(py::object o) : obj(std::move(o)) {}
@@ -32,45 +32,42 @@ struct PyObjectSlot : torch::CustomClassHolder {
 // C++ hooks run without the GIL.
 class Converter {
  public:
+  /// A tensor or None as itself; any other object (a tuple, a list, a number, a config) in a
+  /// capsule that comes back as that very object: the C++ hooks look only at tensors.
   c10::IValue in(const py::handle& h) {
     PyObject* o = h.ptr();
     if (THPVariable_Check(o)) return c10::IValue(THPVariable_Unpack(o));
     if (o == Py_None) return c10::IValue();
-    if (PyBool_Check(o)) return c10::IValue(o == Py_True);
-    if (PyLong_CheckExact(o)) {
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-      if (overflow == 0) return c10::IValue(static_cast<int64_t>(v));
-    }
-    if (PyFloat_CheckExact(o)) return c10::IValue(PyFloat_AS_DOUBLE(o));
-    if (PyUnicode_CheckExact(o)) return c10::IValue(h.cast<std::string>());
-    if (PyTuple_CheckExact(o)) {
-      std::vector<c10::IValue> items;
-      for (const auto& item : h.cast<py::tuple>()) items.push_back(in(item));
-      return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
-    }
     auto slot = c10::make_intrusive<PyObjectSlot>(py::reinterpret_borrow<py::object>(h));
     keep_.push_back(slot);
     return c10::IValue::make_capsule(slot);
+  }
+  /// A module's output: a tuple (a namedtuple too) is several outputs, as PyTorch's
+  /// PrepareModuleOutput takes it; anything else one.
+  c10::IValue in_output(const py::handle& h) {
+    if (!PyTuple_Check(h.ptr())) return in(h);
+    std::vector<c10::IValue> items;
+    for (const auto& item : h.cast<py::tuple>()) items.push_back(in(item));
+    return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
   }
 
   py::object out(const c10::IValue& v) {
     if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
     if (v.isNone()) return py::none();
-    if (v.isBool()) return py::bool_(v.toBool());
-    if (v.isInt()) return py::int_(v.toInt());
-    if (v.isDouble()) return py::float_(v.toDouble());
-    if (v.isString()) return py::str(v.toStringRef());
+    if (v.isCapsule()) {
+      auto slot = c10::dynamic_intrusive_pointer_cast<PyObjectSlot>(v.toCapsule());
+      if (slot) return slot->obj;
+    }
     if (v.isTuple()) {
       const auto& items = v.toTupleRef().elements();
       py::tuple t(items.size());
       for (size_t i = 0; i < items.size(); ++i) t[i] = out(items[i]);
       return std::move(t);
     }
-    if (v.isCapsule()) {
-      auto slot = c10::dynamic_intrusive_pointer_cast<PyObjectSlot>(v.toCapsule());
-      if (slot) return slot->obj;
-    }
+    if (v.isBool()) return py::bool_(v.toBool());
+    if (v.isInt()) return py::int_(v.toInt());
+    if (v.isDouble()) return py::float_(v.toDouble());
+    if (v.isString()) return py::str(v.toStringRef());
     HP_CHECK_T(c10::TypeError, false, "hyper_parallel::python::Converter::out: a hook returned a ", v.tagKind(),
                ", which has no Python value here");
     return py::none();
@@ -261,7 +258,7 @@ nn::HookHandle PyModuleAdapter::register_forward_hook(nn::ForwardHook hook, bool
     Converter c;
     std::vector<c10::IValue> pos;
     for (const auto& x : args) pos.push_back(c.in(x));
-    const c10::IValue out = c.in(output);
+    const c10::IValue out = c.in_output(output);
     const auto r = guarded<true>([&] { return hook(*a, pos, out); });
     return r ? c.out(*r) : py::none();
   });
@@ -398,7 +395,7 @@ void bind_parallelize(py::module_& m) {
           Converter c;
           const py::object r = (*fn)(adapter_of(mod, "distribute_module's output_fn").py_module(), c.out(output), py::cast(mesh));
           if (r.is_none()) return c10::nullopt;
-          return c.in(r);
+          return c.in_output(r);
         };
       {
         py::gil_scoped_release no_gil;

@@ -1,6 +1,8 @@
 """The face shaped like PyTorch's, tested side by side with PyTorch's own classes in one job:
-meshes compare and hash by value, ``with mesh:``, the styles' attributes and repr, and a custom
-style written for PyTorch (``_apply``) running unchanged.
+placements and meshes compare, hash and print as PyTorch's, ``with mesh:``, the styles'
+attributes and repr, a custom style written for PyTorch (``_apply``) running unchanged,
+non-tensor arguments passing the hooks as the same objects, and saving a parallelized
+transformers model through the way the error names.
 
 Run SPMD under torchrun or hprun with test_tensor_parallel.py.
 """
@@ -154,3 +156,43 @@ def test_a_dtensors_placements_are_the_python_classes():
     assert type(p.placements[0]) is hp.Partial and p.placements[0].reduce_op == "max"
     with pytest.raises(ValueError, match="reduce_op"):
         hp.Partial("mean")
+
+
+class TakesAnything(nn.Module):
+    """A linear whose forward takes and returns Python objects beside the tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 2 * TP)
+        self.seen = None
+
+    def forward(self, x, spec, *, options):
+        self.seen = (spec, options)
+        return self.proj(x), spec
+
+
+def test_non_tensor_inputs_and_outputs_reach_the_module_and_hooks_as_the_same_objects():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    m = TakesAnything()
+    # Prepare the first input (the hook rebuilds the arguments) and the output tuple (a None
+    # layout passes the second item through).
+    hp.parallelize_module(m, mesh, hp.PrepareModuleInputOutput(
+        input_layouts=(hp.Replicate(), None), desired_input_layouts=(hp.Replicate(), None), use_local_input=True,
+        output_layouts=(hp.Replicate(), None), desired_output_layouts=(hp.Replicate(), None)))
+    hooked = []
+    m.register_forward_hook(lambda mod, args, out: hooked.append((args[1], out[1])))
+    spec = (1, [2, 3], 10 ** 30, 0.5)  # a tuple, a list, an int beyond 64 bits, a float
+    options = {"mode": "fast", "depth": 2.5}
+    y, back = m(torch.randn(3, 4), spec, options=options)
+    assert m.seen[0] is spec and m.seen[1] is options
+    assert back is spec and hooked[0][0] is spec and hooked[0][1] is spec
+    assert isinstance(y, torch.Tensor) and not isinstance(y, hp.DTensor)
+
+
+def test_a_layout_given_for_a_non_tensor_is_refused_by_name():
+    mesh = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    m = TakesAnything()
+    hp.parallelize_module(m, mesh, hp.PrepareModuleInput(input_layouts=(hp.Replicate(), hp.Shard(0)),
+                                                         desired_input_layouts=(hp.Replicate(), hp.Replicate())))
+    with pytest.raises(AssertionError, match="input 1 .* is not a tensor"):
+        m(torch.randn(3, 4), (1, 2), options={})
