@@ -200,6 +200,7 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
     if (verbose) std::printf("[parallel] resumed from the train state of step %lld in %s\n", static_cast<long long>(state.step), a.checkpoint_dir.c_str());
   }
   FILE* record = mesh && !a.record.empty() && hp::get_rank() == 0 ? std::fopen(a.record.c_str(), "a") : nullptr;
+  const int64_t first_step = state.step;
   for (int64_t step = state.step; step < a.steps; ++step) {
     if (mesh) hp::fault_point("forward", step);
     auto [x_host, y_host] = batches.at_step(step);
@@ -299,7 +300,8 @@ std::vector<double> train(const Args& a, const typename F::Config& cfg, const at
       so.keep = a.keep;
       hp::save_train_state(a.checkpoint_dir, state, so);
     }
-    if (verbose) {
+    const bool progress = step == first_step || state.step == a.steps || state.step % a.log_freq == 0;
+    if (verbose && progress) {
       std::printf("[%s] step %3lld  loss %.5f  %8.0f tokens/s  collectives: %s\n", mesh ? "parallel" : "single",
                   static_cast<long long>(step), value, a.batch * a.seq / secs, comm.summary().c_str());
       std::fflush(stdout);

@@ -51,6 +51,8 @@ struct Args {
   // tokenizer for the HF save, and train states every K steps in D, resumed from on start.
   std::string data, tokenizer, checkpoint_dir, record;
   int64_t checkpoint_every = 0, keep = 2;
+  // One progress line every N steps (torchtitan's metrics.log_freq), plus the first and the last.
+  int64_t log_freq = 20;
   bool reference = true;  // the one-process run the parallel losses are compared with
 };
 
@@ -59,6 +61,7 @@ constexpr const char* kFlags =
     "       --steps N --batch N --seq N --layers N --hidden N --intermediate N --heads N --kv-heads N\n"
     "       --head-dim N (even) --lr X --seed N --sequence-parallel 0|1 --loss-parallel 0|1 --text FILE --csv FILE\n"
     "       --dropout P (attention dropout while training, the same mask at every tp; default 0)\n"
+    "       --log-freq N (a progress line every N steps, and the first and last; default 20)\n"
     "       --device cpu|cuda (the process group, the mesh and both runs on it; default cpu)\n"
     "       --save DIR (the HF checkpoint; default qwen3_demo_model) --prompt TEXT --new-tokens N\n"
     "       --dp N (fully_shard's degree) --dp-replicate N (HSDP replicas); tp takes the rest of the world\n"
@@ -161,6 +164,7 @@ inline Args parse(int argc, char** argv) {
     else if (f == "--tokenizer") a.tokenizer = v;
     else if (f == "--checkpoint-dir") a.checkpoint_dir = v;
     else if (f == "--checkpoint-every") a.checkpoint_every = num();
+    else if (f == "--log-freq") a.log_freq = num();
     else if (f == "--keep") a.keep = num();
     else if (f == "--record") a.record = v;
     else if (f == "--reference") {

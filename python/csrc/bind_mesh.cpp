@@ -65,6 +65,8 @@ void bind_mesh(py::module_& m) {
         return false;
       })
       .def("__repr__", &DeviceMesh::to_string);
+  // The mesh of the innermost `with mesh:` on this thread, or None.
+  m.def("_current_mesh", [] { return current_mesh(); });
   m.def("_init_device_mesh", [](const std::string& device_type, const std::vector<int64_t>& shape, const std::vector<std::string>& names) {
     return guarded<true>([&] { return init_device_mesh(device_type, shape, names); });
   });

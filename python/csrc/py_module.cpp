@@ -97,6 +97,23 @@ std::vector<std::pair<std::string, at::Tensor>> direct(const py::handle& module,
 
 }  // namespace
 
+namespace {
+// The Python module whose hook is running on this thread: the one torch called the hook for,
+// which is not the mirror's module after copy.deepcopy (the copy shares the original's hooks).
+thread_local PyObject* t_hooked_module = nullptr;
+
+class HookedModule {
+ public:
+  explicit HookedModule(const py::object& module) : previous_(t_hooked_module) { t_hooked_module = module.ptr(); }
+  ~HookedModule() { t_hooked_module = previous_; }
+  HookedModule(const HookedModule&) = delete;
+  HookedModule& operator=(const HookedModule&) = delete;
+
+ private:
+  PyObject* previous_;
+};
+}  // namespace
+
 struct PyModuleAdapter::Call {
   std::unordered_map<PyObject*, std::weak_ptr<PyModuleAdapter>> by_module;
 };
@@ -120,7 +137,7 @@ std::shared_ptr<PyModuleAdapter> PyModuleAdapter::self() {
 
 std::shared_ptr<PyModuleAdapter> PyModuleAdapter::mirror(const py::handle& module) {
   const py::module_ torch_nn = py::module_::import("torch.nn");
-  HP_CHECK_T(c10::TypeError, py::isinstance(module, torch_nn.attr("Module")), "hyper_parallel::parallelize_module: expected a torch.nn.Module, got ",
+  HP_CHECK_T(c10::TypeError, py::isinstance(module, torch_nn.attr("Module")), "hyper_parallel::python::PyModuleAdapter::mirror: expected a torch.nn.Module, got ",
              py::str(py::type::handle_of(module).attr("__name__")).cast<std::string>());
   return mirror_in(module, std::make_shared<Call>());
 }
@@ -218,10 +235,11 @@ void PyModuleAdapter::remove_hook(uint64_t id) {
 // returns None, so Python's own objects (containers, namedtuples) pass through untouched.
 nn::HookHandle PyModuleAdapter::register_forward_pre_hook(nn::ForwardPreHook hook) {
   py::gil_scoped_acquire gil;
-  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args) -> py::object {
+  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object& module, const py::tuple& args) -> py::object {
     Converter c;
     std::vector<c10::IValue> pos;
     for (const auto& x : args) pos.push_back(c.in(x));
+    const HookedModule hooked(module);
     const auto r = guarded<true>([&] { return hook(*a, pos); });
     if (!r) return py::none();
     py::tuple out(r->size());
@@ -234,12 +252,13 @@ nn::HookHandle PyModuleAdapter::register_forward_pre_hook(nn::ForwardPreHook hoo
 nn::HookHandle PyModuleAdapter::register_forward_pre_hook_with_kwargs(nn::ForwardPreHookWithKwargs hook) {
   py::gil_scoped_acquire gil;
   const py::cpp_function fn(
-      [a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args, const py::dict& kwargs) -> py::object {
+      [a = self(), hook = std::move(hook)](const py::object& module, const py::tuple& args, const py::dict& kwargs) -> py::object {
         Converter c;
         std::vector<c10::IValue> pos;
         for (const auto& x : args) pos.push_back(c.in(x));
         nn::Kwargs kw;
         for (const auto& [k, v] : kwargs) kw.emplace_back(py::str(k).cast<std::string>(), c.in(v));
+        const HookedModule hooked(module);
         const auto r = guarded<true>([&] { return hook(*a, pos, kw); });
         if (!r) return py::none();
         py::tuple new_args(r->first.size());
@@ -253,12 +272,13 @@ nn::HookHandle PyModuleAdapter::register_forward_pre_hook_with_kwargs(nn::Forwar
 
 nn::HookHandle PyModuleAdapter::register_forward_hook(nn::ForwardHook hook, bool always_call) {
   py::gil_scoped_acquire gil;
-  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object&, const py::tuple& args, const py::dict&,
+  const py::cpp_function fn([a = self(), hook = std::move(hook)](const py::object& module, const py::tuple& args, const py::dict&,
                                                                   const py::object& output) -> py::object {
     Converter c;
     std::vector<c10::IValue> pos;
     for (const auto& x : args) pos.push_back(c.in(x));
     const c10::IValue out = c.in_output(output);
+    const HookedModule hooked(module);
     const auto r = guarded<true>([&] { return hook(*a, pos, out); });
     return r ? c.out(*r) : py::none();
   });
@@ -271,6 +291,7 @@ PyParallelStyle::PyParallelStyle(py::object style)
 PyParallelStyle::~PyParallelStyle() {
   py::gil_scoped_acquire gil;
   style_ = py::object();
+  returned_ = py::object();
 }
 
 torch::nn::Module& PyParallelStyle::apply(torch::nn::Module& module, const DeviceMesh& device_mesh) {
@@ -298,6 +319,13 @@ PyModuleAdapter& adapter_of(torch::nn::Module& module, const char* where) {
   HP_CHECK_T(c10::TypeError, a != nullptr, "hyper_parallel::python::adapter_of: ", where, " reached ", module.name(),
              ", which is not a torch.nn module");
   return *a;
+}
+
+// The module a distribute_module input_fn / output_fn is called with: the one whose hook runs
+// (a deepcopy's own), else the mirror's.
+py::object hooked_module(torch::nn::Module& module, const char* where) {
+  if (t_hooked_module != nullptr) return py::reinterpret_borrow<py::object>(t_hooked_module);
+  return adapter_of(module, where).py_module();
 }
 
 // A Python callable kept by C++ callbacks, which are copied and dropped without the GIL: copies
@@ -385,7 +413,7 @@ void bind_parallelize(py::module_& m) {
           Converter c;
           py::tuple args(inputs.size());
           for (size_t i = 0; i < inputs.size(); ++i) args[i] = c.out(inputs[i]);
-          const py::object r = (*fn)(adapter_of(mod, "distribute_module's input_fn").py_module(), args, py::cast(mesh));
+          const py::object r = (*fn)(hooked_module(mod, "distribute_module's input_fn"), args, py::cast(mesh));
           if (r.is_none()) return c10::nullopt;
           return as_arguments(c, r);
         };
@@ -393,7 +421,7 @@ void bind_parallelize(py::module_& m) {
         out = [fn = hold(output_fn)](nn::Module& mod, const c10::IValue& output, const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
           py::gil_scoped_acquire gil;
           Converter c;
-          const py::object r = (*fn)(adapter_of(mod, "distribute_module's output_fn").py_module(), c.out(output), py::cast(mesh));
+          const py::object r = (*fn)(hooked_module(mod, "distribute_module's output_fn"), c.out(output), py::cast(mesh));
           if (r.is_none()) return c10::nullopt;
           return c.in_output(r);
         };

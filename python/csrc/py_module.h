@@ -24,7 +24,7 @@ namespace python {
 /// it. Hooks the styles register go straight onto the Python module (in registration order, as
 /// PyTorch's styles register theirs); the mirror of a module with hooks stays alive with them,
 /// holding nothing but the module's name and a weak reference to it.
-class PyModuleAdapter : public nn::Module {
+class __attribute__((visibility("hidden"))) PyModuleAdapter : public nn::Module {
  public:
   /// Mirrors `module` and its whole subtree (a module reached twice is mirrored once).
   static std::shared_ptr<PyModuleAdapter> mirror(const py::handle& module);
@@ -66,7 +66,7 @@ class PyModuleAdapter : public nn::Module {
 
 /// A ParallelStyle written in Python (a subclass of hyper_parallel.ParallelStyle): its apply()
 /// is called with the Python module when the C++ engine reaches it.
-class PyParallelStyle : public ParallelStyle {
+class __attribute__((visibility("hidden"))) PyParallelStyle : public ParallelStyle {
  public:
   explicit PyParallelStyle(py::object style);
   ~PyParallelStyle() override;

@@ -5,7 +5,7 @@ import torch.distributed as _dist
 from . import _C
 
 
-def init_process_group(device_type="cpu"):
+def init_process_group(device_type: str = "cpu") -> None:
     """Joins the job once (later calls do nothing). With torch.distributed initialised first, our
     keys live in its store; otherwise the environment torchrun or hprun set is read (under
     torchrun every rank joins the agent's store as a client). The collective timeout is
@@ -19,27 +19,27 @@ def init_process_group(device_type="cpu"):
         _C._init_process_group(device_type)
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """Whether this process has joined the job (init_process_group or init_device_mesh ran)."""
     return _C._is_initialized()
 
 
-def get_rank():
+def get_rank() -> int:
     """This process's rank in the job."""
     return _C._get_rank()
 
 
-def get_world_size():
+def get_world_size() -> int:
     """The number of processes in the job."""
     return _C._get_world_size()
 
 
-def barrier():
+def barrier() -> None:
     """Waits until every rank of the job reaches it."""
     _C._barrier()
 
 
-def destroy_process_group():
+def destroy_process_group() -> None:
     """Leaves the job (every rank calls it): meshes and DTensors made before can no longer
     communicate. torch.distributed's own process group, if any, is left alone."""
     _C._destroy_process_group()

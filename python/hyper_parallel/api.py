@@ -2,8 +2,11 @@
 dicts in and out of a parallelized module. parallelize_module: the C++
 engine resolves the plan's FQN globs, validates the whole plan on every rank, then applies the
 styles to the torch.nn module through the platform seam."""
+from __future__ import annotations
+
 import contextlib
 import weakref
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -18,10 +21,14 @@ def _check_style(style, where):
 
 
 def _cpp_or_python(style):
-    return style._cpp_style() if isinstance(style, _CppStyle) else style
+    # A subclass of a built-in style that overrides apply or _apply runs as written (PyTorch calls
+    # the override too); an unchanged built-in style goes to the C++ engine as it is.
+    return style._cpp_style() if isinstance(style, _CppStyle) and not style._overridden() else style
 
 
-def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_data_rank=0):
+def parallelize_module(module: torch.nn.Module, device_mesh=None,
+                       parallelize_plan: Union[ParallelStyle, Dict[str, ParallelStyle], None] = None, *,
+                       src_data_rank: Optional[int] = 0) -> torch.nn.Module:
     """Applies ``parallelize_plan`` (a ParallelStyle, or a dict of FQN glob to ParallelStyle) to
     ``module`` over the 1-D ``device_mesh`` (or the mesh of an enclosing ``with mesh:``); returns
     the module, or what a single style's ``apply`` returned. Nothing is kept between calls: each
@@ -88,13 +95,13 @@ def _guard_load_state_dict(module):
         _guarded.add(module)
 
 
-def get_full_state_dict(module):
+def get_full_state_dict(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """``module.state_dict()`` with every DTensor gathered whole (``full_tensor()``): the state dict
     one process would have, on every rank (it communicates: call it on every rank)."""
     return {k: v.full_tensor() if _C._is_dtensor(v) else v for k, v in module.state_dict().items()}
 
 
-def load_full_state_dict(module, state_dict, strict=True):
+def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True):
     """Loads a full (unsharded) state dict, the same on every rank (e.g. one process's), into a
     parallelized module: each plain tensor whose parameter or buffer is a DTensor is first cut
     to that DTensor's placements (no communication); returns what ``load_state_dict`` returns."""
@@ -110,20 +117,24 @@ def load_full_state_dict(module, state_dict, strict=True):
     return module.load_state_dict(converted, strict=strict)
 
 
-def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None, *, src_data_rank=0):
+def distribute_module(module: torch.nn.Module, device_mesh=None, partition_fn: Optional[Callable] = None,
+                      input_fn: Optional[Callable] = None, output_fn: Optional[Callable] = None, *,
+                      src_data_rank: Optional[int] = 0) -> torch.nn.Module:
     """PyTorch's distribute_module, run by the C++ one: ``partition_fn(name, submodule, mesh)`` on
     every submodule, then every parameter and buffer not yet a DTensor becomes a Replicate one,
     then ``input_fn(module, inputs, mesh)`` and ``output_fn(module, outputs, mesh)`` become its
     forward hooks. A module is distributed once (RuntimeError on the second call). A failure on any
     rank (a ``partition_fn`` raising on one) raises on every rank and leaves the module as it was."""
     if device_mesh is None:
-        raise ValueError("hyper_parallel.distribute_module: device_mesh is required")
+        device_mesh = _C._current_mesh()  # the mesh of an enclosing `with mesh:`, as PyTorch's
+    if device_mesh is None:
+        raise ValueError("hyper_parallel.distribute_module: device_mesh is required, or call it inside `with mesh:`")
     all_or_nothing(module, lambda: _C._distribute_module(module, device_mesh, partition_fn, input_fn, output_fn, src_data_rank))
     return module
 
 
 @contextlib.contextmanager
-def implicit_replication():
+def implicit_replication() -> Iterator[None]:
     """PyTorch's implicit_replication (torch.distributed.tensor.experimental): inside it, a plain
     tensor mixed with DTensors in an op is taken as a Replicate DTensor: the same on every rank,
     which is the caller's promise. Outside it such an op is refused."""
@@ -135,7 +146,7 @@ def implicit_replication():
 
 
 @contextlib.contextmanager
-def loss_parallel():
+def loss_parallel() -> Iterator[None]:
     """PyTorch's loss_parallel: cross_entropy / nll_loss on logits sharded on the class dim
     (Shard(-1), e.g. a ColwiseParallel lm_head with use_local_output=False) with plain targets.
     Inside it the loss ops take their plain targets and class weights as replicated (the same

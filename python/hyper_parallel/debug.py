@@ -4,6 +4,8 @@ from . import _C
 
 
 class CommDebugMode:
+    """e.g. ``with CommDebugMode() as comm: y = model(x)`` then ``comm.get_total_counts()``."""
+
     def __init__(self):
         self._mode = _C._CommDebugMode()
 
@@ -15,13 +17,16 @@ class CommDebugMode:
         self._mode.exit()
         return False
 
-    def get_total_counts(self):
+    def get_total_counts(self) -> int:
+        """How many collectives ran in the block (or so far, inside it)."""
         return self._mode.get_total_counts()
 
-    def get_comm_counts(self):
+    def get_comm_counts(self) -> dict:
+        """The collectives counted, by the library's name for each kind (e.g. "all_reduce")."""
         return self._mode.get_comm_counts()
 
-    def summary(self):
+    def summary(self) -> str:
+        """Each kind of collective with its count and bytes, e.g. "all_reduce: 2 (8.0 KiB)"."""
         return self._mode.summary()
 
 
@@ -31,7 +36,7 @@ class ExplicitRedistribution:
     raises on every rank (``mode="raise"``) or warns (``mode="warn"``) before communicating;
     ``redistribute``, ``full_tensor``, the styles' hooks and loss parallelism are allowed."""
 
-    def __init__(self, mode="raise"):
+    def __init__(self, mode: str = "raise"):
         self._mode = mode
         self._guard = None
 

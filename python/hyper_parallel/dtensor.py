@@ -2,6 +2,10 @@
 ``isinstance(t, hyper_parallel.DTensor)``, with PyTorch DTensor's methods patched onto
 torch.Tensor (a clear error on other tensors), a repr that never communicates, and pickling
 refused by name."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
 import torch
 
 from . import _C
@@ -21,16 +25,21 @@ class DTensor(metaclass=_DTensorMeta):
     torch.Tensor objects). ``DTensor.from_local`` builds one from each rank's piece."""
 
     @staticmethod
-    def from_local(local_tensor, device_mesh, placements, *, run_check=False, shape=None, stride=None):
+    def from_local(local_tensor: torch.Tensor, device_mesh, placements, *, run_check: bool = False,
+                   shape: Optional[Sequence[int]] = None, stride: Optional[Sequence[int]] = None) -> torch.Tensor:
         return _C._from_local(local_tensor, device_mesh, as_list(placements, "DTensor.from_local"), run_check,
                               None if shape is None else list(shape), None if stride is None else list(stride))
 
 
-def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+def distribute_tensor(tensor: torch.Tensor, device_mesh=None, placements=None, *,
+                      src_data_rank: Optional[int] = 0) -> torch.Tensor:
     """Splits or replicates a whole tensor over ``device_mesh`` (Replicate on every mesh dim when
     ``placements`` is None); ``src_data_rank`` as PyTorch's (None: no communication)."""
     if device_mesh is None:
-        raise ValueError("hyper_parallel.distribute_tensor: device_mesh is required (init_device_mesh(...))")
+        device_mesh = _C._current_mesh()  # the mesh of an enclosing `with mesh:`, as PyTorch's
+    if device_mesh is None:
+        raise ValueError("hyper_parallel.distribute_tensor: device_mesh is required (init_device_mesh(...)), or call it "
+                         "inside `with mesh:`")
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
     return _C._distribute_tensor(tensor, device_mesh, as_list(placements, "distribute_tensor"), src_data_rank)

@@ -28,8 +28,9 @@ class ParallelStyle(abc.ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # A style written for PyTorch defines only _apply: that is its apply.
-        if "_apply" in cls.__dict__ and getattr(cls, "apply", None) is ParallelStyle.__dict__["apply"]:
+        # A style written for PyTorch defines _apply (PyTorch's name) and not apply: its _apply is
+        # its apply, whatever a base class's apply does.
+        if "_apply" in cls.__dict__ and "apply" not in cls.__dict__:
             cls.apply = lambda self, module, device_mesh: self._apply(module, device_mesh)
 
     @abc.abstractmethod
@@ -62,6 +63,13 @@ class _CppStyle(ParallelStyle):
         style may call it on its submodules). A failure leaves the module as it was."""
         all_or_nothing(module, lambda: _C._apply_style(self._cpp_style(), module, device_mesh))
         return module
+
+    # The built-in work under PyTorch's name too, so that a subclass's _apply may call super()._apply.
+    _apply = apply
+
+    def _overridden(self) -> bool:
+        """Whether a subclass replaced apply or _apply: then parallelize_module runs it (Python)."""
+        return type(self).apply is not _CppStyle.apply or type(self)._apply is not _CppStyle._apply
 
     def _fields(self):
         raise NotImplementedError

@@ -6,6 +6,7 @@ transformers model through the way the error names.
 
 Run SPMD under torchrun or hprun with test_tensor_parallel.py.
 """
+import copy
 import pathlib
 import tempfile
 
@@ -196,3 +197,57 @@ def test_a_layout_given_for_a_non_tensor_is_refused_by_name():
                                                          desired_input_layouts=(hp.Replicate(), hp.Replicate())))
     with pytest.raises(AssertionError, match="input 1 .* is not a tensor"):
         m(torch.randn(3, 4), (1, 2), options={})
+
+
+def libs():
+    ours = hp.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    theirs = torch.distributed.device_mesh.init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    return [(hp, hp, ours), (torch_tp, torch_dt, theirs)]
+
+
+def test_a_subclass_of_a_built_in_style_runs_its_override_as_in_pytorch():
+    for tp_lib, dt_lib, mesh in libs():
+        calls = []
+
+        class MyColwise(tp_lib.ColwiseParallel):  # PyTorch's pattern: override _apply
+            def _apply(self, module, device_mesh):
+                calls.append("_apply")
+                return super()._apply(module, device_mesh)
+
+        torch.manual_seed(0)
+        m, ref = nn.Linear(4, 2 * TP), nn.Linear(4, 2 * TP)
+        ref.load_state_dict(m.state_dict())
+        tp_lib.parallelize_module(m, mesh, MyColwise(output_layouts=dt_lib.Replicate()))
+        assert calls == ["_apply"], tp_lib.__name__
+        assert m.weight.placements == (dt_lib.Shard(0),)
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(m(x), ref(x))
+    calls = []
+
+    class Seeded(hp.RowwiseParallel):  # the seed's pattern: override apply
+        def apply(self, module, device_mesh):
+            calls.append("apply")
+            return super().apply(module, device_mesh)
+
+    hp.parallelize_module(nn.Sequential(nn.Linear(2 * TP, 3)), libs()[0][2], {"0": Seeded()})
+    assert calls == ["apply"]
+
+
+def test_distribute_module_functions_get_the_deepcopy_they_run_for_as_in_pytorch():
+    for tp_lib, dt_lib, mesh in libs():
+        seen = []
+        m = nn.Sequential(nn.ReLU())
+        distribute = hp.distribute_module if tp_lib is hp else torch_dt.distribute_module
+        distribute(m, mesh, None, lambda mod, inputs, mesh_: seen.append(mod))
+        copied = copy.deepcopy(m)
+        copied(torch.randn(2, 2))
+        assert seen[-1] is copied, tp_lib.__name__
+        m(torch.randn(2, 2))
+        assert seen[-1] is m, tp_lib.__name__
+
+
+def test_with_mesh_is_the_default_mesh_of_distribute_tensor_as_in_pytorch():
+    for tp_lib, dt_lib, mesh in libs():
+        with mesh:
+            t = dt_lib.distribute_tensor(torch.arange(4.0 * TP), placements=[dt_lib.Shard(0)])
+        assert t.placements == (dt_lib.Shard(0),) and t.to_local().shape == (4,)
