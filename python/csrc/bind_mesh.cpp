@@ -21,6 +21,34 @@ std::vector<std::unique_ptr<MeshScope>>& mesh_scopes() {
 
 void bind_mesh(py::module_& m) {
   py::class_<DeviceMesh>(m, "DeviceMesh")
+      // PyTorch's DeviceMesh(device_type, mesh, *, mesh_dim_names=None): `mesh` is a list, nested
+      // list or tensor of ranks. Collective over the whole world, as PyTorch's.
+      .def(py::init([](const std::string& device_type, const py::object& mesh, const py::object& mesh_dim_names,
+                       const py::object& backend_override, bool init_backend) {
+             const bool overridden = !backend_override.is_none();
+             (void)init_backend;  // groups are made at once; there is no lazy backend to defer
+             const py::object torch = py::module_::import("torch");
+             const py::object t = torch.attr("as_tensor")(mesh, py::arg("dtype") = torch.attr("int64"));
+             const auto shape = py::cast<std::vector<int64_t>>(py::tuple(t.attr("shape")));
+             const auto ranks = py::cast<std::vector<int64_t>>(t.attr("flatten")().attr("tolist")());
+             std::vector<std::string> names;
+             if (!mesh_dim_names.is_none()) names = py::cast<std::vector<std::string>>(mesh_dim_names);
+             return guarded<true>([&] {
+               HP_CHECK_T(c10::NotImplementedError, !overridden,
+                          "hyper_parallel::DeviceMesh: backend_override is not supported (the runtime chooses "
+                          "the backend from device_type)");
+               return DeviceMesh(device_type, shape, ranks, names);
+             });
+           }),
+           py::arg("device_type"), py::arg("mesh"), py::kw_only(), py::arg("mesh_dim_names") = py::none(),
+           py::arg("backend_override") = py::none(), py::arg("_init_backend") = true)
+      // The ranks as a tensor of the mesh's shape (PyTorch's DeviceMesh.mesh).
+      .def_property_readonly("mesh",
+                             [](const DeviceMesh& d) {
+                               const py::object torch = py::module_::import("torch");
+                               return torch.attr("tensor")(py::cast(d.ranks()), py::arg("dtype") = torch.attr("int64"))
+                                   .attr("reshape")(py::tuple(py::cast(d.shape())));
+                             })
       .def_property_readonly("device_type", &DeviceMesh::device_type)
       .def_property_readonly("ndim", &DeviceMesh::ndim)
       .def_property_readonly("shape", [](const DeviceMesh& d) { return py::tuple(py::cast(d.shape())); })

@@ -285,32 +285,40 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
          impl_->ranks == other.impl_->ranks && impl_->dim_names == other.impl_->dim_names;
 }
 
-DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
-                            const std::vector<std::string>& mesh_dim_names) {
-  TORCH_CHECK(is_initialized(),
-              "hyper_parallel::init_device_mesh: the process group is not initialized; call "
+namespace {
+// The checks and construction both ways of making a root mesh share; `what` names the caller.
+// Collective over the whole world (the seed's broadcast), as PyTorch's constructor is.
+DeviceMesh make_root_mesh(const char* what, const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                          std::vector<int64_t> ranks, const std::vector<std::string>& mesh_dim_names) {
+  TORCH_CHECK(is_initialized(), "hyper_parallel::", what, ": the process group is not initialized; call "
               "hyper_parallel::init_process_group() first");
-  HP_CHECK_T(c10::ValueError, device_type == world_group().device_type(), "hyper_parallel::init_device_mesh: device_type '",
+  HP_CHECK_T(c10::ValueError, device_type == world_group().device_type(), "hyper_parallel::", what, ": device_type '",
              device_type, "' differs from the process group's '", world_group().device_type(),
              "' (init_process_group chose the backend for it; this build's collectives run on '",
              world_group().device_type(), "')");
-  HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "hyper_parallel::init_device_mesh: mesh_shape is empty");
+  HP_CHECK_T(c10::ValueError, !mesh_shape.empty(), "hyper_parallel::", what, ": the mesh has no dimension");
   int64_t total = 1;
   for (int64_t s : mesh_shape) {
-    HP_CHECK_T(c10::ValueError, s > 0, "hyper_parallel::init_device_mesh: mesh_shape ", c10::IntArrayRef(mesh_shape),
+    HP_CHECK_T(c10::ValueError, s > 0, "hyper_parallel::", what, ": mesh shape ", c10::IntArrayRef(mesh_shape),
                " has a non-positive size");
     total *= s;
   }
-  HP_CHECK_T(c10::ValueError, total == get_world_size(), "hyper_parallel::init_device_mesh: mesh_shape ",
-             c10::IntArrayRef(mesh_shape), " holds ", total, " ranks but the world size is ",
-             get_world_size());
+  HP_CHECK_T(c10::ValueError, total == static_cast<int64_t>(ranks.size()), "hyper_parallel::", what, ": mesh shape ",
+             c10::IntArrayRef(mesh_shape), " holds ", total, " ranks but ", ranks.size(), " were given");
+  std::set<int64_t> distinct;
+  for (int64_t r : ranks) {
+    HP_CHECK_T(c10::ValueError, r >= 0 && r < get_world_size(), "hyper_parallel::", what, ": rank ", r,
+               " is outside the world of size ", get_world_size());
+    HP_CHECK_T(c10::ValueError, distinct.insert(r).second, "hyper_parallel::", what, ": rank ", r,
+               " appears twice in the mesh ", c10::IntArrayRef(ranks));
+  }
   if (!mesh_dim_names.empty()) {
-    HP_CHECK_T(c10::ValueError, mesh_dim_names.size() == mesh_shape.size(),
-               "hyper_parallel::init_device_mesh: mesh_dim_names ", names_of(mesh_dim_names), " has ",
-               mesh_dim_names.size(), " names for a mesh with ", mesh_shape.size(), " dimensions");
+    HP_CHECK_T(c10::ValueError, mesh_dim_names.size() == mesh_shape.size(), "hyper_parallel::", what,
+               ": mesh_dim_names ", names_of(mesh_dim_names), " has ", mesh_dim_names.size(),
+               " names for a mesh with ", mesh_shape.size(), " dimensions");
     std::set<std::string> seen;
     for (const auto& n : mesh_dim_names)
-      HP_CHECK_T(c10::ValueError, seen.insert(n).second, "hyper_parallel::init_device_mesh: mesh_dim_names ",
+      HP_CHECK_T(c10::ValueError, seen.insert(n).second, "hyper_parallel::", what, ": mesh_dim_names ",
                  names_of(mesh_dim_names), " contains '", n, "' twice");
   }
 
@@ -318,12 +326,38 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   m->device_type = device_type;
   m->shape = mesh_shape;
   m->dim_names = mesh_dim_names;
-  for (int64_t r = 0; r < total; ++r) m->ranks.push_back(r);
-  place_and_group(*m, get_rank());
+  m->ranks = std::move(ranks);
+  const auto me = std::find(m->ranks.begin(), m->ranks.end(), get_rank());
+  // A rank outside the mesh holds it without a coordinate or groups (PyTorch's get_coordinate() None).
+  if (me != m->ranks.end()) place_and_group(*m, me - m->ranks.begin());
   // Rank 0's seed on every rank (a control message: the mesh's setup, not the model's traffic).
   const int64_t seed = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed());
   m->seed = static_cast<uint64_t>(control_broadcast(world_group(), {seed}, 0)[0]);
   return DeviceMesh(std::move(m));
+}
+}  // namespace
+
+DeviceMesh::DeviceMesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& ranks,
+                       const std::vector<std::string>& mesh_dim_names)
+    : DeviceMesh(make_root_mesh("DeviceMesh", device_type, mesh_shape, ranks, mesh_dim_names)) {}
+
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names) {
+  TORCH_CHECK(is_initialized(),
+              "hyper_parallel::init_device_mesh: the process group is not initialized; call "
+              "hyper_parallel::init_process_group() first");
+  int64_t total = 1;
+  bool positive = true;
+  for (int64_t s : mesh_shape) {
+    positive = positive && s > 0;
+    total *= s;
+  }
+  // A non-positive or missing size is named by make_root_mesh.
+  HP_CHECK_T(c10::ValueError, !positive || mesh_shape.empty() || total == get_world_size(), "hyper_parallel::init_device_mesh: mesh_shape ",
+             c10::IntArrayRef(mesh_shape), " holds ", total, " ranks but the world size is ", get_world_size());
+  std::vector<int64_t> ranks(positive ? static_cast<size_t>(total) : 0);
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int64_t>(r);
+  return make_root_mesh("init_device_mesh", device_type, mesh_shape, std::move(ranks), mesh_dim_names);
 }
 
 MeshScope::MeshScope(DeviceMesh mesh) { t_mesh_stack.push_back(std::move(mesh)); }

@@ -19,6 +19,12 @@ class DeviceMesh {
   struct Impl;
   DeviceMesh() = default;
   explicit DeviceMesh(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  /// A mesh of the given ranks (PyTorch's DeviceMesh(device_type, mesh)): `mesh_shape` and its
+  /// row-major `ranks`, distinct ranks of the world. Collective over the whole world; a rank not in
+  /// `ranks` holds the mesh without a coordinate (get_coordinate() is nullopt).
+  /// e.g. `hp::DeviceMesh("cpu", {2}, {0, 2})` on a world of 4.
+  DeviceMesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& ranks,
+             const std::vector<std::string>& mesh_dim_names = {});
 
   bool defined() const { return impl_ != nullptr; }
   /// "cpu", "cuda": tensors of DTensors on this mesh live on this device type.
