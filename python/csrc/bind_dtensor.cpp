@@ -94,12 +94,17 @@ void bind_dtensor(py::module_& m) {
   m.def("_full_tensor", [](const at::Tensor& t) {
     return guarded<true>([&] { return DTensor(checked_dtensor(t, "full_tensor")).full_tensor(); });
   });
-  m.def("_redistribute", [](const at::Tensor& t, std::optional<DeviceMesh> mesh, const Placements& placements) {
+  m.def("_redistribute", [](const at::Tensor& t, std::optional<DeviceMesh> mesh, const Placements& placements,
+                            const py::object& forward_dtype, const py::object& backward_dtype) {
+    const auto fwd = guarded([&] { return dtype_of(forward_dtype, "DTensor.redistribute(forward_dtype=)"); });
+    const auto bwd = guarded([&] { return dtype_of(backward_dtype, "DTensor.redistribute(backward_dtype=)"); });
     return guarded<true>([&]() -> at::Tensor {
       const DTensor d(checked_dtensor(t, "redistribute"));
-      return mesh ? d.redistribute(*mesh, placements) : d.redistribute(placements);
+      const auto to_opt = [](const std::optional<at::ScalarType>& s) { return s ? c10::optional<at::ScalarType>(*s) : c10::nullopt; };
+      return d.redistribute(mesh ? *mesh : d.device_mesh(), placements, to_opt(fwd), to_opt(bwd));
     });
-  });
+  }, py::arg("t"), py::arg("mesh"), py::arg("placements"), py::arg("forward_dtype") = py::none(),
+     py::arg("backward_dtype") = py::none());
   // What repr shows, read from the spec: never communicates.
   m.def("_describe", [](const at::Tensor& t) {
     return guarded([&] {

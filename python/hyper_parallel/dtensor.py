@@ -25,8 +25,17 @@ class DTensor(metaclass=_DTensorMeta):
     torch.Tensor objects). ``DTensor.from_local`` builds one from each rank's piece."""
 
     @staticmethod
-    def from_local(local_tensor: torch.Tensor, device_mesh, placements, *, run_check: bool = False,
+    def from_local(local_tensor: torch.Tensor, device_mesh=None, placements=None, *, run_check: bool = False,
                    shape: Optional[Sequence[int]] = None, stride: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """PyTorch's DTensor.from_local: each rank's piece; the mesh of an enclosing ``with mesh:``
+        when none is given, Replicate on every mesh dim when no placements are."""
+        if device_mesh is None:
+            device_mesh = _C._current_mesh()
+        if device_mesh is None:
+            raise ValueError("hyper_parallel.DTensor.from_local: device_mesh is required (init_device_mesh(...)), or call "
+                             "it inside `with mesh:`")
+        if placements is None:
+            placements = [Replicate()] * device_mesh.ndim
         return _C._from_local(local_tensor, device_mesh, as_list(placements, "DTensor.from_local"), run_check,
                               None if shape is None else list(shape), None if stride is None else list(stride))
 
@@ -69,16 +78,19 @@ def _to_local(self, *, grad_placements=None):
 
 
 def _full_tensor(self, *, grad_placements=None):
-    if grad_placements is not None:
-        raise NotImplementedError("hyper_parallel: DTensor.full_tensor(grad_placements=...) is not supported: the "
-                                  "gradient of full_tensor() takes the DTensor's own placements")
-    return _C._full_tensor(self)
+    if grad_placements is None:
+        return _C._full_tensor(self)
+    # PyTorch's: the gradient arrives laid out as grad_placements say, then flows back through the
+    # gather (e.g. Partial: reduce-scattered to a Shard input).
+    return _redistribute(self, None, [Replicate()] * _device_mesh(self).ndim).to_local(grad_placements=grad_placements)
 
 
-def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None, backward_dtype=None):
     if placements is None:
         raise ValueError("hyper_parallel.DTensor.redistribute: placements are required")
-    return _C._redistribute(self, device_mesh, as_list(placements, "DTensor.redistribute"))
+    # forward_dtype/backward_dtype as PyTorch's: the forward collective runs in forward_dtype (the
+    # result keeps it), the backward one in backward_dtype, the gradient returns in this dtype.
+    return _C._redistribute(self, device_mesh, as_list(placements, "DTensor.redistribute"), forward_dtype, backward_dtype)
 
 
 _plain_repr = torch.Tensor.__repr__

@@ -120,13 +120,16 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
 };
 
 struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  // `dst`'s dtype is the forward collective's; `backward_dtype` (-1: none) the backward one's.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            std::shared_ptr<const DTensorSpec> dst) {
+                            std::shared_ptr<const DTensorSpec> dst, int64_t backward_dtype) {
     const DTensorImpl& in = read_impl_of(input, "DTensor::redistribute");
     ctx->saved_data["src"] = capsule(in.spec_ptr());
+    ctx->saved_data["backward_dtype"] = backward_dtype;
     remember_module(ctx);
     if (CommDebugMode::op_tracing()) trace_redistribute(in.spec(), dst->placements);
-    at::Tensor local = redistribute_local(in.local(), in.spec(), dst->placements);
+    const at::Tensor source = dst->dtype == in.spec().dtype ? in.local() : in.local().to(dst->dtype);
+    at::Tensor local = redistribute_local(source, in.spec(), dst->placements);
     // A new tensor, as PyTorch's: a local chunk of the source (Replicate -> Shard) is copied, and
     // the data laid out as the global strides say (a gather builds it contiguous).
     const auto strides = local_strides_like(dst->shape, dst->stride, local.sizes().vec());
@@ -136,7 +139,11 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const BackwardModule module(ctx);
     const auto src = uncapsule(ctx->saved_data["src"]);
-    return {grad_to(grads[0], *src, without_partial(src->placements)), at::Tensor()};
+    const int64_t backward_dtype = ctx->saved_data["backward_dtype"].toInt();
+    if (backward_dtype < 0) return {grad_to(grads[0], *src, without_partial(src->placements)), at::Tensor(), at::Tensor()};
+    // In backward_dtype through the collective, in the input's dtype after it.
+    const at::Tensor g = grad_to(grads[0].to(static_cast<c10::ScalarType>(backward_dtype)), *src, without_partial(src->placements));
+    return {g.to(src->dtype), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -178,6 +185,11 @@ at::Tensor DTensor::to_local(c10::optional<Placements> grad_placements) const {
 }
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements) const {
+  return redistribute(mesh, placements, c10::nullopt, c10::nullopt);
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements, c10::optional<c10::ScalarType> forward_dtype,
+                              c10::optional<c10::ScalarType> backward_dtype) const {
   const DTensorImpl& impl = read_impl_of(*this, "DTensor::redistribute");
   HP_CHECK_T(c10::ValueError, mesh == impl.spec().mesh,
              "hyper_parallel::DTensor::redistribute: moving a DTensor to another mesh is not supported (from ",
@@ -186,7 +198,8 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
              "hyper_parallel::DTensor::redistribute: ", short_string(placements), " has ", placements.size(),
              " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements dst = normalize_placements(placements, impl.spec().ndim());
-  if (dst == impl.spec().placements) return *this;
+  const bool cast = (forward_dtype && *forward_dtype != impl.spec().dtype) || (backward_dtype && *backward_dtype != impl.spec().dtype);
+  if (dst == impl.spec().placements && !cast) return *this;
   // As PyTorch: a Partial is what ops produce, not a layout to ask for (which rank would hold
   // the value, and what would its gradient be?).
   for (size_t i = 0; i < dst.size(); ++i)
@@ -200,7 +213,9 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
   spec->placements = std::move(dst);
   if (!is_dense(spec->shape, spec->stride)) spec->stride = contiguous_strides(spec->shape);
   spec->storage_offset = 0;
-  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this), std::move(spec)));
+  if (forward_dtype) spec->dtype = *forward_dtype;
+  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this), std::move(spec),
+                                       backward_dtype ? static_cast<int64_t>(*backward_dtype) : int64_t{-1}));
 }
 
 DTensor DTensor::redistribute(const Placements& placements) const {
@@ -228,9 +243,47 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
     for (size_t i = 0; i < pl.size(); ++i)
       if (pl[i].is_shard()) global[static_cast<size_t>(pl[i].dim())] *= mesh.size(static_cast<int64_t>(i));
   }
-  auto spec = std::make_shared<DTensorSpec>(mesh, pl, std::move(global), local.scalar_type(),
-                                            stride ? stride->vec() : std::vector<int64_t>{});
+  // The global stride as PyTorch derives it from the local one: along each sharded dim, every
+  // other stride at least as large is scaled by the shards' count (a transposed local piece gives a
+  // transposed global tensor).
+  std::vector<int64_t> global_stride;
+  if (stride) {
+    global_stride = stride->vec();
+  } else if (!shape) {
+    global_stride = local.strides().vec();
+    for (size_t i = 0; i < pl.size(); ++i) {
+      if (!pl[i].is_shard()) continue;
+      const auto d = static_cast<size_t>(pl[i].dim());
+      const int64_t at_dim = global_stride[d];
+      for (size_t j = 0; j < global_stride.size(); ++j)
+        if (j != d && global_stride[j] >= at_dim) global_stride[j] *= mesh.size(static_cast<int64_t>(i));
+    }
+    if (!is_dense(global, global_stride)) global_stride.clear();  // a local view with gaps: contiguous
+  }
+  const std::vector<int64_t> first_shape = global;
+  auto spec = std::make_shared<DTensorSpec>(mesh, pl, std::move(global), local.scalar_type(), global_stride);
   if (run_check) {
+    // Every rank must hold the same kind of piece: dtype, requires_grad and (for equal shapes) its
+    // strides, as PyTorch's run_check checks them. One all_gather per mesh dimension.
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      std::vector<int64_t> meta = {static_cast<int64_t>(local.scalar_type()), local.requires_grad() ? 1 : 0};
+      for (int64_t d = 0; d < local.dim(); ++d) meta.push_back(local.size(d));
+      for (int64_t d = 0; d < local.dim(); ++d) meta.push_back(local.stride(d));
+      const auto all = control_all_gather(mesh.get_group(i), meta);
+      for (const auto& m : all) {
+        HP_CHECK_T(c10::ValueError, m.size() == meta.size(), "hyper_parallel::DTensor::from_local: run_check: the local tensors "
+                   "have different numbers of dimensions on the ranks of mesh dim ", i);
+        HP_CHECK_T(c10::ValueError, m[0] == meta[0], "hyper_parallel::DTensor::from_local: run_check: the local tensors' dtypes "
+                   "differ on the ranks of mesh dim ", i, " (", c10::toString(static_cast<c10::ScalarType>(m[0])), " and ",
+                   local.scalar_type(), ")");
+        HP_CHECK_T(c10::ValueError, m[1] == meta[1], "hyper_parallel::DTensor::from_local: run_check: requires_grad differs on "
+                   "the ranks of mesh dim ", i);
+        const bool same_shape = std::equal(m.begin() + 2, m.begin() + 2 + local.dim(), meta.begin() + 2);
+        HP_CHECK_T(c10::ValueError, !same_shape || std::equal(m.begin() + 2 + local.dim(), m.end(), meta.begin() + 2 + local.dim()),
+                   "hyper_parallel::DTensor::from_local: run_check: the local tensors' strides differ on the ranks of mesh dim ",
+                   i, " (", local.strides(), " here)");
+      }
+    }
     // Every rank's local shape along each sharded dim must be its torch.chunk piece; the other
     // dims must agree. One all_gather of the shapes per mesh dimension.
     for (int64_t i = 0; i < mesh.ndim(); ++i) {
@@ -266,7 +319,8 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
       broadcast_(copy, 0, mesh.get_group(i));
       data.detach().copy_(copy);
     }
-    if (!stride) spec->stride = contiguous_strides(spec->shape);  // the shape may have grown (uneven shards)
+    // Uneven shards grow the shape: then the layout is contiguous.
+    if (!stride && spec->shape != first_shape) spec->stride = contiguous_strides(spec->shape);
   }
   return DTensor(FromLocalFn::apply(data, std::move(spec)));
 }

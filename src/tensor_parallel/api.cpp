@@ -22,8 +22,6 @@ namespace hyper_parallel {
 namespace {
 
 std::vector<std::string> split_path(const std::string& path) {
-  HP_CHECK_T(c10::ValueError, !path.empty(), "hyper_parallel::parallelize_module: a plan path is empty; name a submodule such as "
-             "\"layers.*.attn.q_proj\"");
   std::vector<std::string> atoms;
   std::string cur;
   for (char c : path) {
@@ -98,30 +96,55 @@ std::string layout_of(const at::Tensor& t) {
 }
 
 // A tie stays one parameter: when every owner's style gave it the same layout, every slot takes
-// the first owner's DTensor (the values are the same: one tensor, split the same way). Anything
-// else is refused, naming every owner, before the caller lets the change stand.
-void keep_ties(const Ties& ties) {
-  for (const auto& slots : ties) {
+// the first owner's DTensor (the values are the same: one tensor, split the same way). An owner no
+// style touched keeps the full tensor and leaves the tie, with a warning that says how to tie it
+// again (PyTorch's behaviour: its examples distribute an embedding and its tied output projection in
+// separate calls, then assign one to the other). Owners laid out differently are refused, naming
+// every owner, before the caller lets the change stand.
+void keep_ties(const Ties& ties, const std::vector<at::Tensor>& originals) {
+  for (size_t g = 0; g < ties.size(); ++g) {
+    const auto& all_slots = ties[g];
+    std::vector<TieSlot> slots;
     std::vector<at::Tensor> now;
-    for (const auto& s : slots) now.push_back(slot_value(s));
-    const auto same_object = [&](const at::Tensor& t) { return t.defined() && t.unsafeGetTensorImpl() == now[0].unsafeGetTensorImpl(); };
-    if (std::all_of(now.begin(), now.end(), same_object)) continue;  // untouched, or one tensor everywhere
-    const auto same_layout = [&](const at::Tensor& t) {
-      if (!t.defined() || !is_dtensor(t) || !is_dtensor(now[0])) return false;
-      const DTensor a(t), b(now[0]);
-      return a.placements() == b.placements() && a.device_mesh() == b.device_mesh() && t.sizes() == now[0].sizes() &&
-             t.scalar_type() == now[0].scalar_type();
-    };
-    if (std::all_of(now.begin(), now.end(), same_layout)) {
-      for (size_t i = 1; i < slots.size(); ++i) nn::replace_parameter(*slots[i].module, slots[i].name, now[0]);
-      continue;
+    std::vector<std::string> left;
+    for (const auto& s : all_slots) {
+      at::Tensor v = slot_value(s);
+      const bool untouched = v.defined() && v.unsafeGetTensorImpl() == originals[g].unsafeGetTensorImpl();
+      if (untouched) left.push_back(s.fqn);
+      slots.push_back(s);
+      now.push_back(std::move(v));
     }
-    std::ostringstream owners;
-    for (size_t i = 0; i < slots.size(); ++i) owners << (i ? "; " : "") << "'" << slots[i].fqn << "': " << layout_of(now[i]);
-    HP_CHECK_T(c10::ValueError, false, "hyper_parallel::parallelize_module: '", slots[0].fqn, "' and '", slots[1].fqn,
-               "' are one parameter (tied), but the plan lays its owners out differently (", owners.str(),
-               "); give every module that holds it a style with the same placements (RowwiseParallel on an embedding and "
-               "ColwiseParallel on an output projection both give Shard(dim=0)), or untie them first. The module is left as it was");
+    if (left.size() == all_slots.size()) continue;  // no owner changed
+    // The owners a style changed: those must agree with each other.
+    std::vector<size_t> changed;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (!(now[i].defined() && now[i].unsafeGetTensorImpl() == originals[g].unsafeGetTensorImpl())) changed.push_back(i);
+    const at::Tensor& first = now[changed[0]];
+    const auto same_layout = [&](const at::Tensor& t) {
+      if (!t.defined() || !is_dtensor(t) || !is_dtensor(first)) return false;
+      const DTensor a(t), b(first);
+      return a.placements() == b.placements() && a.device_mesh() == b.device_mesh() && t.sizes() == first.sizes() &&
+             t.scalar_type() == first.scalar_type();
+    };
+    const bool agree = std::all_of(changed.begin(), changed.end(), [&](size_t i) { return same_layout(now[i]); });
+    if (!agree) {
+      std::ostringstream owners;
+      for (size_t i = 0; i < slots.size(); ++i) owners << (i ? "; " : "") << "'" << slots[i].fqn << "': " << layout_of(now[i]);
+      HP_CHECK_T(c10::ValueError, false, "hyper_parallel::parallelize_module: '", slots[0].fqn, "' and '", slots[1].fqn,
+                 "' are one parameter (tied), but the plan lays its owners out differently (", owners.str(),
+                 "); give every module that holds it a style with the same placements (RowwiseParallel on an embedding and "
+                 "ColwiseParallel on an output projection both give Shard(dim=0)), or untie them first. The module is left as it was");
+    }
+    for (size_t i : changed)
+      if (now[i].unsafeGetTensorImpl() != first.unsafeGetTensorImpl()) nn::replace_parameter(*slots[i].module, slots[i].name, first);
+    if (!left.empty()) {
+      std::ostringstream kept;
+      for (size_t i = 0; i < left.size(); ++i) kept << (i ? ", " : "") << "'" << left[i] << "'";
+      TORCH_WARN("parallelize_module: '", slots[changed[0]].fqn, "' was tied to ", kept.str(),
+                 ", which no style of this plan lays out: ", kept.str(), " keeps the full tensor and is no longer tied to it. "
+                 "Tie them again once both are laid out the same way (e.g. model.lm_head.weight = model.embed_tokens.weight), "
+                 "or give every owner a style in one plan");
+    }
   }
 }
 
@@ -154,9 +177,12 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
     for (const auto& entry : parallelize_plan->entries()) {
       HP_CHECK_T(c10::TypeError, entry.style != nullptr, "hyper_parallel::parallelize_module: the plan value for '", entry.path,
                  "' must be a ParallelStyle, got a null style");
-      const auto atoms = split_path(entry.path);
       std::vector<Target> found;
-      match(root, "", atoms, 0, entry.style, found);
+      if (entry.path.empty()) {
+        found.push_back({"", root, entry.style});  // "" names the module itself, as in PyTorch
+      } else {
+        match(root, "", split_path(entry.path), 0, entry.style, found);
+      }
       if (found.empty()) {
         TORCH_WARN("parallelize_module: plan path '", entry.path, "' matches no submodule; it is skipped");
         continue;
@@ -188,6 +214,8 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
 
   // From here on every rank changes the module; a failure anywhere puts it back as it was.
   const Ties ties = find_ties(module);
+  std::vector<at::Tensor> originals;
+  for (const auto& slots : ties) originals.push_back(slot_value(slots[0]));
   nn::ModuleSnapshot before(module);
   try {
     for (const auto& t : targets) {
@@ -207,7 +235,7 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
       }
       agree_on_user_code(*mesh, error, "parallelize_module: " + t.style->name() + " on '" + (t.fqn.empty() ? "<root>" : t.fqn) + "'");
     }
-    keep_ties(ties);
+    keep_ties(ties, originals);
   } catch (...) {
     before.restore();
     throw;

@@ -260,11 +260,11 @@ PrepareModuleInput::PrepareModuleInput(c10::optional<Layouts> input_layouts, c10
     HP_CHECK_T(AssertionError, desired_input_layouts_.has_value(),
                "hyper_parallel::PrepareModuleInput: desired_input_layouts must be given with input_layouts");
     HP_CHECK_T(AssertionError, input_layouts_->size() == desired_input_layouts_->size(),
-               "hyper_parallel::PrepareModuleInput: input_layouts and desired_input_layouts should have the same length, got ",
+               "hyper_parallel::PrepareModuleInput: input_layouts and desired_input_layouts should have same length! got ",
                input_layouts_->size(), " and ", desired_input_layouts_->size());
   }
   HP_CHECK_T(AssertionError, input_kwarg_layouts_.size() == desired_input_kwarg_layouts_.size(),
-             "hyper_parallel::PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should have the same length, got ",
+             "hyper_parallel::PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should have same length! got ",
              input_kwarg_layouts_.size(), " and ", desired_input_kwarg_layouts_.size());
 }
 
@@ -294,7 +294,7 @@ torch::nn::Module& PrepareModuleInput::apply(torch::nn::Module& module, const De
   auto prepare_args = [in, desired, local](nn::Module& m, const std::vector<c10::IValue>& args, const DeviceMesh& mesh) {
     if (!in) return args;
     HP_CHECK_T(c10::ValueError, args.size() == in->size(), "hyper_parallel::PrepareModuleInput: module inputs and input_layouts should have "
-               "same length, but '", name_of(m), "' got ", args.size(), " inputs for ", in->size(), " layouts");
+               "same length! '", name_of(m), "' got ", args.size(), " inputs for ", in->size(), " layouts");
     std::vector<c10::IValue> out(args.size());
     for (size_t i = 0; i < args.size(); ++i)
       out[i] = prepare_slot(args[i], (*in)[i], (*desired)[i], mesh, local,
@@ -335,7 +335,7 @@ PrepareModuleOutput::PrepareModuleOutput(Layouts output_layouts, Layouts desired
       use_local_output_(use_local_output),
       reduce_dtype_(reduce_dtype) {
   HP_CHECK_T(AssertionError, output_layouts_.size() == desired_output_layouts_.size(),
-             "hyper_parallel::PrepareModuleOutput: output_layouts and desired_output_layouts should have the same length, got ",
+             "hyper_parallel::PrepareModuleOutput: output_layouts and desired_output_layouts should have same length! got ",
              output_layouts_.size(), " and ", desired_output_layouts_.size());
 }
 
@@ -354,7 +354,7 @@ torch::nn::Module& PrepareModuleOutput::apply(torch::nn::Module& module, const D
     const bool tuple = output.isTuple();
     std::vector<c10::IValue> items = tuple ? output.toTupleRef().elements().vec() : std::vector<c10::IValue>{output};
     HP_CHECK_T(c10::ValueError, items.size() == out.size(), "hyper_parallel::PrepareModuleOutput: module outputs and output_layouts should "
-               "have same length, but '", name_of(m), "' returned ", items.size(), " outputs for ", out.size(), " layouts");
+               "have same length! '", name_of(m), "' returned ", items.size(), " outputs for ", out.size(), " layouts");
     for (size_t i = 0; i < items.size(); ++i) {
       if (!out[i]) continue;
       const std::string qualified_where = "hyper_parallel::PrepareModuleOutput: output " + std::to_string(i) + " of '" + name_of(m) + "'";

@@ -171,20 +171,38 @@ def test_tied_qwen3_embedding_stays_one_parameter_and_trains_as_transformers_in_
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
-@pytest.mark.parametrize("case", ["rowwise_head", "head_not_in_plan"])
-def test_a_tie_given_different_placements_is_refused_naming_both_owners_and_changes_nothing(case):
+def test_a_tie_given_different_placements_is_refused_naming_both_owners_and_changes_nothing():
     model = seeded(0, lambda: tiny_qwen3(tie=True))
     before = module_state(model)
-    plan = qwen3_plan(lm_head=RowwiseParallel()) if case == "rowwise_head" else {
-        k: v for k, v in qwen3_plan().items() if k != "lm_head"}
     with pytest.raises(ValueError) as e:
-        parallelize_module(model, MESH, plan)
+        parallelize_module(model, MESH, qwen3_plan(lm_head=RowwiseParallel()))
     msg = str(e.value)
-    assert "'model.embed_tokens.weight'" in msg and "'lm_head.weight'" in msg, msg
-    assert ("Shard(dim=1)" if case == "rowwise_head" else "plain tensor") in msg, msg
+    assert "'model.embed_tokens.weight'" in msg and "'lm_head.weight'" in msg and "Shard(dim=1)" in msg, msg
     assert module_state(model) == before
     assert not any(isinstance(p, hp.DTensor) for p in model.parameters())
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_tie_with_one_owner_outside_the_plan_is_left_with_a_warning_as_pytorch_leaves_it():
+    """PyTorch's own examples distribute the embedding and its tied output projection in separate
+    calls and tie them again afterwards; the owner no style lays out keeps the full tensor."""
+    ours = seeded(0, lambda: tiny_qwen3(tie=True))
+    theirs = copy.deepcopy(ours)
+    plan = {k: v for k, v in qwen3_plan().items() if k != "lm_head"}
+    with pytest.warns(UserWarning, match="no longer tied"):
+        parallelize_module(ours, MESH, plan)
+    torch_tp.parallelize_module(theirs.model.embed_tokens, TORCH_MESH, torch_tp.RowwiseParallel(input_layouts=torch_dt.Replicate()))
+    for model, dtensor in ((ours, hp.DTensor), (theirs, torch_dt.DTensor)):
+        assert isinstance(model.model.embed_tokens.weight, dtensor)
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
+        assert not isinstance(model.lm_head.weight, dtensor)
+    torch.testing.assert_close(ours.lm_head.weight, theirs.lm_head.weight, rtol=0, atol=0)
+    # Tied again as PyTorch's examples do, once the head is laid out the same way.
+    parallelize_module(ours.lm_head, MESH, ColwiseParallel(output_layouts=Replicate()))
+    ours.lm_head.weight = ours.model.embed_tokens.weight
+    ids = torch.arange(8).reshape(1, 8) % 64
+    ref = seeded(0, lambda: tiny_qwen3(tie=True))
+    torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 class TiedLm(nn.Module):

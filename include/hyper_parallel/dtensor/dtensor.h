@@ -40,6 +40,11 @@ class DTensor : public at::Tensor {
   /// forward and a local chunk backward). e.g. `y = x.redistribute(mesh, {hp::Replicate()});`
   DTensor redistribute(const DeviceMesh& mesh, const Placements& placements) const;
   DTensor redistribute(const Placements& placements) const;
+  /// redistribute with PyTorch's forward_dtype/backward_dtype: the forward collective runs in
+  /// `forward_dtype` (the result keeps it), the backward one in `backward_dtype`, and the gradient
+  /// returns in this tensor's dtype. e.g. `x.redistribute(mesh, {hp::Replicate()}, at::kBFloat16, at::kFloat)`.
+  DTensor redistribute(const DeviceMesh& mesh, const Placements& placements, c10::optional<c10::ScalarType> forward_dtype,
+                       c10::optional<c10::ScalarType> backward_dtype) const;
   /// The whole tensor on every rank (redistribute to Replicate, then to_local). Differentiable.
   at::Tensor full_tensor() const;
 

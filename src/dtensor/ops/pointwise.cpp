@@ -336,9 +336,13 @@ struct PointwiseRegistrar {
     register_op_handler("hp::write_partial", write_partial);
     for (auto n : kNonLinear) register_sharding_rule(n, rule(Linearity::None));
     // In-place forms of unary non-linear ops (where this libtorch has them).
-    for (auto n : kNonLinearInPlace)
-      if (c10::Dispatcher::singleton().findOp(c10::OperatorName(n, "")).has_value())
-        register_sharding_rule(n, rule(Linearity::None));
+    for (auto n : kNonLinearInPlace) {
+      // Under any of its overloads (bitwise_and_ has only .Tensor and .Scalar).
+      auto& d = c10::Dispatcher::singleton();
+      const bool found = d.findOp(c10::OperatorName(n, "")).has_value() || d.findOp(c10::OperatorName(n, "Tensor")).has_value() ||
+                         d.findOp(c10::OperatorName(n, "Scalar")).has_value();
+      if (found) register_sharding_rule(n, rule(Linearity::None));
+    }
     for (auto n : kAdditive) register_sharding_rule(n, rule(Linearity::Additive));
     for (auto n : kMultiplicative) register_sharding_rule(n, rule(Linearity::Multiplicative));
     // Linear in the numerator: x / c.
