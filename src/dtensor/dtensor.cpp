@@ -129,6 +129,12 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     remember_module(ctx);
     if (CommDebugMode::op_tracing()) trace_redistribute(in.spec(), dst->placements);
     const at::Tensor source = dst->dtype == in.spec().dtype ? in.local() : in.local().to(dst->dtype);
+    // The same placements (only the gradient's path, or a cast): PyTorch's output shares the data.
+    if (dst->placements == in.spec().placements) {
+      auto same = std::make_shared<DTensorSpec>(in.spec());
+      same->dtype = dst->dtype;
+      return make_dtensor(source.alias(), std::move(same));
+    }
     at::Tensor local = redistribute_local(source, in.spec(), dst->placements);
     // A new tensor, as PyTorch's: a local chunk of the source (Replicate -> Shard) is copied, and
     // the data laid out as the global strides say (a gather builds it contiguous).
@@ -140,9 +146,17 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     const BackwardModule module(ctx);
     const auto src = uncapsule(ctx->saved_data["src"]);
     const int64_t backward_dtype = ctx->saved_data["backward_dtype"].toInt();
-    if (backward_dtype < 0) return {grad_to(grads[0], *src, without_partial(src->placements)), at::Tensor(), at::Tensor()};
+    at::Tensor g = whole_grad_as_replicate(grads[0], *src);
+    // PyTorch's rule: the gradient goes back to the input's placements, except that where the
+    // input was Partial a Replicate or Shard gradient becomes Replicate (making it Partial again
+    // would only defer a reduction), and a Partial gradient stays Partial.
+    Placements target = src->placements;
+    const DTensorImpl* gi = dtensor_impl(g);
+    for (size_t i = 0; i < target.size(); ++i)
+      if (target[i].is_partial() && !(gi != nullptr && gi->spec().placements[i].is_partial())) target[i] = Replicate();
+    if (backward_dtype < 0) return {grad_to(g, *src, target), at::Tensor(), at::Tensor()};
     // In backward_dtype through the collective, in the input's dtype after it.
-    const at::Tensor g = grad_to(grads[0].to(static_cast<c10::ScalarType>(backward_dtype)), *src, without_partial(src->placements));
+    g = grad_to(g.to(static_cast<c10::ScalarType>(backward_dtype)), *src, target);
     return {g.to(src->dtype), at::Tensor(), at::Tensor()};
   }
 };
@@ -199,7 +213,11 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
              " placements for a mesh with ", mesh.ndim(), " dimensions");
   Placements dst = normalize_placements(placements, impl.spec().ndim());
   const bool cast = (forward_dtype && *forward_dtype != impl.spec().dtype) || (backward_dtype && *backward_dtype != impl.spec().dtype);
-  if (dst == impl.spec().placements && !cast) return *this;
+  // As PyTorch's, a redistribution to the same placements still lays the gradient out as the
+  // input is (e.g. a Partial gradient from to_local(grad_placements=...) is reduced here).
+  if (dst == impl.spec().placements && !cast && !requires_grad()) return *this;
+  // Without backward_dtype the backward collective runs in this tensor's dtype, not forward_dtype.
+  if (forward_dtype && !backward_dtype && *forward_dtype != impl.spec().dtype) backward_dtype = impl.spec().dtype;
   // As PyTorch: a Partial is what ops produce, not a layout to ask for (which rank would hold
   // the value, and what would its gradient be?).
   for (size_t i = 0; i < dst.size(); ++i)

@@ -11,6 +11,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "group_impl.h"
@@ -231,6 +232,18 @@ at::Tensor all_gather(const at::Tensor& local, int64_t dim, const Group& group, 
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   check_group(group, "all_reduce");
   check_reduce_dtype(op, tensor.scalar_type(), "all_reduce");
+  if (at::isComplexType(tensor.scalar_type())) {
+    // A complex sum or mean is the real and imaginary parts' (every transport reduces reals).
+    HP_CHECK_T(c10::TypeError, op == ReduceOp::SUM || op == ReduceOp::AVG, "hyper_parallel::all_reduce: ReduceOp ",
+               reduce_op_name(op), " is not defined for complex tensors (", tensor.scalar_type(), ")");
+    at::Tensor real = at::view_as_real(tensor);
+    auto work = std::make_shared<Work>(all_reduce_async(real, op, group));
+    at::Tensor result = tensor;
+    return Work([work, result] {
+      work->wait();
+      return result;
+    });
+  }
   CommDebugMode::record("all_reduce", nbytes(tensor), group, nbytes(tensor));
   fingerprint(group, [&] { return c10::str("all_reduce ", reduce_op_name(op), " ", tensor.scalar_type(), " ", tensor.sizes()); });
   if (group.size() == 1 || tensor.numel() == 0 || shapes_only(tensor, group)) return Work::completed(tensor);

@@ -213,7 +213,13 @@ torch::nn::Module& SequenceParallel::apply(torch::nn::Module& module, const Devi
     HP_CHECK_T(c10::ValueError, !inputs.empty() && inputs[0].isTensor(), "hyper_parallel::SequenceParallel: expecting the input of '",
                name_of(m), "' to be a tensor or DTensor, but got ", inputs.empty() ? "nothing" : inputs[0].tagKind());
     const at::Tensor& t = inputs[0].toTensor();
-    if (is_dtensor(t)) return c10::nullopt;  // already laid out: kept
+    if (is_dtensor(t)) {
+      // As PyTorch's: a DTensor laid out otherwise is redistributed to the sequence sharding.
+      const DTensor d(t);
+      const Placements want{Shard(seq)};
+      if (d.placements() == want || d.device_mesh() != mesh) return c10::nullopt;
+      return with_first(inputs, d.redistribute(mesh, want));
+    }
     return with_first(inputs, DTensor::from_local(t, mesh, {Shard(seq)}));
   };
   OutputFn output_fn;

@@ -23,7 +23,11 @@ OpSharding like_rule(const OpInfo& info) {
 OpSharding new_rule(const OpInfo& info, bool strided) {
   const DTensorSpec& self = info.input_spec(0);
   const std::vector<int64_t> size = int_list(info, 1);
-  Placements out = size == self.shape ? without_partial(self.placements) : replicate(info);
+  // Uninitialised values may take a Partial layout too (as PyTorch's rule does): autograd's
+  // AccumulateGrad builds a leaf's gradient with new_empty_strided(...).copy_(grad), which must
+  // keep a Partial gradient Partial rather than reduce it.
+  const bool empty = info.name() == "aten::new_empty" || info.name() == "aten::new_empty_strided";
+  Placements out = size == self.shape ? (empty ? self.placements : without_partial(self.placements)) : replicate(info);
   OpSharding s;
   s.input_placements = {self.placements};
   s.output_placements = {out};

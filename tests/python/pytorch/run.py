@@ -56,9 +56,11 @@ def collect(world_size, pattern):
     return tests
 
 
-def verdict_of(result):
+def verdict_of(result, verbose=False):
     """'passed', 'skipped: why' or 'failed: the last line of the first error' for one rank."""
     problems = result.errors + result.failures
+    if problems and verbose:
+        print(problems[0][1], file=sys.stderr, flush=True)
     if problems:
         lines = [line.strip() for line in problems[0][1].strip().splitlines() if line.strip()]
         raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)]
@@ -70,7 +72,7 @@ def verdict_of(result):
     return "passed"
 
 
-def run_one(case, control, store, index, rank, world_size):
+def run_one(case, control, store, index, rank, world_size, verbose):
     if not control:
         from hyper_parallel import _C
         # A fresh runtime per test, as PyTorch's with_comms gives each test a fresh process group:
@@ -86,7 +88,7 @@ def run_one(case, control, store, index, rank, world_size):
     finally:
         if not control:
             _C._destroy_process_group()
-    return verdict_of(result)
+    return verdict_of(result, verbose)
 
 
 def combine(per_rank):
@@ -105,6 +107,7 @@ def main():
     parser.add_argument("--write", help="merge the verdicts into this JSON file (rank 0)")
     parser.add_argument("--check", action="store_true", help="compare with the control's verdicts")
     parser.add_argument("-k", default="", help="only tests whose id contains this")
+    parser.add_argument("-v", action="store_true", help="print rank 0's traceback of each failure")
     args = parser.parse_args()
 
     # One line per failure, not PyTorch's repro hint.
@@ -125,7 +128,7 @@ def main():
     tests = collect(world_size, args.k)
     verdicts = {}
     for index, (test_id, case) in enumerate(tests):
-        mine = run_one(case, args.control, store, index, rank, world_size)
+        mine = run_one(case, args.control, store, index, rank, world_size, args.v and rank == 0)
         every = [None] * world_size
         dist.all_gather_object(every, mine)
         verdicts[test_id] = combine(every)
