@@ -196,11 +196,27 @@ struct InputCollector {
   // implicit replication); a plain tensor could only have met a DTensor in the forward under that
   // guard anyway.
   void plain(size_t arg, int64_t elem, const at::Tensor& t) {
+    const bool loss_target = LossParallelGuard::enabled() && takes_replicated_targets(info);
+    if (loss_target && arg == 1 && info.spec(0) != nullptr) {
+      // A batch sharded on a mesh dim makes a whole plain target ambiguous (the whole batch's, or
+      // this rank's rows?), as PyTorch says.
+      const Placements& x = info.spec(0)->placements;
+      const bool batch_sharded = std::any_of(x.begin(), x.end(), [](const Placement& p) { return p.is_shard() && p.dim() != 1; });
+      HP_CHECK_T(c10::ValueError, !batch_sharded, "hyper_parallel::loss_parallel: loss_parallel() requires a DTensor (not a plain "
+                 "torch.Tensor) target when the input ", to_string(x), " is sharded on a dim other than the class dim; wrap "
+                 "the target with DTensor.from_local or distribute_tensor to make its sharding explicit");
+    }
     const bool implicit = ImplicitReplicationGuard::enabled() ||
-                          torch::autograd::get_current_graph_task_exec_info() != nullptr ||
-                          (LossParallelGuard::enabled() && takes_replicated_targets(info));
+                          torch::autograd::get_current_graph_task_exec_info() != nullptr || loss_target;
     if (t.dim() == 0 && !implicit) return key_plain(key, t);
-    if (!implicit) mixed_error(info, arg, t);
+    // One element in a non-scalar shape: replicated, as PyTorch takes it (with its warning).
+    if (!implicit && t.numel() == 1) {
+      TORCH_WARN_ONCE("hyper_parallel::dispatch: found a non-scalar tensor with numel=1 and ndim!=0 (argument '",
+                      info.schema().arguments()[arg].name(), "' of ", info.name(), "); it is taken as replicated. Make it a "
+                      "scalar tensor, or a DTensor with distribute_tensor");
+    } else if (!implicit) {
+      mixed_error(info, arg, t);
+    }
     auto s = std::make_unique<DTensorSpec>(mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()),
                                            t.sizes().vec(), t.scalar_type());
     // A spec made for this call alone: keyed by its contents (naming it would cost more).
@@ -216,6 +232,8 @@ void collect_inputs(OpInfo& info, DecisionKey& key) {
   key.clear();
   InputCollector v{info, OpInfoAccess::mesh(info), key};
   key.push_back(reinterpret_cast<int64_t>(&info.schema()));
+  // Rules check loss_parallel's contract: a decision made outside it is not reused inside.
+  if (LossParallelGuard::enabled()) key.push_back(kKeyLossParallel);
   visit_args(info.args(), info.num_args(), v);
 }
 

@@ -57,7 +57,7 @@ struct Decision {
 
 enum DecisionKeyTag : int64_t {
   kKeyNone = 1, kKeyDT, kKeyPlain, kKeyList, kKeyInt, kKeyBool, kKeyDouble, kKeyScalar, kKeyString, kKeyOther,
-  kKeyIntList, kKeyReplicatedPlain, kKeyBoolList, kKeyDoubleList
+  kKeyIntList, kKeyReplicatedPlain, kKeyBoolList, kKeyDoubleList, kKeyLossParallel
 };
 
 /// Gives `s` its name (see spec_key_name) and returns it.

@@ -23,6 +23,7 @@
 
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
+#include <hyper_parallel/dtensor/loss_parallel.h>
 #include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
@@ -78,7 +79,10 @@ thread_local uint64_t t_unboxed_runs = 0;
 // anything the fallback must see: a plain tensor, a stale copy-view, a symbolic size.
 class CallKey {
  public:
-  explicit CallKey(const c10::FunctionSchema& schema) { push(reinterpret_cast<int64_t>(&schema)); }
+  explicit CallKey(const c10::FunctionSchema& schema) {
+    push(reinterpret_cast<int64_t>(&schema));
+    if (LossParallelGuard::enabled()) push(kKeyLossParallel);  // as collect_inputs keys it
+  }
 
   bool ok() const { return ok_; }
   c10::ArrayRef<int64_t> key() const { return {key_, size_}; }

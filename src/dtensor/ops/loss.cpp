@@ -1,7 +1,13 @@
-// Losses: nll_loss (what cross_entropy decomposes into) with the class dim sharded runs in
-// parallel (loss parallelism: each rank scores the targets in its vocabulary range, the loss is
-// Partial); otherwise losses run on replicated inputs.
+// Losses: nll_loss and nll_loss2d (what cross_entropy decomposes into) with the class dim sharded
+// run in parallel (loss parallelism, PyTorch's loss_parallel semantics): each rank scores the
+// targets in its class range and the loss is all-reduced over the mesh dim sharding the classes;
+// the other mesh dims keep their batch (or sequence) sharding, the target sharded alike, so a
+// summed loss is Partial there and a per-element one sharded. Otherwise losses run on replicated
+// inputs.
 #include "rule_utils.h"
+
+#include <hyper_parallel/dtensor/loss_parallel.h>
+#include <hyper_parallel/runtime/collectives.h>
 
 namespace hyper_parallel {
 namespace ops {
@@ -14,12 +20,6 @@ OpSharding all_replicated(const OpInfo& info) {
   return s;
 }
 
-// The classes this rank holds: [begin, begin + size) of dim 1 of `self` laid out by `p`.
-std::pair<int64_t, int64_t> class_range(const OpInfo& info, const DTensorSpec& self, const Placements& p) {
-  auto [shape, offset] = compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), p);
-  return {offset[1], shape[1]};
-}
-
 // Targets outside [begin, begin + size), and ignored ones, become -1, the local ignore_index.
 at::Tensor local_targets(const at::Tensor& target, int64_t begin, int64_t size, int64_t ignore_index) {
   // bitwise_or: it has a meta kernel (logical_or has none in C++), the same on bools.
@@ -27,94 +27,167 @@ at::Tensor local_targets(const at::Tensor& target, int64_t begin, int64_t size, 
   return (target - begin).masked_fill_(outside, -1);
 }
 
-// Whether nll_loss on these inputs can run class-parallel: 2-D input with the class dim sharded
-// and no class weights (they would have to be sharded alike).
-bool class_parallel(const OpInfo& info, size_t self_arg, size_t weight_arg, Placements& self_p) {
-  const DTensorSpec& self = info.input_spec(self_arg);
-  const c10::IValue& w = info.arg(weight_arg);
-  const bool weighted = !w.isNone() && !(w.isTensor() && !w.toTensor().defined());
-  if (self.ndim() != 2 || weighted) return false;
-  self_p = without_partial(without_shards(self.placements, [](int64_t d) { return d != 1; }));
-  for (const auto& p : self_p)
-    if (p.is_shard(1)) return true;
-  return false;
+// How the input [N, C, ...] of an nll loss is laid out for a class-parallel run.
+struct ClassParallel {
+  int64_t class_dim = -1;       // the mesh dim sharding the classes (dim 1)
+  Placements input;             // the input's placements: classes on class_dim, the rest Shard(d != 1) or Replicate
+  Placements target;            // the target's (the input's without the class dim)
+  std::vector<int64_t> batch;   // the mesh dims sharding another dim than the classes
+};
+
+// The layout a class-parallel nll loss runs in, or nullopt (no mesh dim shards the classes).
+c10::optional<ClassParallel> class_parallel(const OpInfo& info, const DTensorSpec& self) {
+  if (self.ndim() < 2) return c10::nullopt;
+  ClassParallel c;
+  c.input = self.placements;
+  c.target = Placements(self.placements.size(), Replicate());
+  for (size_t i = 0; i < c.input.size(); ++i) {
+    const Placement& p = c.input[i];
+    if (p.is_shard(1)) {
+      if (c.class_dim >= 0) return c10::nullopt;  // classes split twice: gathered below
+      c.class_dim = static_cast<int64_t>(i);
+    } else if (p.is_shard()) {
+      c.batch.push_back(static_cast<int64_t>(i));
+      c.target[i] = Shard(p.dim() > 1 ? p.dim() - 1 : p.dim());
+    } else {
+      c.input[i] = Replicate();  // a Partial input is reduced first
+    }
+  }
+  if (c.class_dim < 0) return c10::nullopt;
+  (void)info;
+  return c;
 }
 
-// nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)
-OpSharding nll_forward_rule(const OpInfo& info) {
-  Placements self_p;
-  if (!class_parallel(info, 0, 2, self_p)) return all_replicated(info);
-  const DTensorSpec& self = info.input_spec(0);
-  Placements loss_p(self_p.size());
-  for (size_t i = 0; i < self_p.size(); ++i) loss_p[i] = self_p[i].is_shard(1) ? Partial() : Replicate();
-  OpSharding s;
-  for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 0 ? self_p : replicate(info));
-  s.output_placements = {loss_p, replicate(info)};
-  const int64_t reduction = info.arg(3).toInt();
-  s.output_shapes = {reduction == at::Reduction::None ? std::vector<int64_t>{self.shape[0]} : std::vector<int64_t>{},
-                     std::vector<int64_t>{}};
-  const auto [begin, size] = class_range(info, self, self_p);
-  s.kernel = [begin = begin, size = size](const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    torch::jit::Stack a(stack->end() - 5, stack->end());
-    stack->erase(stack->end() - 5, stack->end());
-    const at::Tensor& x = a[0].toTensor();
-    const at::Tensor& target = a[1].toTensor();
-    const int64_t reduction = a[3].toInt(), ignore_index = a[4].toInt();
-    at::Tensor t = local_targets(target, begin, size, ignore_index);
-    // Every rank counts the same (replicated) targets: the mean divides by the global count.
-    at::Tensor count = (target != ignore_index).sum().to(x.scalar_type());
-    at::Tensor out;
-    if (reduction == at::Reduction::None) {
-      out = std::get<0>(at::nll_loss_forward(x, t, {}, at::Reduction::None, -1));
-    } else {
-      out = std::get<0>(at::nll_loss_forward(x, t, {}, at::Reduction::Sum, -1));
-      if (reduction == at::Reduction::Mean) out = out / count;
-    }
-    stack->emplace_back(out);
-    stack->emplace_back(count);
+bool has_weight(const c10::IValue& w) { return !w.isNone() && !(w.isTensor() && !w.toTensor().defined()); }
+
+// The handlers' parameters: {class begin, class count, class mesh dim, batch mesh dims...}.
+std::vector<int64_t> params_of(const OpInfo& info, const DTensorSpec& self, const ClassParallel& c) {
+  auto [shape, offset] = compute_local_shape_and_offset(self.shape, info.mesh_shape(), info.coordinate(), c.input);
+  std::vector<int64_t> p{offset[1], shape[1], c.class_dim};
+  p.insert(p.end(), c.batch.begin(), c.batch.end());
+  return p;
+}
+
+// nll_loss_forward / nll_loss2d_forward(self, target, weight, reduction, ignore_index)
+//   -> (output, total_weight), over the local classes, reduced over the classes' mesh dim; a mean
+// divides by the whole batch's total weight (reduced over the batch's mesh dims too).
+void nll_forward_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh& mesh,
+                             const std::vector<int64_t>& params) {
+  const torch::jit::Stack a = pop_args(op, stack);
+  const int64_t begin = params[0], size = params[1], class_dim = params[2];
+  const at::Tensor& x = a[0].toTensor();
+  const at::Tensor& target = a[1].toTensor();
+  const at::Tensor weight = has_weight(a[2]) ? a[2].toTensor() : at::Tensor();
+  const int64_t reduction = a[3].toInt(), ignore_index = a[4].toInt();
+  const at::Tensor t = local_targets(target, begin, size, ignore_index);
+  const at::Tensor w = weight.defined() ? weight.narrow(0, begin, size) : at::Tensor();
+  const bool two_d = x.dim() == 4;
+  const auto nll = [&](int64_t r) {
+    return std::get<0>(two_d ? at::nll_loss2d_forward(x, t, w, r, -1) : at::nll_loss_forward(x, t, w, r, -1));
   };
+  // Every rank of the classes' group holds the same targets: the weight of the targets counted.
+  const at::Tensor kept = target != ignore_index;
+  at::Tensor total = weight.defined() ? (weight.index_select(0, target.masked_fill(~kept, 0).flatten()).view(target.sizes()) * kept).sum()
+                                      : kept.sum();
+  total = total.to(x.scalar_type());
+  for (size_t i = 3; i < params.size(); ++i) all_reduce_(total, ReduceOp::SUM, mesh.get_group(params[i]));
+  at::Tensor out = nll(reduction == at::Reduction::None ? at::Reduction::None : at::Reduction::Sum);
+  all_reduce_(out, ReduceOp::SUM, mesh.get_group(class_dim));
+  if (reduction == at::Reduction::Mean) out = out / total;
+  stack->emplace_back(out);
+  stack->emplace_back(total);
+}
+
+// nll_loss_forward / nll_loss2d_forward(self, target, weight, reduction, ignore_index)
+OpSharding nll_forward_rule(const OpInfo& info) {
+  const DTensorSpec& self = info.input_spec(0);
+  const auto c = class_parallel(info, self);
+  const int64_t reduction = info.arg(3).toInt();
+  const bool two_d = info.name() == "aten::nll_loss2d_forward";
+  if (!c) {
+    OpSharding s = all_replicated(info);
+    if (two_d) {  // no meta kernel in libtorch 1.13: the shapes
+      const DTensorSpec* target = info.spec(1);
+      s.output_shapes = {reduction == 0 && target != nullptr ? target->shape : std::vector<int64_t>{}, {}};
+    }
+    return s;
+  }
+  Placements loss(c->target.size(), Replicate());
+  for (int64_t i : c->batch) loss[static_cast<size_t>(i)] = reduction == at::Reduction::None ? c->target[static_cast<size_t>(i)] : Partial();
+  OpSharding s;
+  for (const auto& in : info.inputs())
+    s.input_placements.push_back(in.arg == 0 ? c->input : in.arg == 1 ? c->target : replicate(info));
+  s.output_placements = {loss, replicate(info)};
+  std::vector<int64_t> per_element = self.shape;
+  per_element.erase(per_element.begin() + 1);
+  s.output_shapes = {reduction == at::Reduction::None ? per_element : std::vector<int64_t>{}, std::vector<int64_t>{}};
+  s.handler = "hp::nll_forward_over_shards";
+  s.handler_params = params_of(info, self, *c);
   return s;
 }
 
-// nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+// nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight, reduction,
+// ignore_index, total_weight): local, the gradient laid out as self (no communication).
 OpSharding nll_backward_rule(const OpInfo& info) {
-  Placements self_p;
-  if (!class_parallel(info, 1, 3, self_p)) return all_replicated(info);
   const DTensorSpec& self = info.input_spec(1);
+  const auto c = class_parallel(info, self);
+  if (!c) {
+    OpSharding s = all_replicated(info);
+    s.output_shapes = {self.shape};
+    return s;
+  }
+  const int64_t reduction = info.arg(4).toInt();
   OpSharding s;
-  for (const auto& in : info.inputs()) s.input_placements.push_back(in.arg == 1 ? self_p : replicate(info));
-  s.output_placements = {self_p};
+  for (const auto& in : info.inputs()) {
+    if (in.arg == 0) s.input_placements.push_back(reduction == at::Reduction::None ? c->target : replicate(info));
+    else if (in.arg == 1) s.input_placements.push_back(c->input);
+    else if (in.arg == 2) s.input_placements.push_back(c->target);
+    else s.input_placements.push_back(replicate(info));
+  }
+  s.output_placements = {c->input};
   s.output_shapes = {self.shape};
-  const auto [begin, size] = class_range(info, self, self_p);
-  s.kernel = kernel_returning([begin = begin, size = size](const torch::jit::Stack& a) {
-    at::Tensor t = local_targets(a[2].toTensor(), begin, size, a[5].toInt());
-    // total_weight is the global count, so the mean's scale is the single-device one.
-    return at::nll_loss_backward(a[0].toTensor(), a[1].toTensor(), t, {}, a[4].toInt(), -1, a[6].toTensor());
+  const std::vector<int64_t> p = params_of(info, self, *c);
+  const int64_t begin = p[0], size = p[1];
+  const bool two_d = info.name() == "aten::nll_loss2d_backward";
+  // Under loss_parallel, as PyTorch's: self is log_softmax's output and this returns the gradient
+  // of log_softmax and nll together (log_softmax's backward then passes it on), which needs no
+  // all-reduce: a row's gradient sums over all classes to -w[target] * grad, known on every rank.
+  const bool fused = LossParallelGuard::enabled();
+  s.kernel = kernel_returning([begin, size, two_d, fused](const torch::jit::Stack& a) {
+    const at::Tensor& go = a[0].toTensor();
+    const at::Tensor& y = a[1].toTensor();
+    const at::Tensor& target = a[2].toTensor();
+    const int64_t reduction = a[4].toInt(), ignore_index = a[5].toInt();
+    const at::Tensor& total = a[6].toTensor();
+    const at::Tensor t = local_targets(target, begin, size, ignore_index);
+    const at::Tensor weight = has_weight(a[3]) ? a[3].toTensor() : at::Tensor();
+    const at::Tensor w = weight.defined() ? weight.narrow(0, begin, size) : at::Tensor();
+    // total_weight is the whole batch's, so a mean's scale is the single-device one.
+    at::Tensor g = two_d ? at::nll_loss2d_backward(go, y, t, w, reduction, -1, total) : at::nll_loss_backward(go, y, t, w, reduction, -1, total);
+    if (!fused) return g;
+    const at::Tensor kept = target != ignore_index;
+    at::Tensor row = kept.to(y.scalar_type());
+    if (weight.defined()) row = row * weight.index_select(0, target.masked_fill(~kept, 0).flatten()).view(target.sizes());
+    row = row * go;  // a per-element grad_output, or a scalar one
+    if (reduction == at::Reduction::Mean) row = row / total;
+    return g + y.exp() * row.unsqueeze(1);
   });
   return s;
 }
 
 struct LossRegistrar {
   LossRegistrar() {
-    register_sharding_rule("aten::nll_loss_forward", nll_forward_rule);
-    register_sharding_rule("aten::nll_loss_backward", nll_backward_rule);
+    register_op_handler("hp::nll_forward_over_shards", nll_forward_over_shards);
+    for (const char* n : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) register_sharding_rule(n, nll_forward_rule);
+    for (const char* n : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) register_sharding_rule(n, nll_backward_rule);
     for (const char* n : {"aten::mse_loss", "aten::binary_cross_entropy"}) register_sharding_rule(n, all_replicated);
     // No meta kernels in libtorch 1.13: the rules give the shapes.
-    for (const char* n : {"aten::mse_loss_backward", "aten::binary_cross_entropy_backward", "aten::nll_loss2d_backward"})
+    for (const char* n : {"aten::mse_loss_backward", "aten::binary_cross_entropy_backward"})
       register_sharding_rule(n, [](const OpInfo& i) {  // (grad_output, self, ...) -> like self
         OpSharding s = all_replicated(i);
         s.output_shapes = {i.input_spec(1).shape};
         return s;
       });
-    // nll_loss2d_forward(self [N,C,H,W], target [N,H,W], weight, reduction, ignore_index) -> (output, total_weight)
-    register_sharding_rule("aten::nll_loss2d_forward", [](const OpInfo& i) {
-      OpSharding s = all_replicated(i);
-      const int64_t reduction = i.arg(3).toInt();
-      const DTensorSpec* target = i.spec(1);
-      std::vector<int64_t> out = reduction == 0 && target != nullptr ? target->shape : std::vector<int64_t>{};
-      s.output_shapes = {out, {}};
-      return s;
-    });
   }
 } loss_registrar;
 

@@ -3,6 +3,7 @@
 // shards instead of gathering the dim.
 #include "rule_utils.h"
 
+#include <hyper_parallel/dtensor/loss_parallel.h>
 #include <hyper_parallel/runtime/collectives.h>
 
 #include <limits>
@@ -71,6 +72,20 @@ void softmax_backward_over_shards(const c10::OperatorHandle& op, torch::jit::Sta
 OpSharding softmax_rule(const OpInfo& info, bool log) {
   const DTensorSpec& in = info.input_spec(0);
   const int64_t dim = wrap_dim(info.arg(1).toInt(), in.ndim());
+  if (log && LossParallelGuard::enabled()) {
+    // loss_parallel's contract, as PyTorch's: the class dim sharded on exactly one mesh dim, the
+    // other mesh dims Shard or Replicate (a log_softmax there is cross_entropy's first step).
+    int64_t sharding = 0;
+    for (const auto& p : in.placements) sharding += p.is_shard(dim) ? 1 : 0;
+    HP_CHECK_T(c10::ValueError, sharding == 1, "hyper_parallel::loss_parallel: loss_parallel() requires exactly one mesh dim to "
+               "shard tensor dimension ", dim, ", but got placements ", to_string(in.placements), " with ", sharding,
+               " such mesh dim(s); shard the logits on their class dim (e.g. ColwiseParallel(use_local_output=False) on the "
+               "output projection), or compute the loss outside loss_parallel()");
+    for (size_t i = 0; i < in.placements.size(); ++i)
+      HP_CHECK_T(c10::ValueError, in.placements[i].is_shard() || in.placements[i].is_replicate(),
+                 "hyper_parallel::loss_parallel: loss_parallel() expects non-TP mesh dims to be Shard or Replicate, got ",
+                 in.placements[i].to_string(), " at dim ", i);
+  }
   const Placements x = without_partial(in.placements);
   OpSharding s;
   s.input_placements = {x};
@@ -92,6 +107,15 @@ OpSharding softmax_backward_rule(const OpInfo& info, bool log) {
   s.output_placements = {x};
   const auto dims = mesh_dims_sharding(x, dim);
   if (dims.empty()) return s;
+  if (log && LossParallelGuard::enabled()) {
+    // Under loss_parallel the nll loss's backward already gave log_softmax's input gradient
+    // (ops/loss.cpp): it passes on in the input's dtype, as in PyTorch.
+    s.kernel = kernel_returning([](const torch::jit::Stack& a) {
+      const auto dtype = static_cast<at::ScalarType>(a[3].toInt());
+      return a[0].toTensor().scalar_type() == dtype ? a[0].toTensor().clone() : a[0].toTensor().to(dtype);
+    });
+    return s;
+  }
   s.handler = "hp::softmax_backward_over_shards";
   s.handler_params = params_of(dim, log, dims);
   return s;
