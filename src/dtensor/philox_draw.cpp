@@ -156,8 +156,9 @@ uint64_t next_random_key(const DeviceMesh& mesh, const std::string& what) {
   try {
     for (int64_t d = 0; d < mesh.ndim(); ++d)
       check_agreement(mesh.get_group(d), what, c10::str("random key ", key, " (the first random op on a DTensor after a seeding ",
-                                                         "draws one key for every rank: seed every rank alike, e.g. ",
-                                                         "torch::manual_seed(s) with the same s, before random ops on DTensors)"));
+                                                         "draws one key for every rank of its mesh: call torch.manual_seed(s) with ",
+                                                         "the same s on every rank of ", mesh.to_string(),
+                                                         " before random ops on DTensors; ranks outside it may seed otherwise)"));
   } catch (...) {
     // Every rank raised: each compares again at its next draw, whatever it seeds in between (a
     // rank reseeding with the seed it already had would not count as a seeding).

@@ -251,3 +251,19 @@ def test_with_mesh_is_the_default_mesh_of_distribute_tensor_as_in_pytorch():
         with mesh:
             t = dt_lib.distribute_tensor(torch.arange(4.0 * TP), placements=[dt_lib.Shard(0)])
         assert t.placements == (dt_lib.Shard(0),) and t.to_local().shape == (4,)
+
+
+@pytest.mark.skipif(TP != 4, reason="a dp2 x tp2 mesh needs 4 ranks")
+def test_dropout_masks_agree_within_each_tp_group_and_differ_across_dp_groups_seeded_differently():
+    """PyTorch asks for one seed on every rank of a DTensor's mesh; the key check covers only that
+    mesh, so data-parallel groups seeded differently draw different masks."""
+    mesh = hp.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh.get_local_rank("dp")
+    torch.manual_seed(1000 + dp)  # alike within each tp group, different across dp
+    x = hp.distribute_tensor(torch.ones(8, 8), mesh["tp"], [hp.Replicate()], src_data_rank=None)
+    mask = torch.nn.functional.dropout(x, 0.5).full_tensor()
+    every = [torch.empty_like(mask) for _ in range(TP)]
+    dist.all_gather(every, mask)
+    for r in range(TP):
+        assert torch.equal(every[r], mask) == (r // 2 == dp), (r, dp)
+    assert (mask == 0).any() and (mask != 0).any()
