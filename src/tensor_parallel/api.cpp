@@ -22,6 +22,9 @@ namespace hyper_parallel {
 namespace {
 
 std::vector<std::string> split_path(const std::string& path) {
+  // The seed's case A4: an empty path is an error (PyTorch takes "" as the module itself).
+  HP_CHECK_T(c10::ValueError, !path.empty(), "hyper_parallel::parallelize_module: a plan path is empty; name a submodule such as "
+             "\"layers.*.attn.q_proj\", or pass the style itself to apply it to the whole module");
   std::vector<std::string> atoms;
   std::string cur;
   for (char c : path) {
@@ -178,11 +181,7 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
       HP_CHECK_T(c10::TypeError, entry.style != nullptr, "hyper_parallel::parallelize_module: the plan value for '", entry.path,
                  "' must be a ParallelStyle, got a null style");
       std::vector<Target> found;
-      if (entry.path.empty()) {
-        found.push_back({"", root, entry.style});  // "" names the module itself, as in PyTorch
-      } else {
-        match(root, "", split_path(entry.path), 0, entry.style, found);
-      }
+      match(root, "", split_path(entry.path), 0, entry.style, found);
       if (found.empty()) {
         TORCH_WARN("parallelize_module: plan path '", entry.path, "' matches no submodule; it is skipped");
         continue;

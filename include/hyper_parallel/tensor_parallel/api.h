@@ -51,9 +51,9 @@ class ParallelizePlan {
 /// mesh when nullopt), writing `src_data_rank` into every style first. The whole plan is
 /// validated before anything changes (types, paths, module kinds, hookability, divisibility),
 /// so a failure leaves the module as it was. Errors: an N-D mesh -> c10::ValueError
-/// naming device_mesh["tp"]; a null style -> c10::TypeError; an empty atom ("a..b") ->
-/// c10::ValueError; a path that matches nothing -> a warning, skipped; no plan -> a warning and
-/// the module unchanged. The path "" names `module` itself (PyTorch's shortcut). A tied parameter
+/// naming device_mesh["tp"]; a null style -> c10::TypeError; an empty path or empty atom ->
+/// c10::ValueError (the seed's case A4; PyTorch takes "" as the module itself); a path that
+/// matches nothing -> a warning, skipped; no plan -> a warning and the module unchanged. A tied parameter
 /// stays one parameter when its owners get the same layout, is refused when they get different
 /// ones, and leaves the tie (a warning) for an owner no style lays out, as in PyTorch.
 /// e.g. `hp::parallelize_module(*model, tp, {{"layers.*.mlp.gate_proj", hp::ColwiseParallel()}});`

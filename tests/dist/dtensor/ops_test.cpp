@@ -349,8 +349,10 @@ TEST(OpsDist, VocabParallelCrossEntropyNeverGathersTheLogits) {
     auto t = hp::distribute_tensor(target, mesh, R);
     hp::CommDebugMode fwd;
     hp::DTensor loss(at::cross_entropy_loss(d, t, {}, reduction));
-    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_reduce", 2}})) << fwd.summary();  // max, sum
-    EXPECT_EQ(loss.placements(), P{hp::Partial()});  // each rank scored the targets in its range
+    // log_softmax's max and sum, then the loss of the targets each rank scored in its range
+    // (PyTorch's loss_parallel reduces it in forward too): never the logits.
+    EXPECT_EQ(fwd.get_comm_counts(), (std::map<std::string, int64_t>{{"all_reduce", 3}})) << fwd.summary();
+    EXPECT_EQ(loss.placements(), P{hp::Replicate()});
     ASSERT_TRUE(close(loss, ref)) << reduction;
     at::Tensor w = values(ref.sizes(), 2) + 1;
     (ref * w).sum().backward();
