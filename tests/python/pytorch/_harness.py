@@ -7,6 +7,7 @@ from torch.testing._internal (DTensorTestBase, with_comms, the models), with onl
 harness has to change. Whether `hyper_parallel` is ours or PyTorch's (the control) is decided by
 run.py before anything imports it.
 """
+import enum
 import functools
 import types
 
@@ -28,7 +29,9 @@ NUM_DEVICES = 4
 # False in the control run (PyTorch's DTensor under hyper_parallel's name): the few assertions that
 # README.md lists as divergences check our behaviour on our side and PyTorch's in the control.
 IS_HYPER_PARALLEL = hasattr(hyper_parallel, "_C")
-HardwareClassification = common_utils.HardwareClassification
+# A class attribute of PyTorch's newer test classes (torch 2.11 has no such enum).
+HardwareClassification = getattr(common_utils, "HardwareClassification", None) or enum.Enum(
+    "HardwareClassification", "ACCELERATOR CPU")
 parametrize = common_utils.parametrize
 
 
