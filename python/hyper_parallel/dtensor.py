@@ -4,6 +4,8 @@ torch.Tensor (a clear error on other tensors), a repr that never communicates, a
 refused by name."""
 from __future__ import annotations
 
+import copy
+
 from typing import Optional, Sequence
 
 import torch
@@ -116,6 +118,16 @@ def _reduce_ex(self, protocol):
     return _plain_reduce_ex(self, protocol)
 
 
+def _copy(self):
+    # copy.copy of a DTensor as PyTorch's: a leaf sharing the local data, with requires_grad kept
+    # (pickling, which copy.copy would use otherwise, is refused).
+    if not _C._is_dtensor(self) or type(self) is not torch.Tensor:
+        return copy._reconstruct(self, None, *self.__reduce_ex__(4))  # what copy.copy does without __copy__
+    out = self.detach()
+    out.requires_grad_(self.requires_grad)
+    return out
+
+
 def _deepcopy(self, memo):
     if not _C._is_dtensor(self) or type(self) is not torch.Tensor:
         return _plain_deepcopy(self, memo)  # nn.Parameter has its own, which clones
@@ -150,3 +162,4 @@ torch.Tensor.redistribute = _redistribute
 torch.Tensor.__repr__ = _repr
 torch.Tensor.__reduce_ex__ = _reduce_ex
 torch.Tensor.__deepcopy__ = _deepcopy
+torch.Tensor.__copy__ = _copy

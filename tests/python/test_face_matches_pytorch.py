@@ -267,3 +267,17 @@ def test_dropout_masks_agree_within_each_tp_group_and_differ_across_dp_groups_se
     for r in range(TP):
         assert torch.equal(every[r], mask) == (r // 2 == dp), (r, dp)
     assert (mask == 0).any() and (mask != 0).any()
+
+
+def test_copy_copy_of_a_dtensor_shares_its_local_data_as_in_pytorch():
+    ours_mesh = hp.init_device_mesh("cpu", (TP,))
+    theirs_mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (TP,))
+    x = torch.randn(2 * TP, 3)
+    for lib, mesh in ((hp, ours_mesh), (torch_dt, theirs_mesh)):
+        d = lib.distribute_tensor(x, mesh, [lib.Shard(0)]).requires_grad_()
+        c = copy.copy(d)
+        assert isinstance(c, lib.DTensor) and c.is_leaf and c.requires_grad
+        assert c.placements == d.placements
+        assert c.to_local().data_ptr() == d.to_local().data_ptr()
+    plain = torch.randn(3)
+    assert torch.equal(copy.copy(plain), plain)
