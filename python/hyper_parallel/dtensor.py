@@ -92,7 +92,9 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, fo
         raise ValueError("hyper_parallel.DTensor.redistribute: placements are required")
     # forward_dtype/backward_dtype as PyTorch's: the forward collective runs in forward_dtype (the
     # result keeps it), the backward one in backward_dtype, the gradient returns in this dtype.
-    return _C._redistribute(self, device_mesh, as_list(placements, "DTensor.redistribute"), forward_dtype, backward_dtype)
+    out = _C._redistribute(self, device_mesh, as_list(placements, "DTensor.redistribute"), forward_dtype, backward_dtype)
+    # A new tensor sharing the data, as PyTorch's (requires_grad_ on it must not reach `self`).
+    return self.detach() if out is self else out
 
 
 _plain_repr = torch.Tensor.__repr__

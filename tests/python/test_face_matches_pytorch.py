@@ -281,3 +281,14 @@ def test_copy_copy_of_a_dtensor_shares_its_local_data_as_in_pytorch():
         assert c.to_local().data_ptr() == d.to_local().data_ptr()
     plain = torch.randn(3)
     assert torch.equal(copy.copy(plain), plain)
+
+
+def test_redistribute_to_the_same_placements_is_a_new_tensor_sharing_the_data_as_in_pytorch():
+    ours_mesh = hp.init_device_mesh("cpu", (TP,))
+    theirs_mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (TP,))
+    for lib, mesh in ((hp, ours_mesh), (torch_dt, theirs_mesh)):
+        x = lib.distribute_tensor(torch.ones(2 * TP, 3), mesh, [lib.Shard(0)])
+        y = x.redistribute(mesh, [lib.Shard(0)])
+        assert y is not x and y.to_local().data_ptr() == x.to_local().data_ptr()
+        y.requires_grad_()
+        assert not x.requires_grad
