@@ -100,8 +100,7 @@ void bind_dtensor(py::module_& m) {
     const auto bwd = guarded([&] { return dtype_of(backward_dtype, "DTensor.redistribute(backward_dtype=)"); });
     return guarded<true>([&]() -> at::Tensor {
       const DTensor d(checked_dtensor(t, "redistribute"));
-      const auto to_opt = [](const std::optional<at::ScalarType>& s) { return s ? c10::optional<at::ScalarType>(*s) : c10::nullopt; };
-      return d.redistribute(mesh ? *mesh : d.device_mesh(), placements, to_opt(fwd), to_opt(bwd));
+      return d.redistribute(mesh ? *mesh : d.device_mesh(), placements, fwd, bwd);
     });
   }, py::arg("t"), py::arg("mesh"), py::arg("placements"), py::arg("forward_dtype") = py::none(),
      py::arg("backward_dtype") = py::none());

@@ -1,12 +1,14 @@
 """CommDebugMode (PyTorch's torch.distributed.tensor.debug.CommDebugMode): counts the
 collectives run in its ``with`` block; the counts stay readable after it."""
 import collections
+import functools
 
 import torch
 
 from . import _C
 
 
+@functools.lru_cache(maxsize=None)
 def _pytorch_keys() -> dict:
     """The library's name for each kind of collective -> the key PyTorch's CommDebugMode counts it
     under (the functional collective op a PyTorch user indexes get_comm_counts() with)."""

@@ -282,13 +282,16 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   auto spec = std::make_shared<DTensorSpec>(mesh, pl, std::move(global), local.scalar_type(), global_stride);
   if (run_check) {
     // Every rank must hold the same kind of piece: dtype, requires_grad and (for equal shapes) its
-    // strides, as PyTorch's run_check checks them. One all_gather per mesh dimension.
+    // strides, as PyTorch's run_check checks them; its shape along each sharded dim must be its
+    // torch.chunk piece, the other dims must agree. One all_gather per mesh dimension.
+    const int64_t nd = local.dim();
+    std::vector<int64_t> meta = {static_cast<int64_t>(local.scalar_type()), local.requires_grad() ? 1 : 0};
+    for (int64_t d = 0; d < nd; ++d) meta.push_back(local.size(d));
+    for (int64_t d = 0; d < nd; ++d) meta.push_back(local.stride(d));
     for (int64_t i = 0; i < mesh.ndim(); ++i) {
-      std::vector<int64_t> meta = {static_cast<int64_t>(local.scalar_type()), local.requires_grad() ? 1 : 0};
-      for (int64_t d = 0; d < local.dim(); ++d) meta.push_back(local.size(d));
-      for (int64_t d = 0; d < local.dim(); ++d) meta.push_back(local.stride(d));
-      const auto all = control_all_gather(mesh.get_group(i), meta);
-      for (const auto& m : all) {
+      const auto all_meta = control_all_gather(mesh.get_group(i), meta);
+      std::vector<std::vector<int64_t>> all;  // every rank's local shape
+      for (const auto& m : all_meta) {
         HP_CHECK_T(c10::ValueError, m.size() == meta.size(), "hyper_parallel::DTensor::from_local: run_check: the local tensors "
                    "have different numbers of dimensions on the ranks of mesh dim ", i);
         HP_CHECK_T(c10::ValueError, m[0] == meta[0], "hyper_parallel::DTensor::from_local: run_check: the local tensors' dtypes "
@@ -296,31 +299,26 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                    local.scalar_type(), ")");
         HP_CHECK_T(c10::ValueError, m[1] == meta[1], "hyper_parallel::DTensor::from_local: run_check: requires_grad differs on "
                    "the ranks of mesh dim ", i);
-        const bool same_shape = std::equal(m.begin() + 2, m.begin() + 2 + local.dim(), meta.begin() + 2);
-        HP_CHECK_T(c10::ValueError, !same_shape || std::equal(m.begin() + 2 + local.dim(), m.end(), meta.begin() + 2 + local.dim()),
+        all.emplace_back(m.begin() + 2, m.begin() + 2 + nd);
+        const bool same_shape = all.back() == local.sizes().vec();
+        HP_CHECK_T(c10::ValueError, !same_shape || std::equal(m.begin() + 2 + nd, m.end(), meta.begin() + 2 + nd),
                    "hyper_parallel::DTensor::from_local: run_check: the local tensors' strides differ on the ranks of mesh dim ",
                    i, " (", local.strides(), " here)");
       }
-    }
-    // Every rank's local shape along each sharded dim must be its torch.chunk piece; the other
-    // dims must agree. One all_gather of the shapes per mesh dimension.
-    for (int64_t i = 0; i < mesh.ndim(); ++i) {
-      const Group& g = mesh.get_group(i);
-      const auto all = control_all_gather(g, local.sizes().vec());
       const Placement& p = spec->placements[static_cast<size_t>(i)];
       if (p.is_shard() && !shape && spec->mesh_dims_sharding(p.dim()).size() == 1) {
         // Uneven shards: the global size is the sum of the pieces.
         int64_t total = 0;
-        for (const auto& s : all) total += s[static_cast<size_t>(p.dim())];
+        for (const auto& sz : all) total += sz[static_cast<size_t>(p.dim())];
         spec->shape[static_cast<size_t>(p.dim())] = total;
       }
-      for (int64_t d = 0; d < local.dim(); ++d) {
+      for (int64_t d = 0; d < nd; ++d) {
         if (p.is_shard(d)) continue;
         bool same = true;
-        for (const auto& s : all) same = same && s[static_cast<size_t>(d)] == all[0][static_cast<size_t>(d)];
+        for (const auto& sz : all) same = same && sz[static_cast<size_t>(d)] == all[0][static_cast<size_t>(d)];
         if (same) continue;
         std::string shapes;
-        for (const auto& s : all) shapes += c10::str(shapes.empty() ? "" : ", ", c10::IntArrayRef(s));
+        for (const auto& sz : all) shapes += c10::str(shapes.empty() ? "" : ", ", c10::IntArrayRef(sz));
         HP_CHECK_T(c10::ValueError, false, "hyper_parallel::DTensor::from_local: run_check: local shapes ", shapes, " differ in dim ", d,
                    ", which mesh dim ", i, " does not shard");
       }

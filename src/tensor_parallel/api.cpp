@@ -66,22 +66,31 @@ struct TieSlot {
   torch::nn::Module* module;
   std::string name;
 };
-using Ties = std::vector<std::vector<TieSlot>>;
+// One tensor held by several slots, as it was before the plan applied.
+struct Tie {
+  at::Tensor tensor;
+  std::vector<TieSlot> slots;
+};
+using Ties = std::vector<Tie>;
 
 Ties find_ties(torch::nn::Module& root) {
-  std::map<const c10::TensorImpl*, std::vector<TieSlot>> by_tensor;
+  std::map<const c10::TensorImpl*, Tie> by_tensor;
   std::vector<const c10::TensorImpl*> order;
   for (const auto& [fqn, m] : nn::modules_with_names(root))
     for (const auto& p : m->named_parameters(/*recurse=*/false)) {
       if (!p.value().defined()) continue;
-      auto& slots = by_tensor[p.value().unsafeGetTensorImpl()];
-      if (slots.empty()) order.push_back(p.value().unsafeGetTensorImpl());
+      Tie& tie = by_tensor[p.value().unsafeGetTensorImpl()];
+      if (tie.slots.empty()) {
+        order.push_back(p.value().unsafeGetTensorImpl());
+        tie.tensor = p.value();
+      }
+      auto& slots = tie.slots;
       const bool known = std::any_of(slots.begin(), slots.end(), [&](const TieSlot& s) { return s.module == m && s.name == p.key(); });
       if (!known) slots.push_back({fqn.empty() ? p.key() : fqn + "." + p.key(), m, p.key()});  // a module reached twice is one slot
     }
   Ties ties;
   for (const auto* impl : order)
-    if (by_tensor[impl].size() > 1) ties.push_back(std::move(by_tensor[impl]));
+    if (by_tensor[impl].slots.size() > 1) ties.push_back(std::move(by_tensor[impl]));
   return ties;
 }
 
@@ -104,24 +113,19 @@ std::string layout_of(const at::Tensor& t) {
 // again (PyTorch's behaviour: its examples distribute an embedding and its tied output projection in
 // separate calls, then assign one to the other). Owners laid out differently are refused, naming
 // every owner, before the caller lets the change stand.
-void keep_ties(const Ties& ties, const std::vector<at::Tensor>& originals) {
-  for (size_t g = 0; g < ties.size(); ++g) {
-    const auto& all_slots = ties[g];
-    std::vector<TieSlot> slots;
+void keep_ties(const Ties& ties) {
+  for (const Tie& tie : ties) {
+    const auto& slots = tie.slots;
     std::vector<at::Tensor> now;
-    std::vector<std::string> left;
-    for (const auto& s : all_slots) {
-      at::Tensor v = slot_value(s);
-      const bool untouched = v.defined() && v.unsafeGetTensorImpl() == originals[g].unsafeGetTensorImpl();
-      if (untouched) left.push_back(s.fqn);
-      slots.push_back(s);
-      now.push_back(std::move(v));
+    std::vector<size_t> changed;  // the owners a style changed: those must agree with each other
+    std::vector<std::string> left;  // the owners no style touched
+    for (size_t i = 0; i < slots.size(); ++i) {
+      now.push_back(slot_value(slots[i]));
+      const bool untouched = now[i].defined() && now[i].unsafeGetTensorImpl() == tie.tensor.unsafeGetTensorImpl();
+      if (untouched) left.push_back(slots[i].fqn);
+      else changed.push_back(i);
     }
-    if (left.size() == all_slots.size()) continue;  // no owner changed
-    // The owners a style changed: those must agree with each other.
-    std::vector<size_t> changed;
-    for (size_t i = 0; i < slots.size(); ++i)
-      if (!(now[i].defined() && now[i].unsafeGetTensorImpl() == originals[g].unsafeGetTensorImpl())) changed.push_back(i);
+    if (changed.empty()) continue;
     const at::Tensor& first = now[changed[0]];
     const auto same_layout = [&](const at::Tensor& t) {
       if (!t.defined() || !is_dtensor(t) || !is_dtensor(first)) return false;
@@ -213,8 +217,6 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
 
   // From here on every rank changes the module; a failure anywhere puts it back as it was.
   const Ties ties = find_ties(module);
-  std::vector<at::Tensor> originals;
-  for (const auto& slots : ties) originals.push_back(slot_value(slots[0]));
   nn::ModuleSnapshot before(module);
   try {
     for (const auto& t : targets) {
@@ -234,7 +236,7 @@ torch::nn::Module& parallelize(torch::nn::Module& module, const c10::optional<De
       }
       agree_on_user_code(*mesh, error, "parallelize_module: " + t.style->name() + " on '" + (t.fqn.empty() ? "<root>" : t.fqn) + "'");
     }
-    keep_ties(ties, originals);
+    keep_ties(ties);
   } catch (...) {
     before.restore();
     throw;

@@ -36,7 +36,7 @@ struct ClassParallel {
 };
 
 // The layout a class-parallel nll loss runs in, or nullopt (no mesh dim shards the classes).
-c10::optional<ClassParallel> class_parallel(const OpInfo& info, const DTensorSpec& self) {
+c10::optional<ClassParallel> class_parallel(const DTensorSpec& self) {
   if (self.ndim() < 2) return c10::nullopt;
   ClassParallel c;
   c.input = self.placements;
@@ -54,11 +54,17 @@ c10::optional<ClassParallel> class_parallel(const OpInfo& info, const DTensorSpe
     }
   }
   if (c.class_dim < 0) return c10::nullopt;
-  (void)info;
   return c;
 }
 
 bool has_weight(const c10::IValue& w) { return !w.isNone() && !(w.isTensor() && !w.toTensor().defined()); }
+
+// Each target's class weight (without weights: true), 0 for an ignored target.
+at::Tensor target_weights(const at::Tensor& target, const at::Tensor& weight, int64_t ignore_index) {
+  const at::Tensor kept = target != ignore_index;
+  if (!weight.defined()) return kept;
+  return weight.index_select(0, target.masked_fill(~kept, 0).flatten()).view(target.sizes()) * kept;
+}
 
 // The handlers' parameters: {class begin, class count, class mesh dim, batch mesh dims...}.
 std::vector<int64_t> params_of(const OpInfo& info, const DTensorSpec& self, const ClassParallel& c) {
@@ -81,17 +87,11 @@ void nll_forward_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* s
   const int64_t reduction = a[3].toInt(), ignore_index = a[4].toInt();
   const at::Tensor t = local_targets(target, begin, size, ignore_index);
   const at::Tensor w = weight.defined() ? weight.narrow(0, begin, size) : at::Tensor();
-  const bool two_d = x.dim() == 4;
-  const auto nll = [&](int64_t r) {
-    return std::get<0>(two_d ? at::nll_loss2d_forward(x, t, w, r, -1) : at::nll_loss_forward(x, t, w, r, -1));
-  };
   // Every rank of the classes' group holds the same targets: the weight of the targets counted.
-  const at::Tensor kept = target != ignore_index;
-  at::Tensor total = weight.defined() ? (weight.index_select(0, target.masked_fill(~kept, 0).flatten()).view(target.sizes()) * kept).sum()
-                                      : kept.sum();
-  total = total.to(x.scalar_type());
+  at::Tensor total = target_weights(target, weight, ignore_index).sum().to(x.scalar_type());
   for (size_t i = 3; i < params.size(); ++i) all_reduce_(total, ReduceOp::SUM, mesh.get_group(params[i]));
-  at::Tensor out = nll(reduction == at::Reduction::None ? at::Reduction::None : at::Reduction::Sum);
+  const int64_t r = reduction == at::Reduction::None ? at::Reduction::None : at::Reduction::Sum;
+  at::Tensor out = std::get<0>(x.dim() == 4 ? at::nll_loss2d_forward(x, t, w, r, -1) : at::nll_loss_forward(x, t, w, r, -1));
   all_reduce_(out, ReduceOp::SUM, mesh.get_group(class_dim));
   if (reduction == at::Reduction::Mean) out = out / total;
   stack->emplace_back(out);
@@ -101,7 +101,7 @@ void nll_forward_over_shards(const c10::OperatorHandle& op, torch::jit::Stack* s
 // nll_loss_forward / nll_loss2d_forward(self, target, weight, reduction, ignore_index)
 OpSharding nll_forward_rule(const OpInfo& info) {
   const DTensorSpec& self = info.input_spec(0);
-  const auto c = class_parallel(info, self);
+  const auto c = class_parallel(self);
   const int64_t reduction = info.arg(3).toInt();
   const bool two_d = info.name() == "aten::nll_loss2d_forward";
   if (!c) {
@@ -130,7 +130,7 @@ OpSharding nll_forward_rule(const OpInfo& info) {
 // ignore_index, total_weight): local, the gradient laid out as self (no communication).
 OpSharding nll_backward_rule(const OpInfo& info) {
   const DTensorSpec& self = info.input_spec(1);
-  const auto c = class_parallel(info, self);
+  const auto c = class_parallel(self);
   if (!c) {
     OpSharding s = all_replicated(info);
     s.output_shapes = {self.shape};
@@ -165,10 +165,7 @@ OpSharding nll_backward_rule(const OpInfo& info) {
     // total_weight is the whole batch's, so a mean's scale is the single-device one.
     at::Tensor g = two_d ? at::nll_loss2d_backward(go, y, t, w, reduction, -1, total) : at::nll_loss_backward(go, y, t, w, reduction, -1, total);
     if (!fused) return g;
-    const at::Tensor kept = target != ignore_index;
-    at::Tensor row = kept.to(y.scalar_type());
-    if (weight.defined()) row = row * weight.index_select(0, target.masked_fill(~kept, 0).flatten()).view(target.sizes());
-    row = row * go;  // a per-element grad_output, or a scalar one
+    at::Tensor row = target_weights(target, weight, ignore_index) * go;  // a per-element grad_output, or a scalar one
     if (reduction == at::Reduction::Mean) row = row / total;
     return g + y.exp() * row.unsqueeze(1);
   });
