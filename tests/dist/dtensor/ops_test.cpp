@@ -2,6 +2,7 @@
 // tensors in this process.
 #include "../../common/test_util.h"
 
+#include <hyper_parallel/dtensor/loss_parallel.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 
@@ -191,6 +192,28 @@ TEST(OpsDist, SoftmaxAndLosses) {
     check_same_as_plain("cross_entropy " + hp::to_string(pl), {logits, target}, {pl, R}, [](const std::vector<at::Tensor>& a) {
       return at::cross_entropy_loss(a[0], a[1]);
     });
+  // Class weights and an ignored target, every reduction: nll_loss on [N, C] and nll_loss2d on
+  // [N, C, L] (7 classes: uneven over the ranks; L = 3 leaves a rank empty at 4 ranks), each
+  // placement, and the classes sharded under loss_parallel (its fused backward).
+  auto mesh = world_mesh();
+  const at::Tensor weight = values({7}, 5) + 1;
+  at::Tensor ignored = target.clone();
+  ignored[1] = -100;
+  at::Tensor logits3 = random({2 * n, 7, 3}, 6);
+  at::Tensor target3 = at::arange(6 * n, at::kLong).remainder(7).view({2 * n, 3});
+  target3[0][1] = -100;
+  for (int64_t reduction : {at::Reduction::None, at::Reduction::Sum, at::Reduction::Mean}) {
+    const auto loss = [&, reduction](const std::vector<at::Tensor>& a) {
+      const at::Tensor w = hp::is_dtensor(a[0]) ? hp::distribute_tensor(weight, mesh, R) : weight;
+      return at::cross_entropy_loss(a[0], a[1], w, reduction);
+    };
+    const std::string r = " reduction " + std::to_string(reduction);
+    for (const auto& pl : {R, S0, S1, Part}) check_same_as_plain("weighted cross_entropy " + hp::to_string(pl) + r, {logits, ignored}, {pl, R}, loss);
+    for (const auto& pl : {R, S0, S1, S2}) check_same_as_plain("weighted 3-d cross_entropy " + hp::to_string(pl) + r, {logits3, target3}, {pl, R}, loss);
+    hp::LossParallelGuard guard;
+    check_same_as_plain("loss_parallel cross_entropy" + r, {logits, ignored}, {S1, R}, loss);
+    check_same_as_plain("loss_parallel 3-d cross_entropy" + r, {logits3, target3}, {S1, R}, loss);
+  }
 }
 
 TEST(OpsDist, ViewOps) {
