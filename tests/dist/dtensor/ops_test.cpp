@@ -155,6 +155,21 @@ TEST(OpsDist, InPlaceOps) {
   EXPECT_TRUE(close(p, y.relu()));
   r.add_(p);  // Partial other is reduced first
   EXPECT_TRUE(close(r, x + y.relu()));
+  // The in-place bitwise ops (only .Tensor and .Scalar overloads: torch.testing.assert_close runs
+  // them on DTensors), every placement of each side, an uneven dim of 2n + 1.
+  const at::Tensor bx = random({2 * n + 1, 3}, 3).gt(0), by = random({2 * n + 1, 3}, 4).gt(0);
+  for (const auto& pa : {R, S0, S1})
+    for (const auto& pb : {R, S0, S1}) {
+      const auto run = [&](at::Tensor a, const at::Tensor& b) {
+        return std::vector<at::Tensor>{a.clone().bitwise_and_(b), a.clone().bitwise_or_(b), a.clone().bitwise_xor_(b)};
+      };
+      const auto ours = run(hp::distribute_tensor(bx, mesh, pa), hp::distribute_tensor(by, mesh, pb));
+      const auto ref = run(bx, by);
+      for (size_t k = 0; k < ours.size(); ++k) {
+        EXPECT_EQ(hp::DTensor(ours[k]).placements(), pa) << k;
+        EXPECT_TRUE(at::equal(hp::DTensor(ours[k]).full_tensor(), ref[k])) << k << " " << hp::to_string(pa) << hp::to_string(pb);
+      }
+    }
 }
 
 TEST(OpsDist, Reductions) {
@@ -266,6 +281,19 @@ TEST(OpsDist, FactoriesCopyAndConversions) {
   hp::DTensor same(d.new_ones(x.sizes()));
   EXPECT_EQ(same.placements(), S0);
   EXPECT_TRUE(close(same, at::ones_like(x)));
+  // Uninitialised values keep a Partial layout (AccumulateGrad's new_empty_strided(...).copy_ of a
+  // Partial gradient then stays Partial); values that are defined reduce it first.
+  auto partial = hp::DTensor::from_local(partial_piece(x, mesh.get_local_rank(), n), mesh, Part);
+  EXPECT_EQ(hp::DTensor(partial.new_empty(x.sizes())).placements(), Part);
+  hp::DTensor buffer(partial.new_empty_strided(x.sizes(), x.strides()));
+  EXPECT_EQ(buffer.placements(), Part);
+  buffer.copy_(partial);
+  EXPECT_EQ(buffer.placements(), Part);
+  EXPECT_TRUE(close(buffer, x));
+  EXPECT_EQ(hp::DTensor(partial.new_zeros(x.sizes())).placements(), R);
+  hp::DTensor ones(partial.new_ones(x.sizes()));
+  EXPECT_EQ(ones.placements(), R);
+  EXPECT_TRUE(close(ones, at::ones_like(x)));
   // copy_ redistributes the source into self's layout.
   auto dst = hp::distribute_tensor(at::zeros_like(x), mesh, S0);
   dst.copy_(hp::distribute_tensor(x, mesh, R));
