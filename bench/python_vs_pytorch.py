@@ -7,7 +7,10 @@ bench/vs_pytorch.py (medians of alternating repetitions). Prints one JSON line p
 - op_overhead_<op>: what a DTensor op adds over the plain op, called from Python, ours and
   PyTorch's; ratio = ours / PyTorch's (goal <= 0.1);
 - step_mlp: a Colwise + Rowwise MLP training step (x [256,256], intermediate 768, gelu, SGD)
-  parallelized by each library's parallelize_module at tp = 2; ratio = ours / PyTorch's.
+  parallelized by each library's parallelize_module at tp = 2; ratio = ours / PyTorch's;
+- adam_step: torch.optim.Adam(foreach=True) over the DTensor parameters of a [256 -> 1024 -> 256]
+  MLP (Colwise, Rowwise), each library's DTensors; adam_overhead: that step less the same Adam on
+  plain tensors of the local pieces' shapes (what the DTensors add), ours / PyTorch's.
 
     .venv/bin/python bench/python_vs_pytorch.py [--build build]
 """
@@ -17,7 +20,7 @@ import os
 import subprocess
 import sys
 
-GOALS = {"op_overhead": 0.1, "step": 0.8}
+GOALS = {"op_overhead": 0.1, "adam_overhead": 0.1, "adam_step": 0.8, "step": 0.8}
 
 
 def rank_main():
@@ -61,6 +64,25 @@ def rank_main():
             p1, o = time_pair(lambda: fn(plain), lambda: fn(ours), 2000)
             p2, t = time_pair(lambda: fn(plain), lambda: fn(theirs), 2000)
             out["op_overhead_" + op] = (o - p1, t - p2, "us")
+
+    h = 256
+    layout = (((4 * h, h), 0), ((4 * h,), 0), ((h, 4 * h), 1), ((h,), None))
+
+    def adam_over(make):
+        params = []
+        for shape, dim in layout:
+            prm = nn.Parameter(make(torch.randn(shape), dim))
+            prm.grad = make(torch.randn(shape), dim)
+            params.append(prm)
+        return torch.optim.Adam(params, lr=1e-3, foreach=True).step
+
+    ours_adam = adam_over(lambda t, d: hp.distribute_tensor(t, hmesh, [hp.Replicate() if d is None else hp.Shard(d)]))
+    theirs_adam = adam_over(lambda t, d: torch_distribute(t, tmesh, [TR() if d is None else TS(d)]))
+    local_adam = adam_over(lambda t, d: t if d is None else t.chunk(world, d)[rank].contiguous())
+    p1, o = time_pair(local_adam, ours_adam, 20)
+    p2, t = time_pair(local_adam, theirs_adam, 20)
+    out["adam_step"] = (o, t, "us")
+    out["adam_overhead"] = (o - p1, t - p2, "us")
 
     class Mlp(nn.Module):
         def __init__(self):

@@ -37,7 +37,7 @@ void decompose(const c10::OperatorHandle& op, const c10::IValue* args, size_t na
 }
 
 void run_on_dtensors(const c10::OperatorHandle& op, torch::jit::Stack* stack, const DeviceMesh* mesh) {
-  if (C10_UNLIKELY(is_foreach_op(op))) return run_foreach_per_tensor(op, stack);
+  if (C10_UNLIKELY(is_foreach_op(op))) return run_foreach(op, stack);
   const size_t nargs = op.schema().arguments().size();
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
   TORCH_INTERNAL_ASSERT(mesh != nullptr, "DTensor fallback reached without a DTensor argument for ", op.operator_name());
@@ -53,6 +53,20 @@ void run_on_dtensors(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 thread_local OpInterceptor* t_interceptor = nullptr;
 
 }  // namespace
+
+void check_dtensor_call(const c10::OperatorHandle& op, const torch::jit::Stack& call) {
+  const size_t nargs = op.schema().arguments().size();
+  const c10::IValue* args = call.data() + (call.size() - nargs);
+  const DeviceMesh* mesh = find_mesh(args, nargs);
+  if (mesh == nullptr) return;
+  OpInfo info(op, args, nargs, *mesh);
+  DecisionKey key;
+  collect_inputs(info, key);
+  std::shared_ptr<const Decision> d = propagate(info, key);
+  if (d == nullptr) return;  // decomposed when it runs: its pieces are decided then
+  if (C10_UNLIKELY(d->communicates)) check_explicit_redistribution(info, *d);
+  check_writes(info, *d);
+}
 
 void dtensor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();

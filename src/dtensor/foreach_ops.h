@@ -9,9 +9,13 @@ namespace hyper_parallel {
 /// Whether `op` is one of torch's _foreach_ ops.
 bool is_foreach_op(const c10::OperatorHandle& op);
 
-/// Runs a _foreach_ op as its per-tensor op on each element of its lists (each call dispatched
-/// as usual, so DTensor elements follow that op's sharding rule): the sharding of N separate calls
-/// and the values of torch's own per-tensor path for foreach ops, which CPU tensors take.
-void run_foreach_per_tensor(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+/// Runs a _foreach_ op on lists holding DTensors: torch's foreach kernel once on the local pieces
+/// when every element is laid out alike and the op is pointwise; otherwise each element as its
+/// per-tensor op (matched by schema), every element decided before any runs.
+void run_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+/// Decides the call at the top of `call` (the arguments of `op`) as the DTensor fallback would,
+/// without running it: raises what running it would refuse (dispatch.cpp).
+void check_dtensor_call(const c10::OperatorHandle& op, const torch::jit::Stack& call);
 
 }  // namespace hyper_parallel

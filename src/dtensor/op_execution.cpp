@@ -25,17 +25,10 @@ using OriginalArgs = c10::SmallVector<c10::IValue, 8>;
 // flag comes from placements, which all ranks share). Other writes are noted for the copy-views
 // of the written storage (copy_view_watch.h).
 void check_and_note_writes(const OpInfo& info, const Decision& d) {
+  check_writes(info, d);
   for (size_t k : d.written_inputs) {
     const auto& in = info.inputs()[k];
-    const at::Tensor t = tensor_arg(info.arg(in.arg), in.elem);
-    DTensorImpl* impl = dtensor_impl(t);
-    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel::dispatch: ",
-               info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
-               "(making the view needed communication, e.g. a narrow/select/split along a sharded dim): "
-               "the write would not reach the viewed DTensor. In-place operations that require "
-               "placement changes are not supported; write into the base with an out-of-place op and "
-               "copy_, or redistribute the base first");
-    if (impl != nullptr) note_dtensor_write(impl->local());
+    if (DTensorImpl* impl = dtensor_impl(tensor_arg(info.arg(in.arg), in.elem))) note_dtensor_write(impl->local());
   }
 }
 
@@ -144,6 +137,19 @@ void wrap_returns(const OpInfo& info, const Decision& d, const OriginalArgs& ori
 }
 
 }  // namespace
+
+void check_writes(const OpInfo& info, const Decision& d) {
+  for (size_t k : d.written_inputs) {
+    const auto& in = info.inputs()[k];
+    DTensorImpl* impl = dtensor_impl(tensor_arg(info.arg(in.arg), in.elem));
+    HP_CHECK_T(c10::NotImplementedError, impl == nullptr || !impl->is_copy_view(), "hyper_parallel::dispatch: ",
+               info.describe(), " writes in place into a view of a DTensor whose local data is a copy "
+               "(making the view needed communication, e.g. a narrow/select/split along a sharded dim): "
+               "the write would not reach the viewed DTensor. In-place operations that require "
+               "placement changes are not supported; write into the base with an out-of-place op and "
+               "copy_, or redistribute the base first");
+  }
+}
 
 void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack) {
   check_and_note_writes(info, d);

@@ -8,9 +8,12 @@
 
 namespace hyper_parallel {
 
+/// Refuses (c10::NotImplementedError, on every rank) an in-place write the decision makes into a
+/// view whose local data is a copy: the write would not reach the viewed DTensor.
+void check_writes(const OpInfo& info, const Decision& d);
+
 /// Replaces the call's arguments at the top of `stack` by its returns, computed on the local
-/// data. Refuses (c10::NotImplementedError, on every rank) an in-place write into a view whose
-/// local data is a copy.
+/// data. Refuses what check_writes refuses.
 void execute(const OpInfo& info, const Decision& d, torch::jit::Stack* stack);
 
 }  // namespace hyper_parallel

@@ -94,20 +94,13 @@ bool debug_collectives() {
   }();
   return on;
 }
-// A labelled collective (CollectiveLabel) on a host transport that does not compare labels
-// itself (Gloo) is preceded by one exchange of its label's hash.
+// Labels (CollectiveLabel) are compared by the host transports themselves, with every collective
+// (checks_labels); a device transport only names them when a collective fails.
 template <class Describe>
 void fingerprint(const Group& g, const Describe& describe) {
-  if (g.size() <= 1) return;
+  if (g.size() <= 1 || !debug_collectives()) return;
   const std::string& label = current_collective_label();
-  if (debug_collectives()) {
-    check_agreement(g, "collective", label.empty() ? describe() : describe() + " for " + label);
-    return;
-  }
-  if (label.empty()) return;
-  const Transport& tr = transport_of(g);
-  if (!tr.capabilities().checks_labels && tr.device_type() == c10::DeviceType::CPU)
-    check_agreement(g, "collective", label);
+  check_agreement(g, "collective", label.empty() ? describe() : describe() + " for " + label);
 }
 
 std::string without_dim(at::IntArrayRef sizes, int64_t dim) {

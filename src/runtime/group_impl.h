@@ -38,9 +38,12 @@ Transport& peer_transport_of(const Group& group);
 /// Waits for `work`, collective `what` issued on `g` as its #`seq` (`++g.seq` when it was
 /// issued); when it fails, raises a c10::Error naming the members that did not reach it (asked
 /// through the job's store).
-/// `label` is the collective's CollectiveLabel at issue ("" when none).
+/// `label` is the collective's CollectiveLabel at issue ("" when none). `compare_when_stalled`
+/// (host transports): a collective still running after half a second compares, through the
+/// store, with the peers waiting on the same collective number, and stops at once on every rank
+/// when they are in another collective (a host transport would wait for the timeout).
 void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
-                    const std::string& label = "");
+                    const std::string& label = "", bool compare_when_stalled = false);
 
 /// Waits for `work`, a point-to-point `what` ("send" or "recv") with group rank `peer` and `tag`;
 /// when it fails (the peer died, or the timeout passed), raises a c10::Error naming the peer.
@@ -51,6 +54,12 @@ void wait_peer_work(Group::Impl& g, const char* what, int64_t peer, int64_t tag,
 /// the job's store within a short grace period.
 std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t seq, const std::string& cause,
                                      const std::string& label = "");
+
+/// Every member's description of its collective #`seq` on `g` (this rank's is `mine`), in group
+/// rank order, exchanged through the job's store: for a mismatch every member has detected, when
+/// the group's own collectives can no longer be trusted to pair. A member that does not say within
+/// a few seconds is described as such.
+std::vector<std::string> collective_descriptions(Group::Impl& g, uint64_t seq, const std::string& mine);
 
 /// Transports made for a group (gloo_transport.cpp, nccl_transport.cpp); `timeout` is the job's.
 std::unique_ptr<Transport> make_gloo_transport(Group::Impl& g);

@@ -265,10 +265,103 @@ std::string failed_collective_report(Group::Impl& g, const char* what, uint64_t 
   return c10::str(where, " although every rank of the group reached it", was_in, ". Cause: ", cause);
 }
 
-void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
-                    const std::string& label) {
+std::vector<std::string> collective_descriptions(Group::Impl& g, uint64_t seq, const std::string& mine) {
+  const State& s = state();
+  std::vector<std::string> each(g.ranks.size());
+  each[static_cast<size_t>(g.rank)] = mine;
+  // Keyed by the collective's number: a later mismatch on the same group reads its own entries.
+  const std::string key = c10::str("hp/said/", g.prefix, "/", seq, "/");
   try {
-    work->wait();
+    s.store->setTimeout(std::chrono::milliseconds(5000));
+    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+      if (static_cast<int64_t>(r) == g.rank) continue;
+      try {
+        const auto v = s.store->get(key + std::to_string(r));
+        each[r] = std::string(v.begin(), v.end());
+      } catch (const std::exception&) {
+        each[r] = "(did not say within 5 s)";
+      }
+    }
+  } catch (const std::exception&) {
+    for (size_t r = 0; r < g.ranks.size(); ++r)
+      if (each[r].empty()) each[r] = "(the rendezvous store on rank 0 does not answer)";
+  }
+  return each;
+}
+
+namespace {
+
+// Whether `work` completed within `slice` (rethrowing its own failure); false while it still runs.
+bool completed_within(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds slice) {
+  try {
+    return work->wait(slice);
+  } catch (const c10::Error&) {
+    if (!work->isCompleted()) return false;  // c10d's "Operation timed out!" of the slice
+    throw;
+  }
+}
+
+// A host collective still running after a slice (its peers compute, or are in another collective,
+// which a host transport cannot pair with it): this rank says in the store what it is in, under
+// the collective's number, and looks at what the peers still waiting on that number said. One that
+// is in another collective stops every such rank at once, each naming every rank's, instead of at
+// the timeout. Nothing is asked of the store while collectives complete within the slice.
+void wait_comparing_when_stalled(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
+                                 const std::string& label) {
+  constexpr auto kSlice = std::chrono::milliseconds(500);
+  if (completed_within(work, kSlice)) return;
+  const State& s = state();
+  const std::string doing = c10::str(what, " #", seq, label.empty() ? std::string(", unlabelled") : " for " + label);
+  const std::string key = c10::str("hp/stalled/", g.prefix, "/", seq, "/");
+  std::vector<std::string> each(g.ranks.size());
+  try {
+    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>(doing.begin(), doing.end()));
+  } catch (const std::exception&) {
+    work->wait();  // no store to compare through: the collective's own timeout decides
+    return;
+  }
+  each[static_cast<size_t>(g.rank)] = doing;
+  while (!completed_within(work, kSlice)) {
+    bool differs = false;
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+      if (!each[r].empty()) continue;
+      try {
+        if (!s.store->check({key + std::to_string(r)})) continue;
+        const auto v = s.store->get(key + std::to_string(r));
+        each[r] = std::string(v.begin(), v.end());
+        differs = differs || each[r] != doing;
+      } catch (const std::exception&) {
+        work->wait();
+        return;
+      }
+    }
+    if (!differs) continue;
+    for (size_t r = 0; r < g.ranks.size(); ++r)
+      if (each[r].empty()) each[r] = "(not waiting on it)";
+    std::string who;
+    for (size_t r = 0; r < g.ranks.size(); ++r)
+      who += c10::str(r ? "; rank " : "rank ", g.ranks[r], ": ", each[r]);
+    TORCH_CHECK(false, "hyper_parallel: ", doing, " on the group of ranks [", join_ranks(g.ranks), "] stopped on rank ",
+                g.ranks[static_cast<size_t>(g.rank)], ": the ranks are in different collectives (", who,
+                "); every rank must issue the same collectives in the same order");
+  }
+  try {
+    s.store->deleteKey(key + std::to_string(g.rank));  // a long job stalls often: its keys do not pile up
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
+
+void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
+                    const std::string& label, bool compare_when_stalled) {
+  try {
+    if (compare_when_stalled) wait_comparing_when_stalled(g, what, seq, work, label);
+    else work->wait();
+  } catch (const c10::Error& e) {
+    if (e.msg().rfind("hyper_parallel: ", 0) == 0) throw;  // the comparison's own verdict
+    TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e), label));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e), label));
   }

@@ -292,3 +292,30 @@ def test_redistribute_to_the_same_placements_is_a_new_tensor_sharing_the_data_as
         assert y is not x and y.to_local().data_ptr() == x.to_local().data_ptr()
         y.requires_grad_()
         assert not x.requires_grad
+
+
+@pytest.mark.parametrize("options", [dict(padding_idx=3), dict(scale_grad_by_freq=True)], ids=["padding_idx", "scale_grad_by_freq"])
+def test_a_vocabulary_sharded_embedding_gets_pytorchs_gradient_in_its_own_rows(options):
+    # Qwen3's vocabulary, a small width: each rank's gradient is its rows (Shard(0)), equal to
+    # PyTorch's RowwiseParallel's and to one process's, the padding row none, ids counted over the
+    # batch.
+    vocab, dim = 151936, 8
+    torch.manual_seed(0)
+    base = nn.Embedding(vocab, dim, **options)
+    ids = torch.randint(vocab, (2, 6))
+    ids[0, :3] = 3  # the padding row, and one id three times
+    ours, theirs, whole = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    hp.parallelize_module(ours, hp.init_device_mesh("cpu", (TP,)), hp.RowwiseParallel(input_layouts=hp.Replicate()))
+    torch_tp.parallelize_module(theirs, torch.distributed.device_mesh.init_device_mesh("cpu", (TP,)),
+                                torch_tp.RowwiseParallel(input_layouts=torch_dt.Replicate()))
+    w = torch.randn(2, 6, dim)
+    for m in (ours, theirs, whole):
+        (m(ids) * w).sum().backward()
+    g = ours.weight.grad
+    rows = len(torch.arange(vocab).chunk(TP)[hp.get_rank()])
+    assert g.placements == (hp.Shard(0),) and tuple(g.to_local().shape) == (rows, dim)
+    # PyTorch's backward makes the whole vocabulary's gradient on every rank (Replicate, all-reduced
+    # whole); ours makes this rank's rows.
+    assert tuple(theirs.weight.grad.to_local().shape) == (vocab, dim), theirs.weight.grad.placements
+    assert torch.allclose(g.full_tensor(), theirs.weight.grad.full_tensor())
+    assert torch.allclose(g.full_tensor(), whole.weight.grad)

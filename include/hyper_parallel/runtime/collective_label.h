@@ -5,12 +5,11 @@
 // error names every rank's label: two collectives of one kind and size from different owners
 // never silently exchange data.
 //
-// The check is free on the shared-memory transport, which compares every collective's label (no
-// label is a label too) with its kind and size. On Gloo a labelled collective is preceded by one
-// exchange of its label's hash, so labelled collectives are checked against each other (an
-// unlabelled one paired with a labelled one is not). On device transports (NCCL) the check would
-// synchronise the host with the device and is not made; there a label only appears in the timeout
-// report, with what every rank was doing.
+// The host transports compare every collective's label (no label is a label too) with its kind
+// and size, at no extra exchange: the shared-memory transport in its control block, Gloo in a
+// header every collective's data carries. On device transports (NCCL) the check would synchronise
+// the host with the device and is not made; there a label only appears in the timeout report,
+// with what every rank was doing.
 #include <cstdint>
 #include <string>
 

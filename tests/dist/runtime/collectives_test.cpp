@@ -7,8 +7,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
+
+#include "../../common/error_message.h"
 
 #include <hyper_parallel/runtime/chunking.h>
+#include <hyper_parallel/runtime/collective_label.h>
 #include <hyper_parallel/runtime/collectives.h>
 #include <hyper_parallel/runtime/comm_debug_mode.h>
 
@@ -292,6 +296,51 @@ TEST(CollectivesDist, AllToAllSingleRefusesBadSplits) {
   }
   // The group still works afterwards.
   EXPECT_TRUE(at::equal(hp::all_to_all_single(x, ones, ones, g), x));
+}
+
+
+// One rank's collective carries a label (an owner, as FSDP's gathers and reductions do) and the
+// other ranks' same collective, of the same size, carries none: each way round, for every kind
+// FSDP and TP issue, every rank stops naming both, at once (no timeout), and no rank takes the
+// other's data. The group pairs its collectives as before afterwards.
+TEST(CollectivesDist, LabelledAgainstUnlabelledStopsEveryRankNamingBoth) {
+  auto g = hp::world_group();
+  const int64_t gs = g.size();
+  const std::string owner = "fully_shard of 'b': all_gather of its parameters";
+  const std::vector<std::pair<std::string, std::function<void()>>> kinds{
+      {"all_gather", [&] { hp::all_gather(at::ones({2, 3}), 0, g); }},
+      {"all_reduce", [&] { hp::all_reduce(at::ones({5}), hp::ReduceOp::SUM, g); }},
+      {"all_reduce", [&] { hp::all_reduce(at::ones({5}, at::kBFloat16), hp::ReduceOp::MAX, g); }},
+      {"all_reduce", [&] { hp::all_reduce(at::ones({5}, at::kInt), hp::ReduceOp::MIN, g); }},
+      {"reduce_scatter", [&] { hp::reduce_scatter(at::ones({gs * 2, 3}), hp::ReduceOp::SUM, 0, g); }},
+      {"all_to_all", [&] { hp::all_to_all(at::ones({gs * 2, gs}), 0, 1, g); }},
+      {"all_to_all_single", [&] { hp::all_to_all_single(at::ones({gs, 3}), {}, {}, g); }},
+      {"broadcast", [&] { at::Tensor t = at::ones({3}); hp::broadcast_(t, 0, g); }},
+      {"barrier", [&] { hp::barrier(g); }},
+  };
+  for (const auto& [kind, call] : kinds) {
+    for (const int64_t labelled : {int64_t{0}, gs - 1}) {
+      SCOPED_TRACE(kind + ", labelled on rank " + std::to_string(labelled) + ", " + g.transport());
+      const std::string m = hp_test::error_message([&, call = call] {
+        std::optional<hp::CollectiveLabel> label;
+        if (g.rank() == labelled) label.emplace(owner);
+        call();
+      });
+      EXPECT_NE(m.find("for " + owner), std::string::npos) << m;
+      EXPECT_NE(m.find("unlabelled"), std::string::npos) << m;
+      EXPECT_NE(m.find("every rank must issue the same collectives in the same order"), std::string::npos) << m;
+      // Still paired: a sum of every rank's number.
+      const at::Tensor r = hp::all_reduce(at::full({3}, static_cast<double>(g.rank() + 1)), hp::ReduceOp::SUM, g);
+      EXPECT_TRUE(at::equal(r, at::full({3}, static_cast<double>(gs * (gs + 1) / 2)))) << r;
+    }
+  }
+  // Two labels of the same kind and size, and a size that differs under one label.
+  const std::string m = hp_test::error_message([&] {
+    const hp::CollectiveLabel label(g.rank() == 0 ? "owner A" : "owner B");
+    hp::all_gather(at::ones({2, 3}), 0, g);
+  });
+  EXPECT_NE(m.find("owner A"), std::string::npos) << m;
+  EXPECT_NE(m.find("owner B"), std::string::npos) << m;
 }
 
 }  // namespace t_dist_runtime_collectives_test

@@ -225,6 +225,50 @@ TEST(TensorParallelNumerics, C5_RowwiseEmbeddingIsExact) {
   EXPECT_THROW(er(oov - 4 * n), c10::IndexError);
 }
 
+// A table sharded on Qwen3's vocabulary (151,936 rows): one backward makes this rank's rows of the
+// gradient only (Shard(0)), never the whole vocabulary's, with the ids replicated and with the
+// output sequence-sharded (SP); the padding row gets none. Against the same table in one process,
+// the peak of what the backward allocates (the memory tracker the loading bar reads) within a
+// margin of the local rows, and no collective in backward of the table's size.
+TEST(TensorParallelNumerics, C5_RowwiseEmbeddingBackwardMakesOnlyTheLocalRows) {
+  const int64_t n = tp_size(), vocab = 151936, dim = 16, seq = 4 * n;
+  at::Tensor ids = at::randint(vocab, {2, seq}, at::kLong);
+  ids.index_put_({0, 0}, 7);  // the padding row, looked up
+  ids.index_put_({1, 1}, vocab - 1);
+  const at::Tensor same_ids = hp::all_gather(ids.unsqueeze(0), 0, hp::world_group())[0];  // rank 0's on every rank
+  const int64_t local_rows = hp::chunk_size(vocab, n, hp::get_rank());
+  const int64_t local_bytes = local_rows * dim * 4;
+  for (const bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence-sharded output" : "replicated output");
+    auto e = seeded<hnn::Embedding>(16, hnn::EmbeddingOptions(vocab, dim).padding_idx(7));
+    auto ref = seeded<hnn::Embedding>(16, hnn::EmbeddingOptions(vocab, dim).padding_idx(7));
+    hp::parallelize_module(*e, mesh(), hp::RowwiseParallel(hp::Replicate(), sp ? hp::Shard(1) : hp::Replicate()));
+    const at::Tensor w = random({2, seq, dim}, 3);
+    const at::Tensor y = e(same_ids);  // a local tensor (use_local_output)
+    const at::Tensor loss = (y * (sp ? piece(w, 1) : w)).sum();
+    hp::CommDebugMode comm;
+    int64_t peak = 0;
+    {
+      hp::MemoryTracker mem("cpu");
+      loss.backward();
+      peak = mem.peak_bytes();
+    }
+    (ref(same_ids) * w).sum().backward();
+    const at::Tensor g = e->weight().grad();
+    ASSERT_TRUE(hp::is_dtensor(g));
+    EXPECT_EQ(hp::DTensor(g).placements(), P{hp::Shard(0)});
+    EXPECT_EQ(hp::local_tensor(g).size(0), local_rows);
+    EXPECT_TRUE(close(grad_of(e->weight()), ref->weight().grad()));
+    EXPECT_TRUE(at::equal(grad_of(e->weight())[7], at::zeros({dim})));
+    EXPECT_LT(peak, local_bytes + local_bytes / 10 + (1 << 20)) << "local rows " << local_bytes << " B";
+    int64_t moved = 0;
+    for (const auto& [ranks, phases] : comm.get_comm_group_stats())
+      if (phases.count("backward"))
+        for (const auto& [kind, stats] : phases.at("backward")) moved = std::max<int64_t>(moved, stats.bytes);
+    EXPECT_LT(moved, int64_t{vocab} * dim * 4 / n) << "a collective of the table's size";
+  }
+}
+
 // A dtype mismatch reads as one (not as a missing meta kernel), on every rank.
 TEST(TensorParallelNumerics, DtypeMismatchIsReportedAsSuch) {
   auto lin = seeded<hnn::Linear>(16, 4, 4 * tp_size());
