@@ -151,12 +151,6 @@ std::shared_ptr<PyModuleAdapter> PyModuleAdapter::mirror_in(const py::handle& mo
                                                                                    : nn::ModuleKind::Other;
   std::shared_ptr<PyModuleAdapter> a(new PyModuleAdapter(module, type_name_of(module), kind, call));
   call->by_module[module.ptr()] = a;
-  if (kind == nn::ModuleKind::Embedding) {
-    const py::object padding = module.attr("padding_idx");  // None, or made non-negative by nn.Embedding
-    a->lookup_.padding_idx = padding.is_none() ? -1 : padding.cast<int64_t>();
-    a->lookup_.scale_grad_by_freq = module.attr("scale_grad_by_freq").cast<bool>();
-    a->lookup_.sparse = module.attr("sparse").cast<bool>();
-  }
   a->read_slots(module);
   return a;
 }

@@ -31,8 +31,6 @@ class __attribute__((visibility("hidden"))) PyModuleAdapter : public nn::Module 
   ~PyModuleAdapter() override;
 
   nn::ModuleKind module_kind() const override { return kind_; }
-  /// torch.nn.Embedding's padding_idx, scale_grad_by_freq and sparse, as the module had them.
-  EmbeddingLookup embedding_lookup() const override { return lookup_; }
   /// The Python module, or None when it is gone.
   py::object py_module() const;
   /// Makes this module's and its subtree's slots exactly the Python modules' again (after Python
@@ -62,7 +60,6 @@ class __attribute__((visibility("hidden"))) PyModuleAdapter : public nn::Module 
   std::shared_ptr<PyModuleAdapter> self();
   py::object module_ref_;  // a weakref.ref to the Python module
   nn::ModuleKind kind_;
-  EmbeddingLookup lookup_;
   std::shared_ptr<Call> call_;
   std::map<uint64_t, py::object> handles_;  // torch's RemovableHandles of the hooks put on the module
 };

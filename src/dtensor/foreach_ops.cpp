@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -168,9 +169,18 @@ int64_t list_length(const c10::OperatorHandle& op, const c10::IValue* args, size
 
 // ---- one kernel over the local pieces
 
+// The foreach ops that are elementwise (the result's element i of tensor k reads only element i of
+// the operands' tensor k), by their name without "_foreach_" and a trailing "_". Not norm, max,
+// powsum (reductions) or mm.
 bool is_pointwise(const c10::OperatorHandle& op) {
-  const std::string& name = op.operator_name().name;
-  return name != "aten::_foreach_norm" && name != "aten::_foreach_max";
+  static const std::set<std::string> pointwise{
+      "abs", "acos", "add", "addcdiv", "addcmul", "asin", "atan", "ceil", "clamp_max", "clamp_min", "copy", "cos",
+      "cosh", "div", "erf", "erfc", "exp", "expm1", "floor", "frac", "lerp", "lgamma", "log", "log10", "log1p",
+      "log2", "maximum", "minimum", "mul", "neg", "pow", "reciprocal", "round", "rsqrt", "sigmoid", "sign", "sin",
+      "sinh", "sqrt", "sub", "tan", "tanh", "trunc", "zero"};
+  std::string base = op.operator_name().name.substr(kForeachPrefixLen);
+  if (!base.empty() && base.back() == '_') base.pop_back();
+  return pointwise.count(base) > 0;
 }
 
 bool contiguous_whole(const DTensorSpec& s) {
@@ -309,6 +319,11 @@ bool is_foreach_op(const c10::OperatorHandle& op) {
 }
 
 void run_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // An out= overload would write its results into lists laid out by the caller, which neither
+  // path checks: the functional or in-place op says what the result is.
+  HP_CHECK_T(c10::NotImplementedError, op.operator_name().overload_name.find("out") == std::string::npos,
+             "hyper_parallel::foreach: ", op.operator_name(), " (an out= overload) is not supported on DTensors; call ",
+             op.operator_name().name, " without out=, or its in-place form");
   const size_t nargs = op.schema().arguments().size();
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
   const int64_t n = list_length(op, args, nargs);

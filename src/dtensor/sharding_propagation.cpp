@@ -6,6 +6,7 @@
 #include <hyper_parallel/dtensor/loss_parallel.h>
 
 #include <hyper_parallel/runtime/errors.h>
+#include <hyper_parallel/runtime/memory_tracker.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -260,6 +261,7 @@ at::Tensor meta_of(const at::Tensor& t) {
 
 // Runs the op on meta tensors of the global shapes: the global shapes and strides of its returns.
 std::vector<c10::IValue> run_on_meta(const OpInfo& info) {
+  const UncountedAllocations bookkeeping;  // whole tensors no real run allocates
   torch::jit::Stack s = map_tensor_args(info.args(), info.num_args(), [](size_t, int64_t, const at::Tensor& t) { return meta_of(t); });
   try {
     // Below autograd: shapes need no graph, and a custom op with a Meta kernel but no autograd

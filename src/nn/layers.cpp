@@ -82,12 +82,6 @@ void EmbeddingImpl::reset_parameters() {
   if (options.padding_idx()) w[*options.padding_idx()].fill_(0);
 }
 
-Module::EmbeddingLookup EmbeddingImpl::embedding_lookup() const {
-  EmbeddingLookup l;
-  l.padding_idx = std::max<int64_t>(options.padding_idx().value_or(-1), -1);  // as forward passes it to at::embedding
-  return l;
-}
-
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   return at::embedding(weight(), indices, options.padding_idx().value_or(-1));
 }

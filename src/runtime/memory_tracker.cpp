@@ -30,6 +30,9 @@ struct MemoryTracker::State {
 
 namespace {
 
+// UncountedAllocations: this thread's allocations pass through uncounted.
+thread_local bool t_uncounted = false;
+
 // The storage a wrapped allocation hands out: the inner allocation, and whom to tell when freed.
 struct Block {
   c10::DataPtr inner;
@@ -80,6 +83,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override {
 #endif
     c10::DataPtr got = inner->allocate(n);
+    if (t_uncounted && device != c10::DeviceType::CPU) return got;  // (a CPU block must be findable by free_raw)
     void* data = got.get();
     // Nothing allocated (zero bytes): nothing to count, and raw_allocate's callers (LAPACK's
     // work buffers) need the pointer and the context alike.
@@ -124,6 +128,9 @@ int device_index_of(const std::string& device_type) {
 constexpr uint8_t kPriority = 255;
 
 }  // namespace
+
+UncountedAllocations::UncountedAllocations() : previous_(t_uncounted) { t_uncounted = true; }
+UncountedAllocations::~UncountedAllocations() { t_uncounted = previous_; }
 
 MemoryTracker::MemoryTracker(const std::string& device_type)
     : state_(std::make_shared<State>()), device_index_(device_index_of(device_type)) {

@@ -139,6 +139,10 @@ TransportChoice choose_transport(const std::string& device_type) {
   return {device_type == "cuda" ? "nccl" : device_type, false};  // make_c10d_process_group names what exists
 }
 
+// The store key where group rank `r` of the group `prefix` names says which collective it has been waiting on longest
+// (one per member, made with the group and overwritten since: the keys do not pile up).
+std::string stalled_key(const std::string& prefix, int64_t r) { return c10::str("hp/stalled/", prefix, "/", r); }
+
 Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string& prefix) {
   auto impl = std::make_shared<Group::Impl>();
   impl->ranks = ranks;
@@ -152,6 +156,9 @@ Group make_group(State& s, const std::vector<int64_t>& ranks, const std::string&
     return Group(std::move(impl));
   }
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
+  // Before the process group's rendezvous: once any member issues a collective, every member's
+  // key exists for a stalled collective to read (wait_comparing_when_stalled).
+  s.store->set(stalled_key(prefix, impl->rank), std::vector<uint8_t>{});
   const TransportChoice choice = choose_transport(s.device_type);
   try {
     impl->pg = make_c10d_process_group(choice.backend, store, static_cast<int>(impl->rank),
@@ -272,7 +279,7 @@ std::vector<std::string> collective_descriptions(Group::Impl& g, uint64_t seq, c
   // Keyed by the collective's number: a later mismatch on the same group reads its own entries.
   const std::string key = c10::str("hp/said/", g.prefix, "/", seq, "/");
   try {
-    s.store->setTimeout(std::chrono::milliseconds(5000));
+    const c10d::StoreTimeoutGuard short_waits(*s.store, std::chrono::milliseconds(5000));
     s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
     for (size_t r = 0; r < g.ranks.size(); ++r) {
       if (static_cast<int64_t>(r) == g.rank) continue;
@@ -303,68 +310,61 @@ bool completed_within(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::m
 }
 
 // A host collective still running after a slice (its peers compute, or are in another collective,
-// which a host transport cannot pair with it): this rank says in the store what it is in, under
-// the collective's number, and looks at what the peers still waiting on that number said. One that
-// is in another collective stops every such rank at once, each naming every rank's, instead of at
-// the timeout. Nothing is asked of the store while collectives complete within the slice.
-void wait_comparing_when_stalled(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
-                                 const std::string& label) {
+// which a host transport cannot pair with it): this rank says in its store key what it is in
+// ("<number>=<collective>"), and reads every member's key once a slice (one request). A member
+// waiting on the same number in another collective stops every such rank at once, each naming
+// every rank's, instead of at the timeout. Nothing is asked of the store while collectives complete
+// within the slice. Returns what every rank was in when they differ (the collective then still
+// runs), else "".
+std::string wait_comparing_when_stalled(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
+                                        const std::string& label) {
   constexpr auto kSlice = std::chrono::milliseconds(500);
-  if (completed_within(work, kSlice)) return;
+  if (completed_within(work, kSlice)) return {};
   const State& s = state();
-  const std::string doing = c10::str(what, " #", seq, label.empty() ? std::string(", unlabelled") : " for " + label);
-  const std::string key = c10::str("hp/stalled/", g.prefix, "/", seq, "/");
-  std::vector<std::string> each(g.ranks.size());
+  const std::string doing = c10::str(what, " #", seq, label.empty() ? std::string() : " for " + label);
+  const std::string number = c10::str(seq, "=");
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < g.ranks.size(); ++r) keys.push_back(stalled_key(g.prefix, static_cast<int64_t>(r)));
   try {
-    s.store->set(key + std::to_string(g.rank), std::vector<uint8_t>(doing.begin(), doing.end()));
+    const std::string mine = number + doing;
+    s.store->set(keys[static_cast<size_t>(g.rank)], std::vector<uint8_t>(mine.begin(), mine.end()));
+    while (!completed_within(work, kSlice)) {
+      const auto said = s.store->multiGet(keys);
+      std::vector<std::string> each(g.ranks.size());
+      bool differs = false;
+      for (size_t r = 0; r < said.size(); ++r) {
+        const std::string v(said[r].begin(), said[r].end());
+        if (v.compare(0, number.size(), number) != 0) continue;  // waiting on another number, or not at all
+        each[r] = v.substr(number.size());
+        differs = differs || each[r] != doing;
+      }
+      if (!differs) continue;
+      std::string who;
+      for (size_t r = 0; r < g.ranks.size(); ++r)
+        who += c10::str(r ? "; rank " : "rank ", g.ranks[r], each[r].empty() ? std::string(" was not waiting on it") : " was in " + each[r]);
+      return who;
+    }
   } catch (const std::exception&) {
     work->wait();  // no store to compare through: the collective's own timeout decides
-    return;
   }
-  each[static_cast<size_t>(g.rank)] = doing;
-  while (!completed_within(work, kSlice)) {
-    bool differs = false;
-    for (size_t r = 0; r < g.ranks.size(); ++r) {
-      if (!each[r].empty()) continue;
-      try {
-        if (!s.store->check({key + std::to_string(r)})) continue;
-        const auto v = s.store->get(key + std::to_string(r));
-        each[r] = std::string(v.begin(), v.end());
-        differs = differs || each[r] != doing;
-      } catch (const std::exception&) {
-        work->wait();
-        return;
-      }
-    }
-    if (!differs) continue;
-    for (size_t r = 0; r < g.ranks.size(); ++r)
-      if (each[r].empty()) each[r] = "(not waiting on it)";
-    std::string who;
-    for (size_t r = 0; r < g.ranks.size(); ++r)
-      who += c10::str(r ? "; rank " : "rank ", g.ranks[r], ": ", each[r]);
-    TORCH_CHECK(false, "hyper_parallel: ", doing, " on the group of ranks [", join_ranks(g.ranks), "] stopped on rank ",
-                g.ranks[static_cast<size_t>(g.rank)], ": the ranks are in different collectives (", who,
-                "); every rank must issue the same collectives in the same order");
-  }
-  try {
-    s.store->deleteKey(key + std::to_string(g.rank));  // a long job stalls often: its keys do not pile up
-  } catch (const std::exception&) {
-  }
+  return {};
 }
 
 }  // namespace
 
 void wait_c10d_work(Group::Impl& g, const char* what, uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work,
                     const std::string& label, bool compare_when_stalled) {
+  std::string differ;
   try {
-    if (compare_when_stalled) wait_comparing_when_stalled(g, what, seq, work, label);
+    if (compare_when_stalled) differ = wait_comparing_when_stalled(g, what, seq, work, label);
     else work->wait();
-  } catch (const c10::Error& e) {
-    if (e.msg().rfind("hyper_parallel: ", 0) == 0) throw;  // the comparison's own verdict
-    TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e), label));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, failed_collective_report(g, what, seq, message_of(e), label));
   }
+  TORCH_CHECK(differ.empty(), "hyper_parallel::", what, ": ", what, " #", seq, label.empty() ? std::string() : " for " + label,
+              " on the group of ranks [", join_ranks(g.ranks), "] stopped on rank ", g.ranks[static_cast<size_t>(g.rank)],
+              ": the ranks were in different collectives (", differ,
+              "); every rank must issue the same collectives in the same order");
 }
 
 void wait_peer_work(Group::Impl& g, const char* what, int64_t peer, int64_t tag, const c10::intrusive_ptr<c10d::Work>& work) {

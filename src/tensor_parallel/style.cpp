@@ -8,8 +8,6 @@
 
 #include <ATen/ATen.h>
 
-#include <utility>
-
 namespace hyper_parallel {
 
 ParallelStyle::~ParallelStyle() = default;
@@ -185,31 +183,16 @@ torch::nn::Module& RowwiseParallel::apply(torch::nn::Module& module, const Devic
   const Placement in = input_layouts_, desired = desired_input_layouts_, out = output_layouts_;
   const bool local = use_local_output_;
   const auto reduce = reduce_dtype_;
-  InputFn input_fn = first_input_fn("RowwiseParallel", in, desired);
-  // A vocabulary-sharded lookup's backward computes this rank's rows of the table's gradient
-  // only (vocab_parallel_embedding.h): the ids the forward looked up go from the input hook to
-  // the output hook of the same call.
-  const auto* hp_module = dynamic_cast<const nn::Module*>(&module);
-  const nn::Module::EmbeddingLookup lookup = embedding && hp_module != nullptr ? hp_module->embedding_lookup() : nn::Module::EmbeddingLookup{};
-  const bool own_backward = embedding && !lookup.sparse;
-  auto ids = std::make_shared<at::Tensor>();
-  if (own_backward)
-    input_fn = [prepare = std::move(input_fn), ids](nn::Module& m, const std::vector<c10::IValue>& inputs, const DeviceMesh& mesh)
-        -> c10::optional<std::vector<c10::IValue>> {
-      auto prepared = prepare(m, inputs, mesh);
-      const std::vector<c10::IValue>& looked_up = prepared ? *prepared : inputs;
-      *ids = !looked_up.empty() && looked_up[0].isTensor() ? looked_up[0].toTensor() : at::Tensor();
-      return prepared;
-    };
-  auto output_fn = [out, local, reduce, embedding, own_backward, lookup, ids](nn::Module& m, const c10::IValue& output,
-                                                                              const DeviceMesh& mesh) -> c10::optional<c10::IValue> {
+  const InputFn input_fn = first_input_fn("RowwiseParallel", in, desired);
+  auto output_fn = [out, local, reduce, embedding](nn::Module& m, const c10::IValue& output, const DeviceMesh& mesh)
+      -> c10::optional<c10::IValue> {
     const std::string qualified_where = "hyper_parallel::RowwiseParallel: output of '" + name_of(m) + "'";
     HP_CHECK_T(c10::TypeError, output.isTensor(), qualified_where, " is not a tensor");
-    const at::Tensor ids_looked_up = std::exchange(*ids, at::Tensor());
     const at::Tensor& t = output.toTensor();
     DTensor d;
-    if (is_dtensor(t) && own_backward && ids_looked_up.defined())
-      d = DTensor(with_vocab_parallel_backward(t, ids_looked_up, lookup.padding_idx, lookup.scale_grad_by_freq));
+    // A lookup in the vocabulary-sharded table: its backward makes this rank's rows of the
+    // table's gradient only (vocab_parallel_embedding.h).
+    if (is_dtensor(t) && embedding) d = DTensor(with_vocab_parallel_backward(t));
     else if (is_dtensor(t)) d = DTensor(t);
     else if (embedding) d = DTensor::from_local(t, mesh, {Partial()});  // each rank looked up its rows
     else HP_CHECK_T(c10::TypeError, false, qualified_where, " is a plain tensor, expected a DTensor (a Linear-like module must "

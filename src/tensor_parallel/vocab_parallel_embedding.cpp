@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
@@ -102,26 +103,28 @@ struct NodeMaker {  // c10::intrusive_ptr<Node>
 
 }  // namespace
 
-at::Tensor with_vocab_parallel_backward(const at::Tensor& output, const at::Tensor& ids, int64_t padding_idx,
-                                        bool scale_grad_by_freq) {
-  // Only the lookup's own node is rerouted: a module that computes more after it (a scale) keeps
-  // autograd's backward.
-  if (!is_dtensor(output) || !output.requires_grad() || output.grad_fn() == nullptr || output.grad_fn()->name() != "EmbeddingBackward0")
-    return output;
+at::Tensor with_vocab_parallel_backward(const at::Tensor& output) {
+  if (!is_dtensor(output) || !output.requires_grad() || output.grad_fn() == nullptr) return output;
+  // Only the lookup's own node is rerouted, with what it saved (the ids it looked up, whatever the
+  // module did to them first; its padding row and options): a module that computes after the
+  // lookup (a scale) keeps autograd's backward.
+  const auto* lookup = dynamic_cast<const torch::autograd::generated::EmbeddingBackward0*>(output.grad_fn().get());
+  if (lookup == nullptr || lookup->sparse) return output;
   const DTensor out(output);
   bool vocab_sharded = false;
   for (const Placement& p : out.placements()) vocab_sharded = vocab_sharded || p.is_partial();
   if (!vocab_sharded) return output;
-  // The lookup's own backward has one edge: the table's (the ids take no gradient). Whatever
-  // produced the table (the parameter, or FSDP's gathered copy) keeps receiving its gradient.
-  const torch::autograd::Edge& table = output.grad_fn()->next_edge(0);
+  // The lookup's one edge is the table's (the ids take no gradient). Whatever produced the table
+  // (the parameter, or FSDP's gathered copy) keeps receiving its gradient.
+  const torch::autograd::Edge& table = lookup->next_edge(0);
   if (!table.is_valid()) return output;
-  const auto& meta = table.function->input_metadata(table.input_nr);
-  const auto dims = meta.shape_as_dim_vector();
+  const auto dims = table.function->input_metadata(table.input_nr).shape_as_dim_vector();
   std::vector<int64_t> table_shape;
   for (const auto& d : dims) table_shape.push_back(d.expect_int());
   if (table_shape.size() != 2) return output;
-  NodePtr node = NodeMaker<NodePtr>::make<VocabParallelEmbeddingBackward>(out, ids, std::move(table_shape), padding_idx, scale_grad_by_freq);
+  const at::Tensor ids = lookup->indices_.unpack();
+  NodePtr node = NodeMaker<NodePtr>::make<VocabParallelEmbeddingBackward>(out, ids, std::move(table_shape), lookup->padding_idx.expect_int(),
+                                                                          lookup->scale_grad_by_freq);
   node->set_next_edges({table});
   at::Tensor rerouted = output.detach();
   torch::autograd::set_history(rerouted, node);

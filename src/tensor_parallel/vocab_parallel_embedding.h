@@ -9,11 +9,11 @@
 
 namespace hyper_parallel {
 
-/// `output`, a vocabulary-sharded lookup of `ids` (a DTensor that is Partial on the mesh dims
+/// `output`, a vocabulary-sharded lookup (a DTensor made by at::embedding, Partial on the mesh dims
 /// that shard the table's rows), with its gradient edge to the table rerouted through a backward
-/// that computes this rank's rows only. `padding_idx` (-1 for none) and `scale_grad_by_freq` are
-/// the lookup's. Returns `output` unchanged when it carries no gradient or is not such a lookup.
-at::Tensor with_vocab_parallel_backward(const at::Tensor& output, const at::Tensor& ids, int64_t padding_idx,
-                                        bool scale_grad_by_freq);
+/// that computes this rank's rows only, from the ids, padding row and options the lookup itself
+/// saved. Returns `output` unchanged when it carries no gradient, is not the lookup's own result
+/// (a module that computes after it) or is a sparse lookup.
+at::Tensor with_vocab_parallel_backward(const at::Tensor& output);
 
 }  // namespace hyper_parallel

@@ -294,15 +294,24 @@ def test_redistribute_to_the_same_placements_is_a_new_tensor_sharing_the_data_as
         assert not x.requires_grad
 
 
-@pytest.mark.parametrize("options", [dict(padding_idx=3), dict(scale_grad_by_freq=True)], ids=["padding_idx", "scale_grad_by_freq"])
+class OffsetEmbedding(nn.Embedding):
+    """OPT's learned positional embedding: the ids move before the lookup."""
+
+    def forward(self, ids):
+        return super().forward(ids + 2)
+
+
+@pytest.mark.parametrize("options", [dict(padding_idx=3), dict(scale_grad_by_freq=True), dict(offset=True)],
+                         ids=["padding_idx", "scale_grad_by_freq", "ids_moved_by_the_module"])
 def test_a_vocabulary_sharded_embedding_gets_pytorchs_gradient_in_its_own_rows(options):
     # Qwen3's vocabulary, a small width: each rank's gradient is its rows (Shard(0)), equal to
     # PyTorch's RowwiseParallel's and to one process's, the padding row none, ids counted over the
     # batch.
     vocab, dim = 151936, 8
     torch.manual_seed(0)
-    base = nn.Embedding(vocab, dim, **options)
-    ids = torch.randint(vocab, (2, 6))
+    offset = options.pop("offset", False)
+    base = (OffsetEmbedding if offset else nn.Embedding)(vocab, dim, **options)
+    ids = torch.randint(vocab - 2, (2, 6))
     ids[0, :3] = 3  # the padding row, and one id three times
     ours, theirs, whole = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
     hp.parallelize_module(ours, hp.init_device_mesh("cpu", (TP,)), hp.RowwiseParallel(input_layouts=hp.Replicate()))

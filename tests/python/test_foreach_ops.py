@@ -123,3 +123,23 @@ def test_a_refused_list_is_left_as_it_was():
     # The same list of DTensors alone is scaled (one kernel over the local pieces).
     torch._foreach_mul_([d], scale)
     assert torch.equal(d.full_tensor(), x * 0.5)
+
+
+def test_reductions_and_out_overloads_are_not_taken_for_pointwise():
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(4 * TP, 3, generator=g)
+    d = distribute_tensor(a, MESH, [Shard(0)])
+    # _foreach_norm reduces each tensor: the per-element path, a norm of the whole tensor.
+    (norm,) = torch._foreach_norm([d], 2)
+    assert torch.allclose(norm.full_tensor() if isinstance(norm, DTensor) else norm, a.norm())
+    # powsum (torch >= 2.13) is a reduction too: never one kernel over the local pieces.
+    if hasattr(torch.ops.aten, "_foreach_powsum"):
+        try:
+            (got,) = torch._foreach_powsum([d], 2)
+        except NotImplementedError as e:
+            assert "_foreach_powsum" in str(e)
+        else:
+            assert torch.allclose(got.full_tensor() if isinstance(got, DTensor) else got, a.pow(2).sum())
+    out = [distribute_tensor(torch.zeros(()), MESH, [Replicate()])]
+    with pytest.raises(NotImplementedError, match="out= overload"):
+        torch.ops.aten._foreach_norm.Scalar_out([d], 2, None, out=out)

@@ -83,7 +83,6 @@ class EmbeddingImpl : public ModuleBase<EmbeddingImpl> {
   void reset_parameters() override;
   at::Tensor forward(const at::Tensor& indices);
   ModuleKind module_kind() const override { return ModuleKind::Embedding; }
-  EmbeddingLookup embedding_lookup() const override;
   const at::Tensor& weight() const { return parameter("weight"); }
   EmbeddingOptions options;
 };

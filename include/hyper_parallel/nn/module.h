@@ -105,16 +105,6 @@ class Module : public torch::nn::Module {
   /// Colwise/Rowwise styles shard a module of your own.
   virtual ModuleKind module_kind() const { return ModuleKind::Other; }
 
-  /// What an Embedding-like module's lookup does beyond the table: its padding row (-1 for none),
-  /// whether the gradient is scaled by the ids' frequency, whether it is sparse. A style that
-  /// computes the table's gradient itself (RowwiseParallel on the vocabulary) follows it.
-  struct EmbeddingLookup {
-    int64_t padding_idx = -1;
-    bool scale_grad_by_freq = false;
-    bool sparse = false;
-  };
-  virtual EmbeddingLookup embedding_lookup() const { return {}; }
-
   /// Calls the module on one tensor with hooks (Sequential uses it); modules whose forward
   /// takes one tensor provide it through ModuleHolder/HP_MODULE.
   virtual at::Tensor call_tensor(const at::Tensor& input);

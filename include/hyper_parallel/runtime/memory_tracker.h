@@ -39,4 +39,19 @@ class MemoryTracker {
   int device_index_;
 };
 
+/// RAII: meta allocations this thread makes while it lives are not counted by a MemoryTracker. For the
+/// library's own bookkeeping that a real run does not allocate: the DTensor dispatcher's run of an
+/// op on meta tensors of the global shapes (to learn its output shapes) would otherwise count a
+/// whole, unsharded tensor in a plan made on meta.
+class UncountedAllocations {
+ public:
+  UncountedAllocations();
+  ~UncountedAllocations();
+  UncountedAllocations(const UncountedAllocations&) = delete;
+  UncountedAllocations& operator=(const UncountedAllocations&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace hyper_parallel

@@ -10,8 +10,11 @@
 // all-to-all, one-hot digits in an all_reduce. A broadcast or a scatter, whose data only the source
 // sends, exchanges the headers first; the barrier is that exchange. So each collective is one Gloo
 // collective whatever its label, no exchange is added to the all_gathers and reduce-scatters of
-// FSDP or tensor parallelism, and ranks whose collectives differ stop on every rank, each naming
-// what every rank was in, before any result is used.
+// FSDP or tensor parallelism, and ranks whose collectives of one kind and size differ in owner stop
+// on every rank, each naming what every rank was in, before any result is used. Collectives Gloo
+// cannot pair (another kind) are stopped through the store when they stall (wait_c10d_work);
+// one kind at different sizes is stopped by Gloo itself, which ends the process when the byte counts
+// of a transfer differ (HP_DEBUG_COLLECTIVES=1 compares the sizes first).
 #include <hyper_parallel/runtime/errors.h>
 
 #include <ATen/ATen.h>
@@ -31,9 +34,15 @@ at::Tensor as_wire(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kBFloat16: return t.view(at::kHalf);  // same width; only copied, never added
     case at::kBool: return t.view(at::kByte);
+    case at::kComplexFloat:
+    case at::kComplexDouble: return at::view_as_real(t);  // only copied here (the front adds parts)
     default: return t;
   }
 }
+
+// The copies into and out of the wire buffers write memory as the backend does: no autograd
+// history, no version bump, whatever the caller's grad mode and the tensors' requires_grad.
+using RawCopies = at::AutoDispatchBelowADInplaceOrView;
 
 // The bytes of contiguous `t`, as a 1-D view.
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
@@ -87,6 +96,7 @@ class GlooTransport final : public Transport {
   Completion all_gather(const at::Tensor& in, const at::Tensor& out) override {
     const int64_t g = size(), n = in.numel() * static_cast<int64_t>(in.element_size());
     const Header mine = header_of(kAllGather, static_cast<uint64_t>(n));
+    const RawCopies raw;
     const at::Tensor wire_in = at::empty({kHeaderBytes + n}, at::kByte);
     put(wire_in, mine);
     wire_in.narrow(0, kHeaderBytes, n).copy_(bytes_of(in));
@@ -95,6 +105,7 @@ class GlooTransport final : public Transport {
     std::vector<at::Tensor> inputs{wire_in};
     return completion("all_gather", g_.pg->allgather(outputs, inputs), mine, [g, n, wire_out, out](const Checker& check) {
       check([&](int64_t p) { return get(wire_out[p]); });
+      const RawCopies raw;
       bytes_of(out).view({g, n}).copy_(wire_out.narrow(1, kHeaderBytes, n));
     });
   }
@@ -105,6 +116,7 @@ class GlooTransport final : public Transport {
     const int64_t g = size(), n = buf.numel();
     const at::Tensor data = as_wire(buf);
     const Header mine = header_of(kAllReduce | static_cast<uint64_t>(op) << 8, static_cast<uint64_t>(n));
+    const RawCopies raw;
     const at::Tensor wire = at::empty({n + g * kDigitsPerSlot}, data.options());
     wire.narrow(0, 0, n).copy_(data.reshape({-1}));
     std::vector<int64_t> slots(static_cast<size_t>(g * kDigitsPerSlot), op == ReduceOp::MIN ? 127 : 0);
@@ -123,6 +135,7 @@ class GlooTransport final : public Transport {
         for (int64_t k = 0; k < kDigitsPerSlot; ++k) v |= static_cast<uint64_t>(p[r * kDigitsPerSlot + k] & 0x7F) << (7 * k);
         return v;
       });
+      const RawCopies raw;
       data.view({-1}).copy_(wire.narrow(0, 0, n));
     });
   }
@@ -130,6 +143,7 @@ class GlooTransport final : public Transport {
   Completion all_to_all(const at::Tensor& in, const at::Tensor& out) override {
     const int64_t g = size(), n = in.numel() * static_cast<int64_t>(in.element_size()) / g;  // bytes per block
     const Header mine = header_of(kAllToAll, static_cast<uint64_t>(n));
+    const RawCopies raw;
     const at::Tensor wire_in = at::empty({g, kHeaderBytes + n}, at::kByte);
     for (int64_t j = 0; j < g; ++j) put(wire_in[j], mine);
     wire_in.narrow(1, kHeaderBytes, n).copy_(bytes_of(in).view({g, n}));
@@ -139,6 +153,7 @@ class GlooTransport final : public Transport {
     return completion("all_to_all", g_.pg->alltoall_base(flat_out, flat_in, splits, splits), mine,
                       [g, n, wire_out, wire_in, out](const Checker& check) {
                         check([&](int64_t p) { return get(wire_out[p]); });
+                        const RawCopies raw;
                         bytes_of(out).view({g, n}).copy_(wire_out.narrow(1, kHeaderBytes, n));
                       });
   }
@@ -148,6 +163,7 @@ class GlooTransport final : public Transport {
     const int64_t g = size();
     const int64_t rb = in.size(1) * static_cast<int64_t>(in.element_size());  // bytes per row
     const Header mine = header_of(kAllToAllV, static_cast<uint64_t>(rb));
+    const RawCopies raw;
     std::vector<int64_t> ins(static_cast<size_t>(g)), outs(static_cast<size_t>(g));
     for (size_t j = 0; j < ins.size(); ++j) {
       ins[j] = kHeaderBytes + in_splits[j] * rb;
@@ -163,11 +179,12 @@ class GlooTransport final : public Transport {
       at_in += ins[static_cast<size_t>(j)];
       at_src += body;
     }
-    return completion("all_to_all", g_.pg->alltoall_base(wire_out, wire_in, outs, ins), mine,
+    return completion("all_to_all_single", g_.pg->alltoall_base(wire_out, wire_in, outs, ins), mine,
                       [g, outs, wire_out, wire_in, out](const Checker& check) {
                         std::vector<int64_t> at(static_cast<size_t>(g) + 1, 0);
                         for (size_t p = 0; p < outs.size(); ++p) at[p + 1] = at[p] + outs[p];
                         check([&](int64_t p) { return get(wire_out.narrow(0, at[static_cast<size_t>(p)], kHeaderBytes)); });
+                        const RawCopies raw;
                         const at::Tensor dst = out.numel() > 0 ? bytes_of(out) : at::empty({0}, at::kByte);
                         for (int64_t p = 0, at_dst = 0; p < g; ++p) {
                           const int64_t body = outs[static_cast<size_t>(p)] - kHeaderBytes;
@@ -178,7 +195,7 @@ class GlooTransport final : public Transport {
   }
 
   // Only the source sends a broadcast's or a scatter's data, so the others could not tell its
-  // header from theirs: the headers are exchanged first (16 bytes each; not on the FSDP or TP paths).
+  // header from theirs: the headers are exchanged first (24 bytes each; not on the FSDP or TP paths).
   Completion broadcast(const at::Tensor& buf, int64_t src) override {
     agree(header_of(kBroadcast | static_cast<uint64_t>(src) << 8, static_cast<uint64_t>(buf.numel() * static_cast<int64_t>(buf.element_size()))));
     std::vector<at::Tensor> ts{as_wire(buf)};

@@ -300,6 +300,28 @@ TEST(PlanReportFake, CheckpointingAndMixedPrecisionChangeThePlan) {
   EXPECT_THROW(qwen3::mesh_from_degrees(128, 3, 8), c10::ValueError);
 }
 
+// The plan counts the embedding's gradient as the backward makes it: this rank's vocabulary rows
+// only. The activation peak's slope in the vocabulary (from 64k to 152k rows, tp=4, a short
+// sequence so that the logits are small against the table) stays far below a whole row of the
+// table's gradient per vocabulary entry, which is what a backward that builds the whole
+// vocabulary's gradient (and frees it after slicing) adds to the peak.
+TEST(PlanReportFake, TheEmbeddingGradientIsItsVocabularyRowsInThePeak) {
+  std::map<int64_t, int64_t> peak;
+  Config c = small_config();
+  c.hidden_size = 512;
+  c.intermediate_size = 512;
+  c.num_layers = 1;
+  for (const int64_t vocab : {65536, 151936}) {
+    c.vocab_size = vocab;
+    PlanOptions o = options(c, "tp=4", false, 1, 4);
+    o.loss_parallel = true;
+    peak[vocab] = qwen3::plan_training(o).activation_peak_bytes;
+  }
+  const double per_row = static_cast<double>(peak[151936] - peak[65536]) / (151936 - 65536);
+  const double whole_row = static_cast<double>(c.hidden_size) * elem(c);
+  EXPECT_LT(per_row, whole_row / 2) << "activation peak " << peak[65536] << " -> " << peak[151936] << " B";
+}
+
 // The plan's activations per layer (its peak's slope from 2 to 6 layers, one rank) are the
 // per-layer formula of tests/dist/nn/training_util.h for each policy, within 10%.
 TEST(PlanReportFake, PerLayerActivationsAreTheLayerFormula) {
