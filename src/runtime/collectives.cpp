@@ -242,8 +242,9 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const Group& group) {
   if (group.size() == 1 || tensor.numel() == 0 || shapes_only(tensor, group)) return Work::completed(tensor);
   Transport& tr = transport_of(group);
   // The common small call (a TP layer's activations, a loss, a norm): a contiguous normal tensor
-  // on the transport's device, in a dtype and op the transport reduces itself, is reduced where it
-  // is, without the staging copy and the completion closures below.
+  // on the transport's device, in a dtype and op the transport reduces itself, goes to the
+  // transport as it is, without the staging copy and the completion closures below (shared memory
+  // and NCCL reduce it in place; Gloo copies it next to its label's digits).
   check_device(tensor, tr, "all_reduce");
   if (tensor.device().type() == tr.device_type() && tensor.is_contiguous() && !tensor.is_inference() &&
       reduces_natively(tr.capabilities(), tensor.scalar_type(), op)) {
