@@ -47,7 +47,7 @@ using RawCopies = at::AutoDispatchBelowADInplaceOrView;
 // The bytes of contiguous `t`, as a 1-D view.
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
 
-// What every collective carries (see the file comment of this transport's header below): its
+// What every collective carries (the file comment says where): its
 // owner (the CollectiveLabel's hash, 0 for none), its kind and its size.
 struct Header {
   uint64_t label = 0, kind = 0, bytes = 0;
