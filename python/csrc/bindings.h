@@ -27,6 +27,8 @@ void bind_dtensor(py::module_& m);
 void bind_styles(py::module_& m);
 /// What acts on a torch.nn module: _parallelize_module, _distribute_module, _apply_style (py_module.cpp).
 void bind_parallelize(py::module_& m);
+/// fully_shard's parameter groups for the Python face's fully_shard (_FullyShardGroup).
+void bind_fsdp(py::module_& m);
 /// CommDebugMode, ExplicitRedistribution, implicit replication and loss_parallel's guard.
 void bind_debug(py::module_& m);
 

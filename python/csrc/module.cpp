@@ -11,5 +11,6 @@ PYBIND11_MODULE(_C, m) {
   hpy::bind_dtensor(m);
   hpy::bind_styles(m);
   hpy::bind_parallelize(m);
+  hpy::bind_fsdp(m);
   hpy::bind_debug(m);
 }

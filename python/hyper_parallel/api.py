@@ -1,12 +1,12 @@
-"""parallelize_module, distribute_module and loss_parallel (PyTorch's), and full (unsharded) state
-dicts in and out of a parallelized module. parallelize_module: the C++
+"""parallelize_module, distribute_module and loss_parallel (PyTorch's), and the guard that sends a
+full (unsharded) state dict through set_model_state_dict. parallelize_module: the C++
 engine resolves the plan's FQN globs, validates the whole plan on every rank, then applies the
 styles to the torch.nn module through the platform seam."""
 from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
@@ -71,7 +71,8 @@ def _before_loading(module, state_dict, prefix, *_):
             raise RuntimeError(
                 f"hyper_parallel: load_state_dict got a plain tensor for '{prefix + name}', which is a DTensor "
                 f"({t.placements}) in this parallelized module; load a full (unsharded) state dict with "
-                "hyper_parallel.load_full_state_dict(module, state_dict), or a state dict of DTensors (module.state_dict())")
+                "hyper_parallel.set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True)), "
+                "or a state dict of DTensors (module.state_dict())")
     _before_load[module] = dict(module.named_parameters(remove_duplicate=False))
 
 
@@ -93,28 +94,6 @@ def _guard_load_state_dict(module):
         module.register_load_state_dict_pre_hook(_before_loading)
         module.register_load_state_dict_post_hook(_after_loading)
         _guarded.add(module)
-
-
-def get_full_state_dict(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """``module.state_dict()`` with every DTensor gathered whole (``full_tensor()``): the state dict
-    one process would have, on every rank (it communicates: call it on every rank)."""
-    return {k: v.full_tensor() if _C._is_dtensor(v) else v for k, v in module.state_dict().items()}
-
-
-def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True):
-    """Loads a full (unsharded) state dict, the same on every rank (e.g. one process's), into a
-    parallelized module: each plain tensor whose parameter or buffer is a DTensor is first cut
-    to that DTensor's placements (no communication); returns what ``load_state_dict`` returns."""
-    # Every name of a tied parameter (remove_duplicate=False): the state dict holds each.
-    targets = dict(module.named_parameters(remove_duplicate=False))
-    targets.update(dict(module.named_buffers(remove_duplicate=False)))
-    converted = {}
-    for k, v in state_dict.items():
-        t = targets.get(k)
-        if t is not None and _C._is_dtensor(t) and isinstance(v, torch.Tensor) and not _C._is_dtensor(v):
-            v = _C._distribute_tensor(v.detach().to(t.dtype), t.device_mesh, list(_C._placements(t)), None)
-        converted[k] = v
-    return module.load_state_dict(converted, strict=strict)
 
 
 def distribute_module(module: torch.nn.Module, device_mesh=None, partition_fn: Optional[Callable] = None,

@@ -112,9 +112,10 @@ def _repr(self, *args, **kwargs):
 def _reduce_ex(self, protocol):
     if _C._is_dtensor(self):
         raise TypeError("hyper_parallel: a DTensor cannot be pickled or saved with torch.save (it has no storage, "
-                        "only this rank's piece); save the whole model with "
-                        "torch.save(hyper_parallel.get_full_state_dict(model), path) or "
-                        "model.save_pretrained(dir, state_dict=hyper_parallel.get_full_state_dict(model)), one tensor with "
+                        "only this rank's piece); gather the whole model on rank 0 with "
+                        "sd = hyper_parallel.get_model_state_dict(model, options=hyper_parallel.StateDictOptions("
+                        "full_state_dict=True, cpu_offload=True)) on every rank, then on rank 0 torch.save(sd, path) or "
+                        "model.save_pretrained(dir, state_dict=sd); one tensor with "
                         "torch.save(t.full_tensor()); from C++, the sharded checkpoints (save_sharded, save_train_state, "
                         "save_hf_checkpoint)")
     return _plain_reduce_ex(self, protocol)

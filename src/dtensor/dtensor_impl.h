@@ -72,9 +72,10 @@ class DTensorImpl final : public c10::TensorImpl {
   // torch names it where it refuses storage access, which is where torch.compile and other
   // code written for dense tensors stop: the name says what to do instead.
   const char* tensorimpl_type_name() const override {
-    return "hyper_parallel::DTensorImpl (a DTensor has no storage of its own. To save a parallelized model, gather it: "
-           "model.save_pretrained(dir, state_dict=hyper_parallel.get_full_state_dict(model)) or "
-           "torch.save(hyper_parallel.get_full_state_dict(model), path) (C++: save_sharded, save_hf_checkpoint); "
+    return "hyper_parallel::DTensorImpl (a DTensor has no storage of its own. To save a parallelized model, gather it on rank 0: "
+           "sd = hyper_parallel.get_model_state_dict(model, options=hyper_parallel.StateDictOptions(full_state_dict=True, "
+           "cpu_offload=True)) on every rank, then on rank 0 model.save_pretrained(dir, state_dict=sd) or torch.save(sd, path) "
+           "(C++: save_sharded, save_hf_checkpoint); "
            "one rank's piece is t.to_local(); torch.compile does not trace hyper_parallel's DTensors, run the module eagerly)";
   }
   template <class VersionCounter>

@@ -28,8 +28,14 @@ struct UnshardGroupFn : torch::autograd::Function<UnshardGroupFn> {
     // A parameter this rank's forward did not use gets an undefined gradient, not zeros: whether
     // it gets one is decided over the ranks (reduce_grads).
     ctx->set_materialize_grads(false);
-    variable_list out;
-    for (const FSDPParam& p : group->params()) out.push_back(p.compute_tensor());
+    variable_list out, frozen;
+    for (const FSDPParam& p : group->params()) {
+      out.push_back(p.compute_tensor());
+      if (!p.sharded.requires_grad()) frozen.push_back(out.back());
+    }
+    // A frozen parameter gets no gradient, as in one process: its compute tensor is not one of
+    // the node's differentiable outputs.
+    ctx->mark_non_differentiable(frozen);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -169,7 +175,7 @@ bool FSDPParamGroup::claim_root() {
   return is_root_;
 }
 
-void FSDPParamGroup::pre_forward() {
+std::vector<at::Tensor> FSDPParamGroup::pre_forward() {
   claim_root();
   ++t_active_forwards;
   in_forward_ = true;
@@ -179,17 +185,15 @@ void FSDPParamGroup::pre_forward() {
     if (auto g = w.lock()) g->issue_unshard();
   std::vector<at::Tensor> sharded;
   for (const FSDPParam& p : params_) sharded.push_back(p.sharded);
-  const variable_list compute = UnshardGroupFn::apply(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this), at::TensorList(sharded));
-  for (size_t k = 0; k < params_.size(); ++k) params_[k].install(compute[k]);
+  return UnshardGroupFn::apply(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this), at::TensorList(sharded));
 }
 
 void FSDPParamGroup::post_forward(const c10::IValue& output) {
   // Also runs when the forward (or a pre-hook) threw, with a None output (an always_call hook):
-  // the module gets its sharded parameters back and the count of running forwards stays right.
+  // the count of running forwards stays right.
   if (!in_forward_) return;
   in_forward_ = false;
   --t_active_forwards;
-  for (const FSDPParam& p : params_) p.install(p.sharded);
   // An activation-checkpointing recompute runs in backward, which is about to use the
   // parameters: they stay gathered until this group's gradients are reduced.
   if (is_recomputing()) return;
@@ -232,7 +236,7 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
       p.pack_grad(g, b.grad_rows);
     }
   }
-  reshard();  // backward is done with this group's parameters
+  if (reshard_after_backward) reshard();  // backward is done with this group's parameters
   if (!requires_gradient_sync) {  // accumulate: the sync backward reduces it all at once
     grads_accumulated_ = true;
     return;

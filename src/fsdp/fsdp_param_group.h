@@ -33,13 +33,14 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   void reshard();
   bool is_unsharded() const { return unsharded_; }
 
-  /// Before the module's forward: unshard (and the prefetched groups), then put the compute
-  /// tensors in the module's parameter slots, as outputs of one autograd node whose backward
-  /// reduce-scatters the whole group's gradients.
-  void pre_forward();
-  /// After it: the sharded parameters back in their slots; reshard if asked; make backward
-  /// unshard again before it needs the parameters (hooks on the output's tensors). Also after a
-  /// forward that threw (`output` None): the slots and the running-forward count are restored.
+  /// Before the module's forward: unshard (and the prefetched groups); returns the compute
+  /// tensors for the module's parameter slots, outputs of one autograd node whose backward
+  /// reduce-scatters the whole group's gradients (a frozen parameter's is not differentiable).
+  std::vector<at::Tensor> pre_forward();
+  /// After it, once the caller put the sharded parameters back in their slots: reshard if asked;
+  /// make backward unshard again before it needs the parameters (hooks on the output's
+  /// tensors). Also after a forward that threw (`output` None): the running-forward count is
+  /// restored.
   void post_forward(const c10::IValue& output);
 
   /// Adds the compute tensors' gradients (undefined: zero) to the group's reduction buffer; with
@@ -60,6 +61,8 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   const std::vector<FSDPParam>& params() const { return params_; }
   /// set_requires_gradient_sync.
   bool requires_gradient_sync = true;
+  /// Whether backward frees the gathered parameters once this group's gradients are packed.
+  bool reshard_after_backward = true;
   /// Groups whose all-gather is issued right after this group's in pre_forward.
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> forward_prefetch;
 

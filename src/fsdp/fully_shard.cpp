@@ -85,9 +85,19 @@ at::Tensor make_sharded(const FSDPParam& p, const at::Tensor& param, const Devic
   if (p.dp_dim >= 0) local = local.narrow(p.dp_dim, chunk_offset(local.size(p.dp_dim), p.dp_size, p.dp_rank),
                                           chunk_size(local.size(p.dp_dim), p.dp_size, p.dp_rank));
   // Sharded over dp_mesh's last dimension, replicated over HSDP's replicate one (and any other).
+  // A plain parameter of a dp mesh cut from a bigger one (dp x tp) lives on that whole mesh,
+  // replicated over its other dimensions (every tp rank computes it alike): every parameter of a
+  // dp x tp model is then on one mesh, so a norm over all of them (clip_grad_norm_) combines.
   DeviceMesh mesh = dp_mesh;
   Placements pl(static_cast<size_t>(dp_mesh.ndim()), Replicate());
   pl.back() = Shard(0);
+  const DeviceMesh root = dp_mesh.root_mesh();
+  if (!p.tp_mesh && root.ndim() > dp_mesh.ndim()) {
+    const std::vector<int64_t> dims = dp_mesh.dims_in_root();
+    mesh = root;
+    pl.assign(static_cast<size_t>(root.ndim()), Replicate());
+    pl[static_cast<size_t>(dims.back())] = Shard(0);
+  }
   if (p.tp_mesh) {
     mesh = *p.shard_root;
     pl.assign(static_cast<size_t>(mesh.ndim()), Replicate());
@@ -163,53 +173,93 @@ void name_groups_under(torch::nn::Module& root) {
   }
 }
 
-}  // namespace
-
-torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options) {
-  platform::hookable(module, module.name());
+// Checks what fully_shard is given, before anything is planned.
+void check_options(const DeviceMesh& dp_mesh, const FullyShardOptions& options) {
   HP_CHECK_T(c10::ValueError, dp_mesh.ndim() == 1 || dp_mesh.ndim() == 2, "hyper_parallel::fully_shard: fully_shard needs the 1-D data-parallel mesh ",
              "(e.g. mesh[\"dp\"]) or, for HSDP, the 2-D (replicate, shard) one (e.g. mesh[{\"dp_replicate\", \"dp_shard\"}]), got a ",
              dp_mesh.ndim(), "-D one");
   for (const auto* dtype : {&options.mp_policy.param_dtype, &options.mp_policy.reduce_dtype, &options.mp_policy.output_dtype})
     HP_CHECK_T(c10::TypeError, !dtype->has_value() || at::isFloatingType(**dtype), "hyper_parallel::fully_shard: the dtypes of a ",
                "MixedPrecisionPolicy are floating-point, got ", **dtype);
-  // Plan every parameter first: nothing changes unless all of them can be sharded.
+}
+
+// How each of `originals` is sharded over dp_mesh; throws, naming it, for the first one that
+// cannot be or that an earlier call took over. Changes nothing.
+std::vector<FSDPParam> plan_params(const std::vector<at::Tensor>& originals, const std::vector<std::string>& fqns, const DeviceMesh& dp_mesh) {
   std::vector<FSDPParam> params;
+  for (size_t k = 0; k < originals.size(); ++k) {
+    if (const auto earlier = taken_by_earlier_call(originals[k]))
+      HP_CHECK_T(c10::ValueError, false, "hyper_parallel::fully_shard: parameter '", fqns[k], "' is the tensor an earlier fully_shard call ",
+                 "took over as ", *earlier, " (a weight tied across two calls would become two parameters); ",
+                 "shard every module that uses it in one call, e.g. the one on their common parent");
+    params.push_back(plan_param(originals[k], fqns[k], dp_mesh));
+  }
+  return params;
+}
+
+// The group of the planned `params`, their sharded tensors made; `described` names each original
+// for a later call that meets it again.
+c10::intrusive_ptr<FSDPParamGroup> build_group(std::vector<FSDPParam> params, const std::vector<at::Tensor>& originals,
+                                               const std::vector<std::string>& described, const DeviceMesh& dp_mesh,
+                                               const FullyShardOptions& options) {
+  for (size_t k = 0; k < params.size(); ++k) {
+    params[k].sharded = make_sharded(params[k], originals[k], dp_mesh);
+    if (originals[k].requires_grad()) params[k].sharded.set_requires_grad(true);
+  }
+  auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t k = 0; k < originals.size(); ++k) {
+    const c10::TensorImpl* key = originals[k].unsafeGetTensorImpl();
+    g_taken.erase(key);
+    g_taken.emplace(key, Taken{c10::weak_intrusive_ptr<c10::TensorImpl>(originals[k].getIntrusivePtr()), described[k]});
+  }
+  for (auto it = g_taken.begin(); it != g_taken.end();) it = it->second.tensor.expired() ? g_taken.erase(it) : std::next(it);
+  return group;
+}
+
+}  // namespace
+
+torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_mesh, FullyShardOptions options) {
+  platform::hookable(module, module.name());
+  check_options(dp_mesh, options);
+  // Plan every parameter first: nothing changes unless all of them can be sharded.
   std::vector<at::Tensor> originals;
-  std::vector<std::string> params_fqn;
+  std::vector<std::string> fqns, described;
+  std::vector<std::pair<torch::nn::Module*, std::string>> owners;
+  std::vector<std::vector<std::pair<torch::nn::Module*, std::string>>> aliases;
   std::map<const void*, size_t> planned;  // a tied parameter is one parameter, seen twice
   for (const auto& [prefix, owner] : nn::modules_with_names(module)) {
     for (const auto& item : owner->named_parameters(false)) {
       const auto seen = planned.find(item.value().unsafeGetTensorImpl());
       if (seen != planned.end()) {
-        params[seen->second].aliases.emplace_back(owner, item.key());
+        aliases[seen->second].emplace_back(owner, item.key());
         continue;
       }
       if (already_sharded(item.value(), dp_mesh, dp_mesh.root_mesh())) continue;
       const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
-      if (const auto earlier = taken_by_earlier_call(item.value()))
-        HP_CHECK_T(c10::ValueError, false, "hyper_parallel::fully_shard: parameter '", fqn, "' is the tensor an earlier fully_shard call ",
-                   "took over as ", *earlier, " (a weight tied across two calls would become two parameters); ",
-                   "shard every module that uses it in one call, e.g. the one on their common parent");
-      planned.emplace(item.value().unsafeGetTensorImpl(), params.size());
-      params.push_back(plan_param(item.value(), fqn, dp_mesh));
-      params_fqn.push_back("'" + fqn + "' of a " + platform::module_type_name(module));
-      params.back().owner = owner;
-      params.back().name = item.key();
+      planned.emplace(item.value().unsafeGetTensorImpl(), originals.size());
       originals.push_back(item.value());
+      fqns.push_back(fqn);
+      described.push_back("'" + fqn + "' of a " + platform::module_type_name(module));
+      owners.emplace_back(owner, item.key());
+      aliases.emplace_back();
     }
   }
+  std::vector<FSDPParam> params = plan_params(originals, fqns, dp_mesh);
   for (size_t k = 0; k < params.size(); ++k) {
-    params[k].sharded = make_sharded(params[k], originals[k], dp_mesh);
-    params[k].install(params[k].sharded);  // keeps requires_grad
+    params[k].owner = owners[k].first;
+    params[k].name = owners[k].second;
+    params[k].aliases = std::move(aliases[k]);
   }
-  auto group = c10::make_intrusive<FSDPParamGroup>(std::move(params), dp_mesh, options);
+  auto group = build_group(std::move(params), originals, described, dp_mesh, options);
+  for (const FSDPParam& p : group->params()) p.install(p.sharded);  // keeps requires_grad
   const MixedPrecisionPolicy mp = options.mp_policy;
   platform::register_forward_pre_hook(module, [group, mp](nn::Module& m, const std::vector<c10::IValue>& args) -> c10::optional<std::vector<c10::IValue>> {
     // The root's first forward names every group under it by its path (as FSDP2's lazy init):
     // their collectives' labels then say which module's group a rank was in.
     if (group->claim_root()) name_groups_under(m);
-    group->pre_forward();
+    const std::vector<at::Tensor> compute = group->pre_forward();
+    for (size_t k = 0; k < compute.size(); ++k) group->params()[k].install(compute[k]);
     if (!mp.cast_forward_inputs || !mp.param_dtype) return c10::nullopt;
     std::vector<c10::IValue> cast;
     for (const auto& a : args) cast.push_back(cast_floating(a, *mp.param_dtype));
@@ -218,18 +268,13 @@ torch::nn::Module& fully_shard(torch::nn::Module& module, const DeviceMesh& dp_m
   platform::register_forward_hook(
       module,
       [group, mp](nn::Module&, const std::vector<c10::IValue>&, const c10::IValue& out) -> c10::optional<c10::IValue> {
+        for (const FSDPParam& p : group->params()) p.install(p.sharded);
         group->post_forward(out);
         if (!mp.output_dtype || out.isNone()) return c10::nullopt;
         return cast_floating(out, *mp.output_dtype);
       },
       /*always_call=*/true);
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (size_t k = 0; k < originals.size(); ++k) {
-    const c10::TensorImpl* key = originals[k].unsafeGetTensorImpl();
-    g_taken.erase(key);
-    g_taken.emplace(key, Taken{c10::weak_intrusive_ptr<c10::TensorImpl>(originals[k].getIntrusivePtr()), params_fqn[k]});
-  }
-  for (auto it = g_taken.begin(); it != g_taken.end();) it = it->second.tensor.expired() ? g_taken.erase(it) : std::next(it);
   for (auto it = g_groups.begin(); it != g_groups.end();) it = it->second.expired() ? g_groups.erase(it) : std::next(it);
   g_groups.erase(&module);
   g_groups.emplace(&module, c10::weak_intrusive_ptr<FSDPParamGroup>(group));
@@ -270,6 +315,65 @@ void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vecto
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> targets;
   for (torch::nn::Module* m : modules) targets.emplace_back(group_of(*m, "set_modules_to_forward_prefetch"));
   group->forward_prefetch = std::move(targets);
+}
+
+
+namespace {
+FSDPParamGroup& as_group(const c10::intrusive_ptr<torch::CustomClassHolder>& g) { return static_cast<FSDPParamGroup&>(*g); }
+}  // namespace
+
+FullyShardGroup::FullyShardGroup(const std::vector<at::Tensor>& params, const std::vector<std::string>& fqns, const DeviceMesh& dp_mesh,
+                                 FullyShardOptions options) {
+  HP_CHECK_T(c10::ValueError, params.size() == fqns.size(), "hyper_parallel::FullyShardGroup: ", params.size(), " parameters but ", fqns.size(),
+             " names");
+  check_options(dp_mesh, options);
+  std::map<const void*, std::string> seen;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto [it, fresh] = seen.emplace(params[k].unsafeGetTensorImpl(), fqns[k]);
+    HP_CHECK_T(c10::ValueError, fresh, "hyper_parallel::FullyShardGroup: parameters '", it->second, "' and '", fqns[k],
+               "' are one tensor (a tied weight is given once)");
+  }
+  std::vector<std::string> described;
+  for (const auto& f : fqns) described.push_back("'" + f + "'");
+  group_ = build_group(plan_params(params, fqns, dp_mesh), params, described, dp_mesh, options);
+}
+
+std::vector<at::Tensor> FullyShardGroup::sharded_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const FSDPParam& p : as_group(group_).params()) out.push_back(p.sharded);
+  return out;
+}
+
+std::vector<at::Tensor> FullyShardGroup::pre_forward() { return as_group(group_).pre_forward(); }
+
+void FullyShardGroup::post_forward(const c10::IValue& output) { as_group(group_).post_forward(output); }
+
+void FullyShardGroup::unshard(bool async_op) {
+  if (async_op) as_group(group_).issue_unshard();
+  else as_group(group_).unshard();
+}
+
+void FullyShardGroup::wait_for_unshard() {
+  if (as_group(group_).is_unsharded()) as_group(group_).unshard();
+}
+
+void FullyShardGroup::reshard() { as_group(group_).reshard(); }
+
+bool FullyShardGroup::claim_root() { return as_group(group_).claim_root(); }
+
+void FullyShardGroup::set_fqn(const std::string& fqn) { as_group(group_).set_fqn(fqn); }
+
+void FullyShardGroup::set_requires_gradient_sync(bool requires_sync) { as_group(group_).requires_gradient_sync = requires_sync; }
+
+void FullyShardGroup::set_reshard_after_backward(bool reshard_after_backward) {
+  as_group(group_).reshard_after_backward = reshard_after_backward;
+}
+
+void FullyShardGroup::set_modules_to_forward_prefetch(const std::vector<FullyShardGroup>& groups) {
+  std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> targets;
+  for (const FullyShardGroup& g : groups)
+    targets.emplace_back(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(&as_group(g.group_)));
+  as_group(group_).forward_prefetch = std::move(targets);
 }
 
 }  // namespace hyper_parallel

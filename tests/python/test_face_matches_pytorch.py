@@ -118,10 +118,12 @@ def save_and_reload(tmp_path, Qwen3Config, Qwen3ForCausalLM):
                                         "model.layers.*.mlp.down_proj": hp.RowwiseParallel()})
     with pytest.raises(Exception) as e:
         model.save_pretrained(tmp_path / "direct")
-    assert "hyper_parallel" in str(e.value) and "get_full_state_dict" in str(e.value), str(e.value)
-    model.save_pretrained(tmp_path / "full", state_dict=hp.get_full_state_dict(model))  # gathers on every rank
+    assert "hyper_parallel" in str(e.value) and "get_model_state_dict" in str(e.value), str(e.value)
+    sd = hp.get_model_state_dict(model, options=hp.StateDictOptions(full_state_dict=True, cpu_offload=True))
     if hp.get_rank() != 0:
-        return  # under torch.distributed, transformers writes from rank 0 only
+        assert sd == {}  # rank 0 only
+        return
+    model.save_pretrained(tmp_path / "full", state_dict=sd)
     loaded = Qwen3ForCausalLM.from_pretrained(tmp_path / "full").state_dict()
     assert loaded.keys() == ref.keys()
     for k, v in ref.items():

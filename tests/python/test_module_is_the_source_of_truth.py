@@ -224,11 +224,11 @@ def test_meta_init_then_to_empty_and_a_full_state_dict_keeps_the_tie():
     parallelize_module(model, MESH, {"embed": RowwiseParallel(input_layouts=Replicate()),
                                      "head": ColwiseParallel(output_layouts=Replicate())})
     model.to_empty(device="cpu")
-    hp.load_full_state_dict(model, ref.state_dict())
+    hp.set_model_state_dict(model, ref.state_dict(), options=hp.StateDictOptions(full_state_dict=True))
     assert model.head.weight is model.embed.weight
     ids = torch.tensor([[0, 3, 15, 7]])
     torch.testing.assert_close(model(ids), ref(ids))
-    assert hp.get_full_state_dict(model).keys() == ref.state_dict().keys()
+    assert hp.get_model_state_dict(model, options=hp.StateDictOptions(full_state_dict=True)).keys() == ref.state_dict().keys()
 
 
 # ---- 2. nothing kept between calls: each call sees the module as the user left it

@@ -702,13 +702,13 @@ def test_state_dict_round_trips_and_module_to_keeps_dtensors_equal_to_one_proces
 def test_a_full_state_dict_goes_through_the_named_helpers_and_plain_loading_is_refused_naming_them():
     one = seeded(24, lambda: Mlp(16, 8 * TP))
     m = parallelize_module(seeded(25, lambda: Mlp(16, 8 * TP)), MESH, {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
-    with pytest.raises(RuntimeError, match="load_full_state_dict"):
+    with pytest.raises(RuntimeError, match="set_model_state_dict"):
         m.load_state_dict(one.state_dict())
-    hp.load_full_state_dict(m, one.state_dict())
+    hp.set_model_state_dict(m, one.state_dict(), options=hp.StateDictOptions(full_state_dict=True))
     assert m.linear1.weight.placements == (Shard(0),)
     x = torch.randn(2, 16)
     torch.testing.assert_close(m(x), one(x))
-    full = hp.get_full_state_dict(m)
+    full = hp.get_model_state_dict(m, options=hp.StateDictOptions(full_state_dict=True))
     assert all(torch.equal(full[k], v) for k, v in one.state_dict().items())
 
 

@@ -1,7 +1,10 @@
 #pragma once
 // fully_shard: FSDP2-style data parallelism on DTensor, composed after tensor parallelism
 // (parallelize_module(model, mesh["tp"], plan); fully_shard(model, mesh["dp"])).
+#include <string>
 #include <vector>
+
+#include <ATen/core/ivalue.h>
 
 #include <hyper_parallel/dtensor/dtensor.h>
 #include <hyper_parallel/nn/module.h>
@@ -76,5 +79,55 @@ bool has_fully_shard(const torch::nn::Module& module);
 /// When `module`'s forward starts, also gather the parameters of `modules` (in order), as
 /// PyTorch's FSDPModule.set_modules_to_forward_prefetch; each must be a fully_shard module.
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<torch::nn::Module*>& modules);
+
+/// The parameters of one fully_shard call, for a frontend that keeps its modules' parameter
+/// slots itself (the Python face swaps a torch.nn module's parameters in its own hooks); the C++
+/// fully_shard above is this plus libtorch modules' slots and hooks. A handle: copies share one
+/// group, which lives while a copy does.
+/// e.g. `FullyShardGroup g(params, names, mesh["dp"]); auto compute = g.pre_forward(); ...; g.post_forward(out);`
+class FullyShardGroup {
+ public:
+  /// Shards `params` (each a plain tensor or a TP DTensor, none twice) over dp_mesh as
+  /// fully_shard does; `fqns` name them in errors. Throws before sharding anything when one of
+  /// them cannot be, or was taken over by an earlier group (a weight tied across two calls).
+  FullyShardGroup(const std::vector<at::Tensor>& params, const std::vector<std::string>& fqns, const DeviceMesh& dp_mesh,
+                  FullyShardOptions options = {});
+  /// The sharded parameters (DTensors on dp_mesh, or on the dp x tp root), in the order given:
+  /// what optimizers and state dicts see, and what the module's slots hold outside forward.
+  std::vector<at::Tensor> sharded_parameters() const;
+  /// Before the module's forward: gathers the group (and starts the prefetched groups' gathers)
+  /// and returns the tensors forward computes with, one per parameter, in the module's slots
+  /// until post_forward. Their backward reduce-scatters the group's gradients into the sharded
+  /// parameters' .grad.
+  std::vector<at::Tensor> pre_forward();
+  /// After it, with the sharded parameters back in the slots: reshards (unless this is the root
+  /// or reshard_after_forward is off) and has backward gather again when `output`'s gradients
+  /// arrive. `output` None: the forward threw.
+  void post_forward(const c10::IValue& output);
+  /// Gathers the parameters now (async_op: starts the gather; wait_for_unshard completes it).
+  void unshard(bool async_op = false);
+  /// Completes a gather unshard(true) started (nothing when none is in flight).
+  void wait_for_unshard();
+  /// Frees the gathered parameters.
+  void reshard();
+  /// Whether this group's first forward found no other fully_shard forward running (the root);
+  /// true once, at that forward.
+  bool claim_root();
+  /// The module's path from the root, named in this group's collective labels.
+  void set_fqn(const std::string& fqn);
+  /// FSDP2's set_requires_gradient_sync for this group (see the free function).
+  void set_requires_gradient_sync(bool requires_sync);
+  /// Whether backward frees the gathered parameters when it is done with them (true by default);
+  /// false keeps them for the next forward (gradient accumulation: set it back to true before
+  /// the optimizer step's microbatch, or the next forward computes with the old values).
+  void set_reshard_after_backward(bool reshard_after_backward);
+  /// set_modules_to_forward_prefetch, by group.
+  void set_modules_to_forward_prefetch(const std::vector<FullyShardGroup>& groups);
+  /// Whether two handles are one group.
+  bool operator==(const FullyShardGroup& other) const { return group_ == other.group_; }
+
+ private:
+  c10::intrusive_ptr<torch::CustomClassHolder> group_;  // an fsdp::FSDPParamGroup
+};
 
 }  // namespace hyper_parallel

@@ -27,7 +27,7 @@ EXCEPTIONS = {
         "torch.Tensor made by from_local or distribute_tensor",
     "test_dtensor.DTensorTest.test_dtensor_save_load":
         "torch.save of a DTensor: refused by name (a rank's piece is tied to this job's process groups); "
-        "get_full_state_dict or the sharded checkpoints save a model",
+        "get_model_state_dict (full_state_dict) or the sharded checkpoints save a model",
     "test_dtensor.DTensorTest.test_dtensor_save_load_import":
         "torch.save of a DTensor: refused by name, as above",
     "test_redistribute.RedistributeTest.test_shard_dim_alltoall_float32":
