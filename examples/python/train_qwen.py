@@ -107,13 +107,25 @@ def main():
                       flush=True)
             start = time.perf_counter()
 
-    # The whole model on rank 0 only, one tensor at a time; rank 0 writes it.
+    # The whole model on rank 0 only, one tensor at a time; rank 0 writes it, then checks that
+    # transformers loads it and gives the trained model's logits.
     sd = hp.get_model_state_dict(model, options=hp.StateDictOptions(full_state_dict=True, cpu_offload=True))
+    probe = data[:args.seq].reshape(1, -1)
+    with torch.no_grad():
+        logits = model(probe).logits
+    status = 0
     if rank == 0:
+        from transformers import Qwen3ForCausalLM
         model.save_pretrained(args.out, state_dict=sd)
-        print(f"saved the trained model to {os.path.abspath(args.out)} (Qwen3ForCausalLM.from_pretrained loads it)", flush=True)
+        loaded = Qwen3ForCausalLM.from_pretrained(args.out)
+        with torch.no_grad():
+            diff = (loaded(probe).logits - logits).abs().max().item()
+        print(f"saved the trained model to {os.path.abspath(args.out)}; Qwen3ForCausalLM.from_pretrained gives its logits: "
+              f"max |logits_loaded - logits_trained| = {diff:.2e}", flush=True)
+        status = 0 if diff < 1e-4 else 1
     hp.barrier()
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
