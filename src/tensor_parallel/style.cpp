@@ -51,7 +51,10 @@ void check_shardable(const at::Tensor& t, const Placement& p, const DeviceMesh& 
   if (!p.is_shard()) return;
   const int64_t d = p.normalized(t.dim()).dim();
   HP_CHECK_T(c10::ValueError, t.size(d) % mesh.size(0) == 0, qualified_where, ": dim ", d, " of size ", t.size(d),
-             " (shape ", t.sizes(), ") is not divisible by the tensor-parallel size ", mesh.size(0));
+             " (shape ", t.sizes(), ") is not divisible by the tensor-parallel size ", mesh.size(0),
+             " (a sequence-parallel plan needs every sequence length divisible by it; to generate, where a decode step has one "
+             "token, parallelize with a plan without sequence parallelism: from Python plan_from_transformers(model) for a "
+             "transformers model, in C++ parallelize_qwen3_tp / parallelize_qwen3_5_tp with sequence_parallel = false)");
 }
 
 // `d` redistributed to `desired` (the sharded dim checked to divide), local when `use_local`.

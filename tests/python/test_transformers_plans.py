@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hyper_parallel as hp
-from hyper_parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, Shard, init_device_mesh,
+from hyper_parallel import (ColwiseParallel, Replicate, RowwiseParallel, SequenceParallel, Shard, init_device_mesh,
                             parallelize_module, plan_from_transformers)
 
 torch.set_num_threads(1)
@@ -93,3 +93,39 @@ def test_qwen3_moes_fused_experts_are_refused_by_name_and_the_model_is_left_as_i
 def test_a_module_that_is_not_a_transformers_model_is_refused_by_name():
     with pytest.raises(TypeError, match="plan_from_transformers"):
         plan_from_transformers(torch.nn.Linear(2, 2))
+
+
+def seed_d3_plan():
+    """The seed's D3 plan on transformers' Qwen3: the norms sequence-parallel (activations cut on
+    the sequence between the blocks, as DTensors: transformers reads the sequence length off the
+    embeddings), Colwise projections gathering the sequence, Rowwise ones reduce-scattering it,
+    lm_head gathering the logits."""
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)}
+    for p in ("input_layernorm", "post_attention_layernorm"):
+        plan[f"model.layers.*.{p}"] = SequenceParallel()
+    for p in ("q_proj", "k_proj", "v_proj"):
+        plan[f"model.layers.*.self_attn.{p}"] = ColwiseParallel(input_layouts=Shard(1))
+    for p in ("q_norm", "k_norm"):
+        plan[f"model.layers.*.self_attn.{p}"] = SequenceParallel(sequence_dim=-2, use_local_output=True)
+    plan["model.layers.*.self_attn.o_proj"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    for p in ("gate_proj", "up_proj"):
+        plan[f"model.layers.*.mlp.{p}"] = ColwiseParallel(input_layouts=Shard(1))
+    plan["model.layers.*.mlp.down_proj"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    plan["model.norm"] = SequenceParallel()
+    plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    return plan
+
+
+def test_the_seeds_sequence_parallel_plan_trains_as_one_process_and_its_decode_step_is_refused_naming_the_plan_to_generate_with():
+    model, ref = seeded(0, lambda: qwen3(False)), seeded(0, lambda: qwen3(False))
+    parallelize_module(model, MESH, seed_d3_plan())
+    ids = seeded(1, lambda: torch.randint(0, 64, (2, 4 * TP)))
+    loss, ref_loss = model(ids, labels=ids).loss, ref(ids, labels=ids).loss
+    loss.backward()
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="plan_from_transformers"):
+        with torch.no_grad():
+            model(ids[:, :1])  # one token: a decode step
