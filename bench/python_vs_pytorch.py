@@ -10,7 +10,11 @@ bench/vs_pytorch.py (medians of alternating repetitions). Prints one JSON line p
   parallelized by each library's parallelize_module at tp = 2; ratio = ours / PyTorch's;
 - adam_step: torch.optim.Adam(foreach=True) over the DTensor parameters of a [256 -> 1024 -> 256]
   MLP (Colwise, Rowwise), each library's DTensors; adam_overhead: that step less the same Adam on
-  plain tensors of the local pieces' shapes (what the DTensors add), ours / PyTorch's.
+  plain tensors of the local pieces' shapes (what the DTensors add), ours / PyTorch's;
+- qwen3_tp2_step: a transformers Qwen3 training step (hidden 256, 4 layers, 4 x 64 tokens per rank,
+  AdamW) under transformers' tp_plan="auto" and under ours (plan_from_transformers);
+  qwen3_dp2_fsdp_step: the same under PyTorch's FSDP2 and under our fully_shard (dp = 2);
+  qwen3_one_process_step: the same step in one process, for scale.
 
     .venv/bin/python bench/python_vs_pytorch.py [--build build]
 """
@@ -20,7 +24,7 @@ import os
 import subprocess
 import sys
 
-GOALS = {"op_overhead": 0.1, "adam_overhead": 0.1, "adam_step": 0.8, "step": 0.8}
+GOALS = {"op_overhead": 0.1, "adam_overhead": 0.1, "adam_step": 0.8, "step": 0.8, "qwen3": 0.85}
 
 
 def rank_main():
@@ -112,6 +116,8 @@ def rank_main():
     t = [time_us(theirs_step, 3, reps=5) / 1000 for _ in range(3)]
     out["step_mlp"] = (sorted(o)[1], sorted(t)[1], "ms")
 
+    one_process = qwen3_steps(out, hp, hmesh, tmesh, rank)
+
     if rank == 0:
         print(json.dumps({"name": "python_vs_pytorch_environment", "torch": torch.__version__, "ranks": world,
                           "intra_op_threads": 1, "cpus": os.cpu_count()}), flush=True)
@@ -120,8 +126,70 @@ def rank_main():
             ratio = ours_v / theirs_v
             print(json.dumps({"name": "python_vs_pytorch_" + name, "ours": round(ours_v, 3), "pytorch": round(theirs_v, 3),
                               "unit": unit, "ratio": round(ratio, 4), "goal": goal, "met": ratio <= goal}), flush=True)
+        print(json.dumps({"name": "python_vs_pytorch_qwen3_one_process_step", "value": round(one_process, 3), "unit": "ms"}),
+              flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def qwen3_steps(out, hp, hmesh, tmesh, rank):
+    """A transformers Qwen3 training step (loss, backward, AdamW) on each rank's 4 x 64 tokens:
+    qwen3_tp2_step, transformers' own tensor parallelism (from_pretrained(tp_plan="auto")) against
+    ours (its plan through plan_from_transformers); qwen3_dp2_fsdp_step, PyTorch's FSDP2 against
+    our fully_shard (per layer, then the root). Returns the same step in one process (ms)."""
+    import tempfile
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from vs_pytorch import time_us
+
+    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
+    path = os.path.join(tempfile.gettempdir(), f"hp_bench_qwen3_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+    if rank == 0:
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(config).save_pretrained(path)
+    dist.barrier()
+    ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(rank))
+
+    def stepper(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return step
+
+    def load(**kwargs):
+        return Qwen3ForCausalLM.from_pretrained(path, **kwargs)
+
+    theirs_tp = stepper(load(tp_plan="auto", device_mesh=tmesh))
+    ours_model = load()
+    hp.parallelize_module(ours_model, hmesh, hp.plan_from_transformers(ours_model))
+    ours_tp = stepper(ours_model)
+    dp_mesh = hp.init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp",))
+    ours_model = load()
+    for layer in ours_model.model.layers:
+        hp.fully_shard(layer, mesh=dp_mesh)
+    ours_dp = stepper(hp.fully_shard(ours_model, mesh=dp_mesh))
+    theirs_model = load()
+    for layer in theirs_model.model.layers:
+        torch_fully_shard(layer, mesh=tmesh)
+    torch_fully_shard(theirs_model, mesh=tmesh)
+    theirs_dp = stepper(theirs_model)
+    plain = stepper(load())
+    times = {k: [] for k in ("ours_tp", "theirs_tp", "ours_dp", "theirs_dp", "plain")}
+    steps = dict(ours_tp=ours_tp, theirs_tp=theirs_tp, ours_dp=ours_dp, theirs_dp=theirs_dp, plain=plain)
+    for _ in range(5):  # alternating rounds, medians
+        for k, fn in steps.items():
+            dist.barrier()
+            times[k].append(time_us(fn, 3, 1) / 1000)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    out["qwen3_tp2_step"] = (med["ours_tp"], med["theirs_tp"], "ms")
+    out["qwen3_dp2_fsdp_step"] = (med["ours_dp"], med["theirs_dp"], "ms")
+    return med["plain"]
 
 
 def main():
