@@ -5,7 +5,8 @@
 """
 from __future__ import annotations
 
-from typing import Dict
+import fnmatch
+from typing import Dict, Iterable
 
 import torch.nn as nn
 
@@ -46,12 +47,15 @@ _REFUSED = {
 }
 
 
-def plan_from_transformers(model: nn.Module) -> Dict[str, ParallelStyle]:
+def plan_from_transformers(model: nn.Module, *, exclude: Iterable[str] = ()) -> Dict[str, ParallelStyle]:
     """The plan, FQN glob to style, that transformers' ``tp_plan="auto"`` applies to ``model``:
     the plan transformers resolved on the model (``model._tp_plan``), else
     ``config.base_model_tp_plan`` under the base model's prefix and the class's ``_tp_plan``. With tied word embeddings the embedding is cut on the vocabulary as the
     output projection is (both Shard(0) of one tensor), so the tie stays one parameter. A style
-    we cannot express (fused experts, expert parallelism) is refused by name, changing nothing."""
+    we cannot express (fused experts, expert parallelism) is refused by name, changing nothing.
+    ``exclude``: FQN globs whose entries (and the entries under them) are left out, their modules
+    replicated, e.g. ``exclude=["model.layers.*.mlp.experts"]`` for Qwen3-MoE's fused experts."""
+    exclude = list(exclude)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "base_model_tp_plan"):
         raise TypeError(f"hyper_parallel.plan_from_transformers: a {type(model).__name__} is not a transformers model "
@@ -70,11 +74,12 @@ def plan_from_transformers(model: nn.Module) -> Dict[str, ParallelStyle]:
         entries += list((resolved or {}).items())
     plan = {}
     for path, name in entries:
-        if name in _NOTHING:
+        if name in _NOTHING or any(fnmatch.fnmatchcase(path, e) or fnmatch.fnmatchcase(path, e + ".*") for e in exclude):
             continue
         if name in _REFUSED:
             raise NotImplementedError(f"hyper_parallel.plan_from_transformers: '{path}': '{name}' ({_REFUSED[name]}) has no "
-                                      "style here; remove it from config.base_model_tp_plan or write the plan by hand")
+                                      f"style here; leave it out with plan_from_transformers(model, exclude=['{path}']) "
+                                      "(the module stays replicated) or write the plan by hand")
         if name not in _STYLES:
             raise NotImplementedError(f"hyper_parallel.plan_from_transformers: '{path}': transformers' style '{name}' "
                                       f"is not known here (known: {', '.join(sorted(_STYLES))})")

@@ -295,29 +295,20 @@ def test_transformers_qwen3_5_under_fully_shard_trains_as_one_process():
     train(model, ref, token_batches, lm_loss, rtol=2e-5, atol=2e-6)
 
 
-def qwen3_plan():
-    """transformers' Qwen3 base_model_tp_plan in our styles (lm_head gathered)."""
-    plan = {"model.embed_tokens": hp.RowwiseParallel(input_layouts=Replicate())}
-    for p in ("q_proj", "k_proj", "v_proj"):
-        plan[f"model.layers.*.self_attn.{p}"] = hp.ColwiseParallel()
-    for p in ("q_norm", "k_norm"):
-        plan[f"model.layers.*.self_attn.{p}"] = hp.SequenceParallel(sequence_dim=2, use_local_output=True)
-    plan["model.layers.*.self_attn.o_proj"] = hp.RowwiseParallel()
-    for p in ("gate_proj", "up_proj"):
-        plan[f"model.layers.*.mlp.{p}"] = hp.ColwiseParallel()
-    plan["model.layers.*.mlp.down_proj"] = hp.RowwiseParallel()
-    plan["lm_head"] = hp.ColwiseParallel(output_layouts=Replicate())
-    return plan
+MODELS = {"qwen3_tied": lambda: tiny_qwen3(True), "qwen3_untied": lambda: tiny_qwen3(False), "qwen3_5": tiny_qwen3_5}
 
 
 @FOUR_RANKS
-@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-def test_transformers_qwen3_at_dp2_x_tp2_trains_as_one_process(tie):
-    model, ref = seeded(0, lambda: tiny_qwen3(tie)), seeded(0, lambda: tiny_qwen3(tie))
-    parallelize_module(model, DP_TP["tp"], qwen3_plan())
+@pytest.mark.parametrize("name", list(MODELS))
+def test_transformers_models_at_dp2_x_tp2_with_their_own_tp_plan_train_as_one_process(name):
+    model, ref = seeded(0, MODELS[name]), seeded(0, MODELS[name])
+    tie = model.lm_head.weight is model.model.embed_tokens.weight
+    parallelize_module(model, DP_TP["tp"], hp.plan_from_transformers(model))
     shard_layers(model, DP_TP["dp"])
     w = model.model.layers[0].mlp.gate_proj.weight
     assert w.device_mesh == DP_TP and w.placements == (Shard(1), Shard(0))  # dp on the dim TP leaves whole
+    assert model.model.norm.weight.device_mesh == DP_TP  # a plain parameter: on the same mesh, replicated over tp
+    assert model.model.norm.weight.placements == (Shard(0), Replicate())
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
     dp_rank = DP_TP.get_local_rank("dp")
     train(model, ref, token_batches, lm_loss, clip=1.0, dp_rank=dp_rank, dp_size=2, dp_mesh=DP_TP["dp"])

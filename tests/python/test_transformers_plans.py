@@ -80,14 +80,24 @@ def test_qwen3_5s_own_plan_keeps_gated_deltanet_whole_and_gives_one_process_grad
     expect_one_process(model, ref, rtol=2e-5, atol=2e-6)
 
 
-def test_qwen3_moes_fused_experts_are_refused_by_name_and_the_model_is_left_as_it_was():
+def qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
-                                               num_experts=4, num_experts_per_tok=2))
-    with pytest.raises(NotImplementedError, match="packed_colwise"):
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+                                              num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                                              attn_implementation="eager"))
+
+
+def test_qwen3_moes_fused_experts_are_refused_by_name_and_the_rest_of_its_plan_gives_one_process_values():
+    model, ref = seeded(0, qwen3_moe), seeded(0, qwen3_moe)
+    with pytest.raises(NotImplementedError, match="packed_colwise.*exclude"):
         plan_from_transformers(model)
-    assert not any(isinstance(p, hp.DTensor) for p in model.parameters())
+    plan = plan_from_transformers(model, exclude=["model.layers.*.mlp.experts"])
+    assert not any(".experts" in path for path in plan) and "model.layers.*.self_attn.o_proj" in plan
+    parallelize_module(model, MESH, plan)
+    assert model.model.layers[0].self_attn.q_proj.weight.placements == (Shard(0),)
+    assert not isinstance(model.model.layers[0].mlp.experts.gate_up_proj, hp.DTensor)  # replicated: a plain tensor
+    expect_one_process(model, ref)
 
 
 def test_a_module_that_is_not_a_transformers_model_is_refused_by_name():
