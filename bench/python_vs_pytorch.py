@@ -14,7 +14,8 @@ bench/vs_pytorch.py (medians of alternating repetitions). Prints one JSON line p
 - qwen3_tp2_step: a transformers Qwen3 training step (hidden 256, 4 layers, 4 x 64 tokens per rank,
   AdamW) under transformers' tp_plan="auto" and under ours (plan_from_transformers);
   qwen3_dp2_fsdp_step: the same under PyTorch's FSDP2 and under our fully_shard (dp = 2);
-  qwen3_one_process_step: the same step in one process, for scale.
+  qwen3_one_process_step: the same step in one process, for scale; qwen3_dp2_tp2_step (a second,
+  4-rank job): transformers' tp_plan="auto" plus PyTorch's FSDP2 against ours, on dp 2 x tp 2.
 
     .venv/bin/python bench/python_vs_pytorch.py [--build build]
 """
@@ -192,26 +193,92 @@ def qwen3_steps(out, hp, hmesh, tmesh, rank):
     return med["plain"]
 
 
+def dp_tp_rank_main():
+    """The 4-rank job: qwen3_dp2_tp2_step, transformers' tp_plan="auto" on mesh["tp"] plus
+    PyTorch's FSDP2 on mesh["dp"], against plan_from_transformers plus our fully_shard."""
+    import tempfile
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import hyper_parallel as hp
+    from vs_pytorch import time_us
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    hp.init_process_group()
+    rank = dist.get_rank()
+    tmesh = torch_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    hmesh = hp.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
+    path = os.path.join(tempfile.gettempdir(), f"hp_bench_qwen3_dp_tp_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+    if rank == 0:
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(config).save_pretrained(path)
+    dist.barrier()
+    ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(hmesh.get_local_rank("dp")))
+
+    def stepper(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return step
+
+    theirs = Qwen3ForCausalLM.from_pretrained(path, tp_plan="auto", device_mesh=tmesh["tp"])
+    for layer in theirs.model.layers:
+        torch_fully_shard(layer, mesh=tmesh["dp"])
+    torch_fully_shard(theirs, mesh=tmesh["dp"])
+    ours = Qwen3ForCausalLM.from_pretrained(path)
+    hp.parallelize_module(ours, hmesh["tp"], hp.plan_from_transformers(ours))
+    for layer in ours.model.layers:
+        hp.fully_shard(layer, mesh=hmesh["dp"])
+    hp.fully_shard(ours, mesh=hmesh["dp"])
+    steps = {"ours": stepper(ours), "theirs": stepper(theirs)}
+    times = {k: [] for k in steps}
+    for _ in range(5):
+        for k, fn in steps.items():
+            dist.barrier()
+            times[k].append(time_us(fn, 2, 1) / 1000)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    if rank == 0:
+        ratio = med["ours"] / med["theirs"]
+        print(json.dumps({"name": "python_vs_pytorch_qwen3_dp2_tp2_step", "ours": round(med["ours"], 3),
+                          "pytorch": round(med["theirs"], 3), "unit": "ms", "ratio": round(ratio, 4), "goal": GOALS["qwen3"],
+                          "met": ratio <= GOALS["qwen3"]}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dp-tp-rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank:
         return rank_main()
+    if args.dp_tp_rank:
+        return dp_tp_rank_main()
     package = os.path.join(os.path.abspath(args.build), "python")
     if not os.path.isdir(os.path.join(package, "hyper_parallel")):
         sys.exit(f"python_vs_pytorch: {package}/hyper_parallel is missing: build first (scripts/setup.sh)")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([package, here]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--local-ranks-filter", "0", os.path.abspath(__file__), "--rank"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            print(line)
-    if proc.returncode != 0:
-        sys.exit(f"python_vs_pytorch: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    for nproc, flag in (("2", "--rank"), ("4", "--dp-tp-rank")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", nproc,
+               "--local-ranks-filter", "0", os.path.abspath(__file__), flag]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                print(line)
+        if proc.returncode != 0:
+            sys.exit(f"python_vs_pytorch: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
 
 
 if __name__ == "__main__":

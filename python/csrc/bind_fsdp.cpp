@@ -62,6 +62,7 @@ void bind_fsdp(py::module_& m) {
       .def("set_fqn", &FullyShardGroup::set_fqn)
       .def("set_requires_gradient_sync", &FullyShardGroup::set_requires_gradient_sync)
       .def("set_reshard_after_backward", &FullyShardGroup::set_reshard_after_backward)
+      .def("set_is_last_backward", &FullyShardGroup::set_is_last_backward)
       .def("set_modules_to_forward_prefetch", &FullyShardGroup::set_modules_to_forward_prefetch);
 }
 

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from . import _C
 from ._runtime import get_world_size
 from ._snapshot import all_or_nothing
+from .api import _guard_load_state_dict
 from .device_mesh import DeviceMesh, init_device_mesh
 
 _STATE = "_hp_fully_shard_state"
@@ -142,6 +143,15 @@ class FSDPModule:
         for m in self._fsdp_modules(recurse):
             _state(m).group.set_reshard_after_backward(bool(reshard_after_backward))
 
+    def set_is_last_backward(self, is_last_backward: bool) -> None:
+        """Whether the next backward completes its gradient reductions at its end (True by
+        default). False leaves them in flight, overlapping the next microbatch's forward, which
+        completes them; set it back to True before the last microbatch's backward, whose end then
+        completes every reduction before the optimizer step. Applies to every fully_shard module
+        inside this one."""
+        for m in self._fsdp_modules(True):
+            _state(m).group.set_is_last_backward(bool(is_last_backward))
+
     def set_modules_to_forward_prefetch(self, modules: List["FSDPModule"]) -> None:
         """When this module's forward starts, also start gathering ``modules``' parameters."""
         groups = []
@@ -247,4 +257,6 @@ def fully_shard(module: Union[nn.Module, List[nn.Module]], *, mesh: Optional[Dev
         module.__class__ = _fsdp_class(type(module))
 
     all_or_nothing(module, install)
+    # load_state_dict of whole tensors is refused, naming set_model_state_dict (as after parallelize_module).
+    _guard_load_state_dict(module)
     return module

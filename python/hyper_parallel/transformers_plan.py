@@ -72,6 +72,10 @@ def plan_from_transformers(model: nn.Module, *, exclude: Iterable[str] = ()) -> 
         under_base = bool(prefix) and isinstance(getattr(model, prefix, None), nn.Module)
         entries = [(f"{prefix}.{k}" if under_base else k, v) for k, v in (config.base_model_tp_plan or {}).items()]
         entries += list((resolved or {}).items())
+    # An entry for modules this model does not have (the dense MLP of a model whose every layer
+    # is sparse) is dropped here, as tp_plan="auto" drops it, rather than warned about.
+    names = [n for n, _ in model.named_modules()] + [n for n, _ in model.named_parameters()]
+    entries = [(path, name) for path, name in entries if any(fnmatch.fnmatchcase(n, path) for n in names)]
     plan = {}
     for path, name in entries:
         if name in _NOTHING or any(fnmatch.fnmatchcase(path, e) or fnmatch.fnmatchcase(path, e + ".*") for e in exclude):

@@ -177,6 +177,7 @@ bool FSDPParamGroup::claim_root() {
 
 std::vector<at::Tensor> FSDPParamGroup::pre_forward() {
   claim_root();
+  finish_reduce_grads();  // a reduction the last backward left in flight (is_last_backward false)
   ++t_active_forwards;
   in_forward_ = true;
   unshard();
@@ -248,6 +249,7 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
     for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), op, 0, shard_group_);
   }
   reduce_pending_ = true;
+  if (!is_last_backward) return;
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto g = self.lock()) g->finish_reduce_grads();

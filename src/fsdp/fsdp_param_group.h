@@ -63,6 +63,10 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   bool requires_gradient_sync = true;
   /// Whether backward frees the gathered parameters once this group's gradients are packed.
   bool reshard_after_backward = true;
+  /// Whether the end of the backward pass completes this group's reduce-scatters (FSDP2's
+  /// set_is_last_backward); false leaves them in flight until the group's next forward or
+  /// backward, so they overlap the next microbatch.
+  bool is_last_backward = true;
   /// Groups whose all-gather is issued right after this group's in pre_forward.
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> forward_prefetch;
 

@@ -369,6 +369,8 @@ void FullyShardGroup::set_reshard_after_backward(bool reshard_after_backward) {
   as_group(group_).reshard_after_backward = reshard_after_backward;
 }
 
+void FullyShardGroup::set_is_last_backward(bool is_last_backward) { as_group(group_).is_last_backward = is_last_backward; }
+
 void FullyShardGroup::set_modules_to_forward_prefetch(const std::vector<FullyShardGroup>& groups) {
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> targets;
   for (const FullyShardGroup& g : groups)

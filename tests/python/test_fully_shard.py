@@ -190,6 +190,21 @@ def test_gradient_accumulation_without_sync_reduces_once_and_equals_one_process(
         torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_reductions_left_in_flight_by_set_is_last_backward_complete_in_the_next_forward_and_equal_one_process():
+    model, ref = shard_stack(seeded(0, Stack), DP), seeded(0, Stack)
+    batches = [stack_batches(s) for s in range(3)]
+    for micro, (x, y) in enumerate(batches):
+        last = micro == len(batches) - 1
+        model.set_is_last_backward(last)
+        (mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)) / len(batches)).backward()
+        (mse(ref, x, y) / len(batches)).backward()
+        if micro == 0:
+            # In flight: the block's gradients arrive when its next forward starts.
+            assert model.blocks[0].up.weight.grad is None
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_unshard_and_reshard_by_hand_and_keeping_parameters_after_backward_give_one_process_values():
     model, ref = shard_stack(seeded(0, Stack), DP), seeded(0, Stack)
     x, _ = stack_batches(0)
@@ -338,6 +353,8 @@ def test_a_full_state_dict_is_gathered_on_rank_0_only_and_loads_back_broadcast_f
     everywhere = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     assert all(torch.equal(everywhere[k], v) for k, v in ref.state_dict().items())
     assert isinstance(get_model_state_dict(model)["blocks.0.up.weight"], hp.DTensor)
+    with pytest.raises(RuntimeError, match="set_model_state_dict"):
+        model.load_state_dict(ref.state_dict())  # whole tensors into shards: refused, naming the way in
     # Loading: only rank 0 has the weights (another model's); every rank gets its pieces.
     other = seeded(7, Stack)
     set_model_state_dict(model, other.state_dict() if RANK == 0 else {},
