@@ -15,7 +15,8 @@ bench/vs_pytorch.py (medians of alternating repetitions). Prints one JSON line p
   AdamW) under transformers' tp_plan="auto" and under ours (plan_from_transformers);
   qwen3_dp2_fsdp_step: the same under PyTorch's FSDP2 and under our fully_shard (dp = 2);
   qwen3_one_process_step: the same step in one process, for scale; qwen3_dp2_tp2_step (a second,
-  4-rank job): transformers' tp_plan="auto" plus PyTorch's FSDP2 against ours, on dp 2 x tp 2.
+  4-rank job): transformers' DistributedConfig(tp_size=2, fsdp_size=2) (its tp plan and PyTorch's
+  FSDP2) against ours, on dp 2 x tp 2.
 
     .venv/bin/python bench/python_vs_pytorch.py [--build build]
 """
@@ -194,14 +195,13 @@ def qwen3_steps(out, hp, hmesh, tmesh, rank):
 
 
 def dp_tp_rank_main():
-    """The 4-rank job: qwen3_dp2_tp2_step, transformers' tp_plan="auto" on mesh["tp"] plus
-    PyTorch's FSDP2 on mesh["dp"], against plan_from_transformers plus our fully_shard."""
+    """The 4-rank job: qwen3_dp2_tp2_step, transformers' own dp x tp (from_pretrained with
+    DistributedConfig(tp_size=2, fsdp_size=2): its tp plan and PyTorch's FSDP2) against
+    plan_from_transformers plus our fully_shard."""
     import tempfile
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import DistributedConfig, Qwen3Config, Qwen3ForCausalLM
 
     import hyper_parallel as hp
     from vs_pytorch import time_us
@@ -210,7 +210,6 @@ def dp_tp_rank_main():
     dist.init_process_group("gloo")
     hp.init_process_group()
     rank = dist.get_rank()
-    tmesh = torch_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     hmesh = hp.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
@@ -230,10 +229,8 @@ def dp_tp_rank_main():
             opt.zero_grad()
         return step
 
-    theirs = Qwen3ForCausalLM.from_pretrained(path, tp_plan="auto", device_mesh=tmesh["tp"])
-    for layer in theirs.model.layers:
-        torch_fully_shard(layer, mesh=tmesh["dp"])
-    torch_fully_shard(theirs, mesh=tmesh["dp"])
+    # transformers' own dp x tp: its tp plan and its FSDP2 plan from one DistributedConfig.
+    theirs = Qwen3ForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2, fsdp_size=2))
     ours = Qwen3ForCausalLM.from_pretrained(path)
     hp.parallelize_module(ours, hmesh["tp"], hp.plan_from_transformers(ours))
     for layer in ours.model.layers:
