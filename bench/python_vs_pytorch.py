@@ -134,35 +134,51 @@ def rank_main():
     dist.destroy_process_group()
 
 
+def qwen3_checkpoint(rank, tag):
+    """A random Qwen3 (hidden 256, 4 layers, vocabulary 1024) that rank 0 saves for every rank to
+    load; its directory."""
+    import tempfile
+    import torch
+    import torch.distributed as dist
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
+    path = os.path.join(tempfile.gettempdir(), f"hp_bench_qwen3_{tag}_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+    if rank == 0:
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(config).save_pretrained(path)
+    dist.barrier()
+    return path
+
+
+def training_step(model, ids):
+    """One training step of a transformers causal LM on `ids` (loss, backward, AdamW), as a function."""
+    import torch
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
 def qwen3_steps(out, hp, hmesh, tmesh, rank):
     """A transformers Qwen3 training step (loss, backward, AdamW) on each rank's 4 x 64 tokens:
     qwen3_tp2_step, transformers' own tensor parallelism (from_pretrained(tp_plan="auto")) against
     ours (its plan through plan_from_transformers); qwen3_dp2_fsdp_step, PyTorch's FSDP2 against
     our fully_shard (per layer, then the root). Returns the same step in one process (ms)."""
-    import tempfile
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
     from vs_pytorch import time_us
 
-    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
-    path = os.path.join(tempfile.gettempdir(), f"hp_bench_qwen3_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
-    if rank == 0:
-        torch.manual_seed(0)
-        Qwen3ForCausalLM(config).save_pretrained(path)
-    dist.barrier()
+    path = qwen3_checkpoint(rank, "tp_dp")
     ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(rank))
 
     def stepper(model):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            model(ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-        return step
+        return training_step(model, ids)
 
     def load(**kwargs):
         return Qwen3ForCausalLM.from_pretrained(path, **kwargs)
@@ -198,10 +214,9 @@ def dp_tp_rank_main():
     """The 4-rank job: qwen3_dp2_tp2_step, transformers' own dp x tp (from_pretrained with
     DistributedConfig(tp_size=2, fsdp_size=2): its tp plan and PyTorch's FSDP2) against
     plan_from_transformers plus our fully_shard."""
-    import tempfile
     import torch
     import torch.distributed as dist
-    from transformers import DistributedConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import DistributedConfig, Qwen3ForCausalLM
 
     import hyper_parallel as hp
     from vs_pytorch import time_us
@@ -211,23 +226,11 @@ def dp_tp_rank_main():
     hp.init_process_group()
     rank = dist.get_rank()
     hmesh = hp.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)
-    path = os.path.join(tempfile.gettempdir(), f"hp_bench_qwen3_dp_tp_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
-    if rank == 0:
-        torch.manual_seed(0)
-        Qwen3ForCausalLM(config).save_pretrained(path)
-    dist.barrier()
+    path = qwen3_checkpoint(rank, "dp2_tp2")
     ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(hmesh.get_local_rank("dp")))
 
     def stepper(model):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            model(ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-        return step
+        return training_step(model, ids)
 
     # transformers' own dp x tp: its tp plan and its FSDP2 plan from one DistributedConfig.
     theirs = Qwen3ForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2, fsdp_size=2))
