@@ -16,7 +16,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from . import _C
 from ._runtime import get_world_size
@@ -90,13 +90,30 @@ def _pre_forward(module, args, kwargs):
     return None
 
 
+def _tensors_in(obj, out):
+    """Every tensor in a module's output: inside tuples, lists, dicts (transformers' ModelOutput
+    is one) and dataclasses. Backward gathers a resharded module's parameters again when these
+    tensors' gradients arrive, so none may be missed."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors_in(x, out)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _tensors_in(getattr(obj, f.name, None), out)
+    return out
+
+
 def _post_forward(module, args, kwargs, output):
     # Also after a forward that raised (output None: an always_call hook): the slots get the
     # sharded parameters back either way.
     state = _state(module)
     state.install(state.params)
-    tensors = None if output is None else [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
-    state.group.post_forward(tensors)
+    state.group.post_forward(None if output is None else _tensors_in(output, []))
     if output is not None and state.mp_policy.output_dtype is not None:
         return _cast(output, state.mp_policy.output_dtype)
     return None

@@ -5,6 +5,7 @@ rank, at dp 2 x tp 2 and as HSDP (4 ranks), with torch.optim and clip_grad_norm_
 Run SPMD under torchrun or hprun: every rank trains on its own slice of one batch, the reference
 trains one process on the whole batch; the mean of the ranks' mean losses is the whole batch's.
 """
+import dataclasses
 import tempfile
 
 import pytest
@@ -156,6 +157,47 @@ def test_the_same_steps_under_pytorchs_own_fully_shard_give_the_same_shards_and_
     for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
         assert p.placements == tuple(Shard(pl.dim) for pl in q.placements), name
         torch.testing.assert_close(p.to_local(), q.to_local(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+@dataclasses.dataclass
+class BlockOutput:
+    hidden: torch.Tensor
+    extra: dict
+
+
+class OutputsBlock(nn.Module):
+    """A block whose output is a dataclass holding a dict (as transformers' outputs hold tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = Mlp()
+
+    def forward(self, x):
+        h = self.mlp(x)
+        return BlockOutput(hidden=h, extra={"scaled": 0.5 * h})
+
+
+class OutputsModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(OutputsBlock() for _ in range(2))
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        for b in self.blocks:
+            out = b(x)
+            x = x + out.hidden + out.extra["scaled"]
+        return self.head(x)
+
+
+def test_blocks_returning_dataclasses_and_dicts_are_gathered_again_for_backward_and_equal_one_process():
+    model, ref = seeded(0, OutputsModel), seeded(0, OutputsModel)
+    shard_stack(model, DP)  # resharded after forward: backward must gather them again
+    x, y = stack_batches(0)
+    mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)).backward()
+    mse(ref, x, y).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_a_frozen_parameter_gets_no_gradient_and_the_rest_train_as_one_process():
