@@ -58,11 +58,11 @@ void bind_fsdp(py::module_& m) {
       .def("unshard", [](FullyShardGroup& g, bool async_op) { guarded<true>([&] { g.unshard(async_op); }); }, py::arg("async_op") = false)
       .def("wait_for_unshard", [](FullyShardGroup& g) { guarded<true>([&] { g.wait_for_unshard(); }); })
       .def("reshard", [](FullyShardGroup& g) { guarded<true>([&] { g.reshard(); }); })
+      .def("unsharded_parameters", [](const FullyShardGroup& g) { return guarded<true>([&] { return g.unsharded_parameters(); }); })
       .def("claim_root", &FullyShardGroup::claim_root)
       .def("set_fqn", &FullyShardGroup::set_fqn)
       .def("set_requires_gradient_sync", &FullyShardGroup::set_requires_gradient_sync)
       .def("set_reshard_after_backward", &FullyShardGroup::set_reshard_after_backward)
-      .def("set_is_last_backward", &FullyShardGroup::set_is_last_backward)
       .def("set_modules_to_forward_prefetch", &FullyShardGroup::set_modules_to_forward_prefetch);
 }
 

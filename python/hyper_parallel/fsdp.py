@@ -54,16 +54,28 @@ class _State:
     """One fully_shard call: its C++ group, the slots (owner module, name) of each parameter (a
     tied one has several) and the sharded parameters the slots hold outside forward."""
 
-    def __init__(self, group, slots: List[List[Tuple[nn.Module, str]]], params: List[nn.Parameter], mp_policy):
+    def __init__(self, group, slots: List[List[Tuple[nn.Module, str]]], params: List[nn.Parameter], fqns: List[str], mp_policy):
         self.group = group
         self.slots = slots
         self.params = params
+        self.fqns = fqns
         self.mp_policy = mp_policy
+        self.shows_unsharded = False  # unshard() put the gathered parameters in the slots
 
     def install(self, tensors):
         for slots, t in zip(self.slots, tensors):
             for owner, name in slots:
                 owner._parameters[name] = t
+
+    def check_slots(self, fqns):
+        # A parameter replaced since fully_shard would be silently put back by the next
+        # post-forward: refused by name instead (PyTorch's FSDP2 fails on it too).
+        for slots, p, fqn in zip(self.slots, self.params, fqns):
+            for owner, name in slots:
+                if owner._parameters.get(name) is not p:
+                    raise RuntimeError(f"hyper_parallel.fully_shard: parameter '{fqn}' was replaced or removed after fully_shard; "
+                                       "change parameters before fully_shard, or load new values into the sharded ones "
+                                       "(set_model_state_dict, or copy_ under torch.no_grad())")
 
 
 def _state(module: nn.Module) -> Optional[_State]:
@@ -76,6 +88,8 @@ def _cast(tree, dtype):
 
 def _pre_forward(module, args, kwargs):
     state = _state(module)
+    if not state.shows_unsharded:
+        state.check_slots(state.fqns)
     if state.group.claim_root():
         # The root's first forward names each group under it by its path (FSDP2's lazy init):
         # a rank in another group's collective is then told which module's group it was.
@@ -113,22 +127,32 @@ def _post_forward(module, args, kwargs, output):
     # sharded parameters back either way.
     state = _state(module)
     state.install(state.params)
+    state.shows_unsharded = False
     state.group.post_forward(None if output is None else _tensors_in(output, []))
     if output is not None and state.mp_policy.output_dtype is not None:
         return _cast(output, state.mp_policy.output_dtype)
     return None
 
 
-class UnshardHandle:
-    """What ``FSDPModule.unshard(async_op=True)`` returns: ``wait()`` completes the gather."""
+def _show_unsharded(state):
+    # The gathered parameters in the slots, as FSDP2's unshard() leaves them (plain, or TP
+    # DTensors), as Parameters sharing the gathered storage, until reshard() or the next forward.
+    state.group.wait_for_unshard()
+    state.install([nn.Parameter(t, requires_grad=p.requires_grad) for t, p in zip(state.group.unsharded_parameters(), state.params)])
+    state.shows_unsharded = True
 
-    def __init__(self, group):
-        self._group = group
+
+class UnshardHandle:
+    """What ``FSDPModule.unshard(async_op=True)`` returns: ``wait()`` completes the gather and
+    puts the gathered parameters in the module."""
+
+    def __init__(self, state):
+        self._state = state
 
     def wait(self) -> None:
-        if self._group is not None:
-            self._group.wait_for_unshard()
-            self._group = None
+        if self._state is not None:
+            _show_unsharded(self._state)
+            self._state = None
 
 
 class FSDPModule:
@@ -136,15 +160,23 @@ class FSDPModule:
     ``isinstance(m, FSDPModule)`` tells which modules were sharded."""
 
     def unshard(self, async_op: bool = False) -> Optional[UnshardHandle]:
-        """Gathers this module's parameters now (e.g. before an evaluation loop); with
-        ``async_op`` starts the gather and returns a handle whose ``wait()`` completes it."""
+        """Gathers this module's parameters now and puts them in its slots (read them whole, e.g.
+        ``module.weight``), until ``reshard()`` or the end of its next forward; with ``async_op``
+        starts the gather and returns a handle whose ``wait()`` completes it."""
         state = _state(self)
         state.group.unshard(async_op)
-        return UnshardHandle(state.group) if async_op else None
+        if async_op:
+            return UnshardHandle(state)
+        _show_unsharded(state)
+        return None
 
     def reshard(self) -> None:
-        """Frees this module's gathered parameters (its next forward gathers them again)."""
-        _state(self).group.reshard()
+        """Frees this module's gathered parameters and puts the sharded ones back in its slots
+        (its next forward gathers them again)."""
+        state = _state(self)
+        state.install(state.params)
+        state.shows_unsharded = False
+        state.group.reshard()
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """Whether the next backward passes reduce the gradients (False: each backward adds its
@@ -161,13 +193,20 @@ class FSDPModule:
             _state(m).group.set_reshard_after_backward(bool(reshard_after_backward))
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
-        """Whether the next backward completes its gradient reductions at its end (True by
-        default). False leaves them in flight, overlapping the next microbatch's forward, which
-        completes them; set it back to True before the last microbatch's backward, whose end then
-        completes every reduction before the optimizer step. Applies to every fully_shard module
-        inside this one."""
-        for m in self._fsdp_modules(True):
-            _state(m).group.set_is_last_backward(bool(is_last_backward))
+        """PyTorch's: whether the next backward is the last before an optimizer step. There
+        False only skips waiting on the GPU's reduce-scatter stream at the end of the backward;
+        the gradients are the same either way. Here every backward completes its reductions at its
+        end (there is no separate stream to skip a wait on), so the flag is taken, kept on the
+        module as ``is_last_backward``, and changes no value: PyTorch's training loops run as
+        they are."""
+        if not isinstance(is_last_backward, bool):
+            raise TypeError(f"hyper_parallel.FSDPModule.set_is_last_backward: expected a bool, got {type(is_last_backward).__name__}")
+        self.__dict__["is_last_backward"] = is_last_backward
+
+    def __deepcopy__(self, memo):
+        raise TypeError(f"hyper_parallel.fully_shard: a fully_shard module ({type(self).__name__}) cannot be deep-copied (its "
+                        "parameter groups are not copyable); copy the model before fully_shard, or save its state dict "
+                        "(get_model_state_dict) and load it into a new one")
 
     def set_modules_to_forward_prefetch(self, modules: List["FSDPModule"]) -> None:
         """When this module's forward starts, also start gathering ``modules``' parameters."""
@@ -240,14 +279,28 @@ def fully_shard(module: Union[nn.Module, List[nn.Module]], *, mesh: Optional[Dev
         raise ValueError(f"hyper_parallel.fully_shard: fully_shard was already applied to this {type(module).__name__}")
     if mesh is None:
         mesh = _default_mesh(module)
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"hyper_parallel.fully_shard: mesh must be a hyper_parallel DeviceMesh (hyper_parallel.init_device_mesh), "
+                        f"got a {type(mesh).__module__}.{type(mesh).__name__}")
     ignored = {id(p) for p in (ignored_params or ())}
-    # Parameters an inner call took over stay its own.
-    for sub in module.modules():
-        inner = _state(sub)
+    # A module an inner call sharded is that call's, its whole subtree (its ignored parameters
+    # too), as in FSDP2; so is every parameter it took over (a tie reached from outside).
+    owners = []
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        inner = _state(m) if m is not module else None
         if inner is not None:
             ignored.update(id(p) for p in inner.params)
+            continue
+        owners.append((prefix, m))
+        stack.extend(reversed([(f"{prefix}.{n}" if prefix else n, c) for n, c in m.named_children()]))
+    seen_modules = set()
     originals, fqns, slots, index = [], [], [], {}
-    for prefix, owner in module.named_modules():
+    for prefix, owner in owners:
+        if id(owner) in seen_modules:
+            continue
+        seen_modules.add(id(owner))
         for name, p in owner._parameters.items():
             if p is None or id(p) in ignored:
                 continue
@@ -266,7 +319,7 @@ def fully_shard(module: Union[nn.Module, List[nn.Module]], *, mesh: Optional[Dev
                               mp_policy.cast_forward_inputs)
 
     def install():
-        state = _State(group, slots, params, mp)
+        state = _State(group, slots, params, fqns, mp)
         state.install(params)
         module.__dict__[_STATE] = state
         module.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)

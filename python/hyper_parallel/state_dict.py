@@ -54,15 +54,16 @@ def get_model_state_dict(model: nn.Module, *, options: Optional[StateDictOptions
     if not options.full_state_dict:
         return sd
     keep = not options.cpu_offload or get_rank() == 0
+    # state_dict() detaches each entry: a tied parameter is known by its Parameter object.
+    params = dict(model.named_parameters(remove_duplicate=False))
     out, gathered = {}, {}
     for k, v in sd.items():
         if _C._is_dtensor(v):
-            if id(v) not in gathered:
+            key = id(params.get(k, v))
+            if key not in gathered:
                 full = v.full_tensor()
-                gathered[id(v)] = full.cpu() if options.cpu_offload else full
-                if not keep:
-                    gathered[id(v)] = None
-            v = gathered[id(v)]
+                gathered[key] = None if not keep else full.cpu() if options.cpu_offload else full
+            v = gathered[key]
         elif options.cpu_offload and isinstance(v, torch.Tensor):
             v = v.cpu()
         if keep:
@@ -85,12 +86,16 @@ def set_model_state_dict(model: nn.Module, model_state_dict: Mapping[str, Any], 
     ``load_state_dict`` returns. With ``full_state_dict`` its plain tensors are whole ones (one
     process's), each cut to its DTensor's placements here (no communication); with
     ``broadcast_from_rank0`` too, rank 0's are broadcast one at a time and the other ranks' dicts
-    are ignored (a collective: call it on every rank)."""
+    are ignored (a collective: call it on every rank). A tied parameter may be given under one of
+    its names (as transformers saves a tied model)."""
     options = options or StateDictOptions()
+    if options.broadcast_from_rank0 and not options.full_state_dict:
+        raise ValueError("hyper_parallel.set_model_state_dict: full_state_dict must be True when broadcast_from_rank0 is True")
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
-    if options.full_state_dict and options.broadcast_from_rank0:
+    if options.broadcast_from_rank0:
         model_state_dict = _broadcast_from_rank0(model, model_state_dict, targets)
+    model_state_dict = _with_tied_names(model, model_state_dict)
     converted = {}
     for k, v in model_state_dict.items():
         t = targets.get(k)
@@ -99,6 +104,20 @@ def set_model_state_dict(model: nn.Module, model_state_dict: Mapping[str, Any], 
             v = _C._distribute_tensor(v.detach().to(device=t.device, dtype=t.dtype), t.device_mesh, list(_C._placements(t)), None)
         converted[k] = v
     return model.load_state_dict(converted, strict=options.strict)
+
+
+def _with_tied_names(model, state_dict):
+    """``state_dict`` with each tied parameter's missing names filled from a name it has (a
+    transformers checkpoint of a tied model holds the embedding alone)."""
+    names = {}
+    for k, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(k)
+    missing = {}
+    for ks in names.values():
+        present = next((k for k in ks if k in state_dict), None)
+        if present is not None:
+            missing.update({k: state_dict[present] for k in ks if k not in state_dict})
+    return {**state_dict, **missing} if missing else state_dict
 
 
 def _broadcast_from_rank0(model, state_dict, targets):

@@ -114,12 +114,21 @@ void FSDPParamGroup::allocate(Bucket& b) {
   b.grad_rows = at::zeros({shard_size_, b.grad_row_numel}, options.dtype(reduce_dtype(b)));
 }
 
-// A group made on a meta model has meta buffers; init_parameters / to_empty then materialise
-// the parameters in place (only ever from meta), and the buffers follow here, before the first
-// gather. Every unshard asks: a flag test, not a look at the parameters.
-void FSDPParamGroup::follow_parameters_device() {
+// The buffers follow the sharded parameters' device and dtype before each gather: a group made
+// on a meta model gets real buffers once init_parameters / to_empty materialise the parameters
+// in place, and model.to(dtype or device) after fully_shard (which changes the parameters in
+// place) gathers and computes in the new dtype, as FSDP2 does.
+void FSDPParamGroup::follow_parameters() {
   for (Bucket& b : buckets_) {
-    if (!b.send.is_meta() || options_of(b).device().is_meta()) continue;
+    const at::TensorOptions now = options_of(b);
+    if (b.send.device() == now.device() && b.send.scalar_type() == compute_dtype(b)) continue;
+    for (size_t k : b.params) {
+      const at::Tensor local = DTensor(params_[k].sharded).to_local();
+      HP_CHECK_T(c10::ValueError, local.scalar_type() == now.dtype().toScalarType() && local.device() == now.device(),
+                 "hyper_parallel::fully_shard: the parameters of one fully_shard group were moved to different dtypes or devices (",
+                 now.dtype(), " on ", now.device(), " and ", local.scalar_type(), " on ", local.device(),
+                 "); convert the whole module, or shard the differing parts in calls of their own");
+    }
     allocate(b);
     b.storage.storage().unsafeGetStorageImpl()->reset();  // sharded: issue_unshard fills it
   }
@@ -128,7 +137,7 @@ void FSDPParamGroup::follow_parameters_device() {
 void FSDPParamGroup::issue_unshard() {
   if (unsharded_) return;
   at::NoGradGuard no_grad;
-  follow_parameters_device();
+  follow_parameters();
   for (Bucket& b : buckets_) {
     c10::StorageImpl* s = b.storage.storage().unsafeGetStorageImpl();
     const size_t bytes = static_cast<size_t>(b.compute_numel) * b.storage.element_size();
@@ -177,7 +186,6 @@ bool FSDPParamGroup::claim_root() {
 
 std::vector<at::Tensor> FSDPParamGroup::pre_forward() {
   claim_root();
-  finish_reduce_grads();  // a reduction the last backward left in flight (is_last_backward false)
   ++t_active_forwards;
   in_forward_ = true;
   unshard();
@@ -249,7 +257,6 @@ void FSDPParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
     for (Bucket& b : buckets_) b.reduce = reduce_scatter_async(b.grad_rows.view({-1}), op, 0, shard_group_);
   }
   reduce_pending_ = true;
-  if (!is_last_backward) return;
   c10::weak_intrusive_ptr<FSDPParamGroup> self(c10::intrusive_ptr<FSDPParamGroup>::reclaim_copy(this));
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto g = self.lock()) g->finish_reduce_grads();

@@ -63,10 +63,6 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   bool requires_gradient_sync = true;
   /// Whether backward frees the gathered parameters once this group's gradients are packed.
   bool reshard_after_backward = true;
-  /// Whether the end of the backward pass completes this group's reduce-scatters (FSDP2's
-  /// set_is_last_backward); false leaves them in flight until the group's next forward or
-  /// backward, so they overlap the next microbatch.
-  bool is_last_backward = true;
   /// Groups whose all-gather is issued right after this group's in pre_forward.
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> forward_prefetch;
 
@@ -92,7 +88,7 @@ class FSDPParamGroup : public torch::CustomClassHolder {
   at::ScalarType compute_dtype(const Bucket& b) const;  // of its gather and compute tensors
   at::ScalarType reduce_dtype(const Bucket& b) const;
   void allocate(Bucket& b);
-  void follow_parameters_device();
+  void follow_parameters();
   std::vector<FSDPParam> params_;
   std::vector<Bucket> buckets_;
   Group shard_group_;               // the dp mesh's last dimension

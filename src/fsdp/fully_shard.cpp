@@ -359,6 +359,15 @@ void FullyShardGroup::wait_for_unshard() {
 
 void FullyShardGroup::reshard() { as_group(group_).reshard(); }
 
+std::vector<at::Tensor> FullyShardGroup::unsharded_parameters() const {
+  FSDPParamGroup& g = as_group(group_);
+  HP_CHECK_T(c10::ValueError, g.is_unsharded(), "hyper_parallel::FullyShardGroup::unsharded_parameters: the group is sharded; unshard() it first");
+  g.unshard();  // completes a gather in flight
+  std::vector<at::Tensor> out;
+  for (const FSDPParam& p : g.params()) out.push_back(p.compute_tensor());
+  return out;
+}
+
 bool FullyShardGroup::claim_root() { return as_group(group_).claim_root(); }
 
 void FullyShardGroup::set_fqn(const std::string& fqn) { as_group(group_).set_fqn(fqn); }
@@ -368,8 +377,6 @@ void FullyShardGroup::set_requires_gradient_sync(bool requires_sync) { as_group(
 void FullyShardGroup::set_reshard_after_backward(bool reshard_after_backward) {
   as_group(group_).reshard_after_backward = reshard_after_backward;
 }
-
-void FullyShardGroup::set_is_last_backward(bool is_last_backward) { as_group(group_).is_last_backward = is_last_backward; }
 
 void FullyShardGroup::set_modules_to_forward_prefetch(const std::vector<FullyShardGroup>& groups) {
   std::vector<c10::weak_intrusive_ptr<FSDPParamGroup>> targets;

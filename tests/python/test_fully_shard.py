@@ -5,6 +5,7 @@ rank, at dp 2 x tp 2 and as HSDP (4 ranks), with torch.optim and clip_grad_norm_
 Run SPMD under torchrun or hprun: every rank trains on its own slice of one batch, the reference
 trains one process on the whole batch; the mean of the ranks' mean losses is the whole batch's.
 """
+import copy
 import dataclasses
 import tempfile
 
@@ -232,19 +233,18 @@ def test_gradient_accumulation_without_sync_reduces_once_and_equals_one_process(
         torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_reductions_left_in_flight_by_set_is_last_backward_complete_in_the_next_forward_and_equal_one_process():
+def test_set_is_last_backward_as_pytorch_loops_call_it_changes_no_value_and_every_backward_completes_its_gradients():
     model, ref = shard_stack(seeded(0, Stack), DP), seeded(0, Stack)
     batches = [stack_batches(s) for s in range(3)]
     for micro, (x, y) in enumerate(batches):
-        last = micro == len(batches) - 1
-        model.set_is_last_backward(last)
+        model.set_is_last_backward(micro == len(batches) - 1)
         (mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)) / len(batches)).backward()
         (mse(ref, x, y) / len(batches)).backward()
-        if micro == 0:
-            # In flight: the block's gradients arrive when its next forward starts.
-            assert model.blocks[0].up.weight.grad is None
-    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+        # As PyTorch's: the gradients are in .grad when the backward returns, whatever the flag.
+        for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=f"{name}, microbatch {micro}")
+    with pytest.raises(TypeError, match="set_is_last_backward"):
+        model.set_is_last_backward("no")
 
 
 def test_unshard_and_reshard_by_hand_and_keeping_parameters_after_backward_give_one_process_values():
@@ -252,6 +252,12 @@ def test_unshard_and_reshard_by_hand_and_keeping_parameters_after_backward_give_
     x, _ = stack_batches(0)
     handle = model.blocks[0].unshard(async_op=True)
     handle.wait()
+    model.blocks[1].unshard()
+    # As FSDP2: the gathered parameters are in the module, whole, until reshard().
+    assert not isinstance(model.blocks[1].up.weight, hp.DTensor) and isinstance(model.blocks[1].up.weight, nn.Parameter)
+    assert torch.equal(model.blocks[1].up.weight, ref.blocks[1].up.weight)
+    model.blocks[1].reshard()
+    assert model.blocks[1].up.weight.placements == (Shard(0),)
     model.blocks[1].unshard()
     with torch.no_grad():
         torch.testing.assert_close(model(my_rows(x, RANK, WORLD)), my_rows(ref(x), RANK, WORLD))
@@ -300,6 +306,47 @@ def test_what_fully_shard_does_not_support_is_refused_by_name_and_changes_nothin
     fully_shard(model.blocks[0], mesh=DP)
     with pytest.raises(ValueError, match="already applied"):
         fully_shard(model.blocks[0], mesh=DP)
+
+
+def test_a_model_converted_to_float64_after_fully_shard_gathers_and_computes_in_float64_as_one_process():
+    model, ref = shard_stack(seeded(0, Stack), DP), seeded(0, Stack)
+    model.to(torch.float64)
+    ref.to(torch.float64)
+    assert model.blocks[0].up.weight.dtype == torch.float64 and model.blocks[0].up.weight.placements == (Shard(0),)
+    x, y = (b.double() for b in stack_batches(0))
+    out = model(my_rows(x, RANK, WORLD))
+    assert out.dtype == torch.float64
+    F.mse_loss(out, my_rows(y, RANK, WORLD)).backward()
+    mse(ref, x, y).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.grad.dtype == torch.float64
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_parameter_replaced_after_fully_shard_is_refused_by_name_at_the_next_forward():
+    model = shard_stack(seeded(0, Stack), DP)
+    model.head.bias = nn.Parameter(torch.full((5,), 100.0))
+    x, _ = stack_batches(0)
+    with pytest.raises(RuntimeError, match="'head.bias' was replaced"):
+        model(my_rows(x, RANK, WORLD))
+
+
+def test_an_inner_calls_ignored_parameter_stays_out_of_the_outer_call_as_in_fsdp2():
+    model = seeded(0, Stack)
+    fully_shard(model.blocks[0], mesh=DP, ignored_params={model.blocks[0].up.bias})
+    fully_shard(model, mesh=DP)
+    assert not isinstance(model.blocks[0].up.bias, hp.DTensor)
+    assert model.blocks[0].up.weight.placements == (Shard(0),) and model.head.weight.placements == (Shard(0),)
+
+
+def test_pytorchs_device_mesh_and_deepcopy_are_refused_by_name():
+    model = seeded(0, Stack)
+    with pytest.raises(TypeError, match="init_device_mesh"):
+        fully_shard(model, mesh=torch.distributed.device_mesh.init_device_mesh("cpu", (WORLD,)))
+    assert type(model) is Stack
+    fully_shard(model, mesh=DP)
+    with pytest.raises(TypeError, match="deep-copied"):
+        copy.deepcopy(model)
 
 
 # ---- transformers' models
@@ -405,6 +452,8 @@ def test_a_full_state_dict_is_gathered_on_rank_0_only_and_loads_back_broadcast_f
     x, _ = stack_batches(0)
     with torch.no_grad():
         torch.testing.assert_close(model(my_rows(x, RANK, WORLD)), my_rows(other(x), RANK, WORLD))
+    with pytest.raises(ValueError, match="full_state_dict must be True"):  # PyTorch's check, on every rank
+        set_model_state_dict(model, {}, options=StateDictOptions(broadcast_from_rank0=True))
 
 
 def test_a_trained_sharded_qwen3_saved_by_rank_0_loads_in_transformers_with_the_same_logits():
@@ -420,6 +469,7 @@ def test_a_trained_sharded_qwen3_saved_by_rank_0_loads_in_transformers_with_the_
     with torch.no_grad():
         logits = model(ids).logits
     if RANK == 0:
+        assert sd["lm_head.weight"] is sd["model.embed_tokens.weight"]  # a tie is gathered once
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, state_dict=sd)
             loaded = Qwen3ForCausalLM.from_pretrained(d, attn_implementation="eager")
@@ -427,3 +477,13 @@ def test_a_trained_sharded_qwen3_saved_by_rank_0_loads_in_transformers_with_the_
                 torch.testing.assert_close(loaded(ids).logits, logits, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(loaded(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-5)
             assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+            from safetensors.torch import load_file
+            saved = load_file(f"{d}/model.safetensors")  # the tied model's file holds the embedding alone
+    else:
+        saved = {}
+    assert "lm_head.weight" not in saved
+    # That file, broadcast from rank 0, loads into a new sharded model with the tie named once.
+    fresh = shard_layers(seeded(5, lambda: tiny_qwen3(True)), DP)
+    set_model_state_dict(fresh, saved, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids).logits, logits, rtol=1e-5, atol=1e-5)

@@ -110,6 +110,9 @@ class FullyShardGroup {
   void wait_for_unshard();
   /// Frees the gathered parameters.
   void reshard();
+  /// The gathered parameters, one per parameter in the order given, without autograd (plain, or
+  /// a TP DTensor): what unshard() shows in the module's slots. Valid until reshard().
+  std::vector<at::Tensor> unsharded_parameters() const;
   /// Whether this group's first forward found no other fully_shard forward running (the root);
   /// true once, at that forward.
   bool claim_root();
@@ -121,11 +124,6 @@ class FullyShardGroup {
   /// false keeps them for the next forward (gradient accumulation: set it back to true before
   /// the optimizer step's microbatch, or the next forward computes with the old values).
   void set_reshard_after_backward(bool reshard_after_backward);
-  /// Whether the end of each backward pass completes this group's gradient reductions (true by
-  /// default, FSDP2's set_is_last_backward). False leaves them in flight, overlapping the next
-  /// microbatch's forward, which completes them; set it back to true for the last microbatch
-  /// before an optimizer step (its backward then completes every reduction).
-  void set_is_last_backward(bool is_last_backward);
   /// set_modules_to_forward_prefetch, by group.
   void set_modules_to_forward_prefetch(const std::vector<FullyShardGroup>& groups);
   /// Whether two handles are one group.
