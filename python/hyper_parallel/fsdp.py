@@ -61,16 +61,17 @@ class _State:
         self.fqns = fqns
         self.mp_policy = mp_policy
         self.shows_unsharded = False  # unshard() put the gathered parameters in the slots
+        self.in_forward = False  # the slots hold the forward's compute tensors
 
     def install(self, tensors):
         for slots, t in zip(self.slots, tensors):
             for owner, name in slots:
                 owner._parameters[name] = t
 
-    def check_slots(self, fqns):
+    def check_slots(self):
         # A parameter replaced since fully_shard would be silently put back by the next
         # post-forward: refused by name instead (PyTorch's FSDP2 fails on it too).
-        for slots, p, fqn in zip(self.slots, self.params, fqns):
+        for slots, p, fqn in zip(self.slots, self.params, self.fqns):
             for owner, name in slots:
                 if owner._parameters.get(name) is not p:
                     raise RuntimeError(f"hyper_parallel.fully_shard: parameter '{fqn}' was replaced or removed after fully_shard; "
@@ -89,7 +90,7 @@ def _cast(tree, dtype):
 def _pre_forward(module, args, kwargs):
     state = _state(module)
     if not state.shows_unsharded:
-        state.check_slots(state.fqns)
+        state.check_slots()
     if state.group.claim_root():
         # The root's first forward names each group under it by its path (FSDP2's lazy init):
         # a rank in another group's collective is then told which module's group it was.
@@ -98,6 +99,7 @@ def _pre_forward(module, args, kwargs):
             if inner is not None and inner is not state:
                 inner.group.set_fqn(name)
     state.install(state.group.pre_forward())
+    state.in_forward = True
     mp = state.mp_policy
     if mp.cast_forward_inputs and mp.param_dtype is not None:
         return _cast((args, kwargs), mp.param_dtype)
@@ -124,10 +126,13 @@ def _tensors_in(obj, out):
 
 def _post_forward(module, args, kwargs, output):
     # Also after a forward that raised (output None: an always_call hook): the slots get the
-    # sharded parameters back either way.
+    # sharded parameters back when the forward had put compute tensors there (a pre-hook that
+    # refused a replaced parameter leaves the user's slots as they are).
     state = _state(module)
-    state.install(state.params)
-    state.shows_unsharded = False
+    if state.in_forward:
+        state.install(state.params)
+        state.in_forward = False
+        state.shows_unsharded = False
     state.group.post_forward(None if output is None else _tensors_in(output, []))
     if output is not None and state.mp_policy.output_dtype is not None:
         return _cast(output, state.mp_policy.output_dtype)

@@ -329,6 +329,7 @@ def test_a_parameter_replaced_after_fully_shard_is_refused_by_name_at_the_next_f
     x, _ = stack_batches(0)
     with pytest.raises(RuntimeError, match="'head.bias' was replaced"):
         model(my_rows(x, RANK, WORLD))
+    assert float(model.head.bias[0]) == 100.0  # the user's parameter is left where it was put
 
 
 def test_an_inner_calls_ignored_parameter_stays_out_of_the_outer_call_as_in_fsdp2():
