@@ -400,6 +400,24 @@ def test_transformers_qwen3_5_under_fully_shard_trains_as_one_process():
     train(model, ref, token_batches, lm_loss, rtol=2e-5, atol=2e-6)
 
 
+def test_transformers_qwen3_with_bf16_compute_and_fp32_reduction_matches_one_process_within_bf16_rounding():
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model, ref = seeded(0, lambda: tiny_qwen3(False)), seeded(0, lambda: tiny_qwen3(False))
+    shard_layers(model, DP, mp_policy=mp)
+    ids = token_batches(0)[0]
+    loss = lm_loss(model, my_rows(ids, RANK, WORLD))
+    loss.backward()
+    ref_loss = lm_loss(ref, ids)
+    ref_loss.backward()
+    mean = hp.DTensor.from_local(loss.detach().float().reshape(1), DP, [hp.Partial()]).full_tensor()[0] / WORLD
+    torch.testing.assert_close(mean, ref_loss.detach(), rtol=2e-2, atol=2e-2)  # bf16 keeps 8 bits of mantissa
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
+        # Within bf16 rounding of the gradient's own scale.
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=5e-2, atol=3e-2 * q.grad.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+
+
 MODELS = {"qwen3_tied": lambda: tiny_qwen3(True), "qwen3_untied": lambda: tiny_qwen3(False), "qwen3_5": tiny_qwen3_5}
 
 
