@@ -2,8 +2,6 @@
 // swaps a torch.nn module's parameters in its own hooks (hyper_parallel/fsdp.py).
 #include "bindings.h"
 
-#include <torch/csrc/autograd/python_variable.h>
-
 #include <hyper_parallel/fsdp/fully_shard.h>
 
 #include <string>
@@ -11,19 +9,6 @@
 
 namespace hyper_parallel {
 namespace python {
-namespace {
-
-// A tensor as the nn.Parameter an optimizer and state_dict see: the very tensor (its .grad is
-// the one the group writes), whose Python object is made here, so its class is ours to set.
-py::object as_parameter(const at::Tensor& t) {
-  const py::object param = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
-  const py::object parameter_type = py::module_::import("torch.nn").attr("Parameter");
-  if (!py::isinstance(param, parameter_type)) param.attr("__class__") = parameter_type;
-  return param;
-}
-
-}  // namespace
-
 void bind_fsdp(py::module_& m) {
   py::class_<FullyShardGroup>(m, "_FullyShardGroup")
       .def(py::init([](const std::vector<at::Tensor>& params, const std::vector<std::string>& fqns, const DeviceMesh& mesh,
@@ -56,7 +41,6 @@ void bind_fsdp(py::module_& m) {
              });
            })
       .def("unshard", [](FullyShardGroup& g, bool async_op) { guarded<true>([&] { g.unshard(async_op); }); }, py::arg("async_op") = false)
-      .def("wait_for_unshard", [](FullyShardGroup& g) { guarded<true>([&] { g.wait_for_unshard(); }); })
       .def("reshard", [](FullyShardGroup& g) { guarded<true>([&] { g.reshard(); }); })
       .def("unsharded_parameters", [](const FullyShardGroup& g) { return guarded<true>([&] { return g.unsharded_parameters(); }); })
       .def("claim_root", &FullyShardGroup::claim_root)

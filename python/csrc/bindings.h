@@ -34,6 +34,9 @@ void bind_debug(py::module_& m);
 
 /// A Python Shard, Replicate or Partial for a C++ placement (what C++ functions return).
 py::object to_python(const Placement& p);
+/// `t` itself as an nn.Parameter (the object optimizers and state dicts see, whose .grad is the
+/// C++ tensor's): for a tensor made in C++ whose Python object does not exist yet.
+py::object as_parameter(const at::Tensor& t);
 /// A torch.dtype or None; c10::TypeError naming `what` otherwise.
 std::optional<at::ScalarType> dtype_of(const py::handle& h, const char* what);
 

@@ -97,6 +97,15 @@ std::vector<std::pair<std::string, at::Tensor>> direct(const py::handle& module,
 
 }  // namespace
 
+py::object as_parameter(const at::Tensor& t) {
+  // A tensor made in C++ has no Python object of its own yet, so its class is ours to set:
+  // nn.Parameter(t) would make a detached alias instead.
+  const py::object param = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+  const py::object parameter_type = py::module_::import("torch.nn").attr("Parameter");
+  if (!py::isinstance(param, parameter_type)) param.attr("__class__") = parameter_type;
+  return param;
+}
+
 namespace {
 // The Python module whose hook is running on this thread: the one torch called the hook for,
 // which is not the mirror's module after copy.deepcopy (the copy shares the original's hooks).
@@ -181,19 +190,15 @@ void PyModuleAdapter::write_back_to_python() {
   const py::object m = py_module();
   if (!m.is_none()) {
     const py::dict params = m.attr("_parameters");
-    const py::object parameter_type = py::module_::import("torch.nn").attr("Parameter");
     for (const auto& p : named_parameters(/*recurse=*/false)) {
       const py::object name = py::str(p.key());
       if (params.contains(name) && !params[name].is_none() &&
           THPVariable_Unpack(params[name].ptr()).unsafeGetTensorImpl() == p.value().unsafeGetTensorImpl())
         continue;
-      // The very tensor the style made, as an nn.Parameter: nn.Parameter(t) would make a detached
-      // alias, without the gradient hook distribute_module put on `t` (the reduction of a
-      // replicated parameter's Partial gradient). A new DTensor has no Python object of its own
-      // yet, so its class is ours to set; a tied one is the same object in every owner.
-      const py::object param = py::reinterpret_steal<py::object>(THPVariable_Wrap(p.value()));
-      if (!py::isinstance(param, parameter_type)) param.attr("__class__") = parameter_type;
-      m.attr("__setattr__")(name, param);
+      // The very tensor the style made (nn.Parameter(t) would drop the gradient hook
+      // distribute_module put on `t`: the reduction of a replicated parameter's Partial gradient);
+      // a tied one is the same object in every owner.
+      m.attr("__setattr__")(name, as_parameter(p.value()));
     }
     const py::dict buffers = m.attr("_buffers");
     for (const auto& b : named_buffers(/*recurse=*/false)) {

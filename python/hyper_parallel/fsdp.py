@@ -12,17 +12,16 @@ torch.nn module's parameters swapped in its own forward hooks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from . import _C
-from ._runtime import get_world_size
 from ._snapshot import all_or_nothing
 from .api import _guard_load_state_dict
-from .device_mesh import DeviceMesh, init_device_mesh
+from .device_mesh import DeviceMesh, world_mesh
 
 _STATE = "_hp_fully_shard_state"
 
@@ -140,9 +139,9 @@ def _post_forward(module, args, kwargs, output):
 
 
 def _show_unsharded(state):
-    # The gathered parameters in the slots, as FSDP2's unshard() leaves them (plain, or TP
-    # DTensors), as Parameters sharing the gathered storage, until reshard() or the next forward.
-    state.group.wait_for_unshard()
+    # The gathered parameters (a gather in flight completed) in the slots, as FSDP2's unshard()
+    # leaves them (plain, or TP DTensors), as Parameters sharing the gathered storage, until
+    # reshard() or the next forward.
     state.install([nn.Parameter(t, requires_grad=p.requires_grad) for t, p in zip(state.group.unsharded_parameters(), state.params)])
     state.shows_unsharded = True
 
@@ -240,16 +239,6 @@ def _fsdp_class(cls):
     return new
 
 
-_DEFAULT_MESH = {}
-
-
-def _default_mesh(module):
-    device = next((p.device.type for p in module.parameters()), "cpu")
-    if device not in _DEFAULT_MESH:
-        _DEFAULT_MESH[device] = init_device_mesh(device, (get_world_size(),))
-    return _DEFAULT_MESH[device]
-
-
 def fully_shard(module: Union[nn.Module, List[nn.Module]], *, mesh: Optional[DeviceMesh] = None,
                 reshard_after_forward: Optional[Union[bool, int]] = None, shard_placement_fn=None,
                 mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(), offload_policy: OffloadPolicy = OffloadPolicy(),
@@ -283,7 +272,7 @@ def fully_shard(module: Union[nn.Module, List[nn.Module]], *, mesh: Optional[Dev
     if _state(module) is not None:
         raise ValueError(f"hyper_parallel.fully_shard: fully_shard was already applied to this {type(module).__name__}")
     if mesh is None:
-        mesh = _default_mesh(module)
+        mesh = world_mesh(next((p.device.type for p in module.parameters()), "cpu"))
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"hyper_parallel.fully_shard: mesh must be a hyper_parallel DeviceMesh (hyper_parallel.init_device_mesh), "
                         f"got a {type(mesh).__module__}.{type(mesh).__name__}")

@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 
 from . import _C
-from ._runtime import get_rank, get_world_size
-from .device_mesh import DeviceMesh
+from ._runtime import get_rank
+from .device_mesh import DeviceMesh, world_mesh
+from .placement_types import Replicate
 
 
 @dataclasses.dataclass
@@ -71,15 +72,6 @@ def get_model_state_dict(model: nn.Module, *, options: Optional[StateDictOptions
     return out
 
 
-_WORLD_MESH = {}
-
-
-def _world_mesh(device_type: str) -> DeviceMesh:
-    if device_type not in _WORLD_MESH:
-        _WORLD_MESH[device_type] = DeviceMesh(device_type, list(range(get_world_size())))
-    return _WORLD_MESH[device_type]
-
-
 def set_model_state_dict(model: nn.Module, model_state_dict: Mapping[str, Any], *,
                          options: Optional[StateDictOptions] = None):
     """PyTorch's set_model_state_dict: loads ``model_state_dict`` into ``model``; returns what
@@ -94,7 +86,7 @@ def set_model_state_dict(model: nn.Module, model_state_dict: Mapping[str, Any], 
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     if options.broadcast_from_rank0:
-        model_state_dict = _broadcast_from_rank0(model, model_state_dict, targets)
+        model_state_dict = _broadcast_from_rank0(model_state_dict, targets)
     model_state_dict = _with_tied_names(model, model_state_dict)
     converted = {}
     for k, v in model_state_dict.items():
@@ -120,9 +112,8 @@ def _with_tied_names(model, state_dict):
     return {**state_dict, **missing} if missing else state_dict
 
 
-def _broadcast_from_rank0(model, state_dict, targets):
-    device = next((t.device.type for t in targets.values()), "cpu")
-    mesh = _world_mesh(device)
+def _broadcast_from_rank0(state_dict, targets):
+    mesh = world_mesh(next((t.device.type for t in targets.values()), "cpu"))
     # What rank 0 has: its keys, shapes and dtypes, broadcast as bytes.
     if get_rank() == 0:
         meta = pickle.dumps([(k, tuple(v.shape), v.dtype) for k, v in state_dict.items() if isinstance(v, torch.Tensor)])
@@ -142,5 +133,4 @@ def _broadcast_from_rank0(model, state_dict, targets):
 
 
 def _broadcast(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    from .placement_types import Replicate
     return _C._distribute_tensor(t.contiguous(), mesh, [Replicate()], 0).to_local()

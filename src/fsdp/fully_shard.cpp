@@ -317,7 +317,6 @@ void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vecto
   group->forward_prefetch = std::move(targets);
 }
 
-
 namespace {
 FSDPParamGroup& as_group(const c10::intrusive_ptr<torch::CustomClassHolder>& g) { return static_cast<FSDPParamGroup&>(*g); }
 }  // namespace
@@ -351,10 +350,6 @@ void FullyShardGroup::post_forward(const c10::IValue& output) { as_group(group_)
 void FullyShardGroup::unshard(bool async_op) {
   if (async_op) as_group(group_).issue_unshard();
   else as_group(group_).unshard();
-}
-
-void FullyShardGroup::wait_for_unshard() {
-  if (as_group(group_).is_unsharded()) as_group(group_).unshard();
 }
 
 void FullyShardGroup::reshard() { as_group(group_).reshard(); }

@@ -112,6 +112,17 @@ def mse(m, x, y):
     return F.mse_loss(m(x), y)
 
 
+def local_mse(m, x, y):
+    """The loss of this rank's rows of the batch (x, y)."""
+    return mse(m, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD))
+
+
+def expect_gradients(model, ref, where=""):
+    """Every gradient of the sharded ``model`` equals one process's (``ref`` on the whole batch)."""
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=f"{name}{where}")
+
+
 def stack_batches(step):
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(4 * 2, 16, generator=g), torch.randn(4 * 2, 5, generator=g)
@@ -195,10 +206,9 @@ def test_blocks_returning_dataclasses_and_dicts_are_gathered_again_for_backward_
     model, ref = seeded(0, OutputsModel), seeded(0, OutputsModel)
     shard_stack(model, DP)  # resharded after forward: backward must gather them again
     x, y = stack_batches(0)
-    mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)).backward()
+    local_mse(model, x, y).backward()
     mse(ref, x, y).backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    expect_gradients(model, ref)
 
 
 def test_a_frozen_parameter_gets_no_gradient_and_the_rest_train_as_one_process():
@@ -208,7 +218,7 @@ def test_a_frozen_parameter_gets_no_gradient_and_the_rest_train_as_one_process()
     shard_stack(model, DP)
     assert not model.blocks[1].up.weight.requires_grad
     x, y = stack_batches(0)
-    mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)).backward()
+    local_mse(model, x, y).backward()
     mse(ref, x, y).backward()
     assert model.blocks[1].up.weight.grad is None and ref.blocks[1].up.weight.grad is None
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
@@ -222,15 +232,14 @@ def test_gradient_accumulation_without_sync_reduces_once_and_equals_one_process(
     for micro, (x, y) in enumerate(batches):
         model.set_requires_gradient_sync(micro == len(batches) - 1)
         with hp.CommDebugMode() as comm:
-            (mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)) / len(batches)).backward()
+            (local_mse(model, x, y) / len(batches)).backward()
         reduce_scatters = comm.get_comm_counts()[torch.ops.c10d_functional.reduce_scatter_tensor]
         # One reduction per group (3 blocks and the root), on the synchronised microbatch only.
         assert reduce_scatters == (4 if micro == len(batches) - 1 else 0), (micro, reduce_scatters)
         if micro == 0:
             assert all(p.grad is None for p in model.parameters())
         (mse(ref, x, y) / len(batches)).backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    expect_gradients(model, ref)
 
 
 def test_set_is_last_backward_as_pytorch_loops_call_it_changes_no_value_and_every_backward_completes_its_gradients():
@@ -238,11 +247,10 @@ def test_set_is_last_backward_as_pytorch_loops_call_it_changes_no_value_and_ever
     batches = [stack_batches(s) for s in range(3)]
     for micro, (x, y) in enumerate(batches):
         model.set_is_last_backward(micro == len(batches) - 1)
-        (mse(model, my_rows(x, RANK, WORLD), my_rows(y, RANK, WORLD)) / len(batches)).backward()
+        (local_mse(model, x, y) / len(batches)).backward()
         (mse(ref, x, y) / len(batches)).backward()
         # As PyTorch's: the gradients are in .grad when the backward returns, whatever the flag.
-        for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-            torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=f"{name}, microbatch {micro}")
+        expect_gradients(model, ref, where=f", microbatch {micro}")
     with pytest.raises(TypeError, match="set_is_last_backward"):
         model.set_is_last_backward("no")
 
@@ -267,8 +275,7 @@ def test_unshard_and_reshard_by_hand_and_keeping_parameters_after_backward_give_
     mse(model, my_rows(x, RANK, WORLD), torch.zeros(8 // WORLD, 5)).backward()
     mse(ref, x, torch.zeros(8, 5)).backward()
     model.set_reshard_after_backward(True)
-    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(full(p.grad), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    expect_gradients(model, ref)
 
 
 def test_bf16_compute_with_fp32_reduction_matches_one_process_within_bf16_rounding():

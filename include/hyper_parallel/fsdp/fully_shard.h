@@ -104,14 +104,13 @@ class FullyShardGroup {
   /// or reshard_after_forward is off) and has backward gather again when `output`'s gradients
   /// arrive. `output` None: the forward threw.
   void post_forward(const c10::IValue& output);
-  /// Gathers the parameters now (async_op: starts the gather; wait_for_unshard completes it).
+  /// Gathers the parameters now (async_op: starts the gather; unsharded_parameters() completes it).
   void unshard(bool async_op = false);
-  /// Completes a gather unshard(true) started (nothing when none is in flight).
-  void wait_for_unshard();
   /// Frees the gathered parameters.
   void reshard();
   /// The gathered parameters, one per parameter in the order given, without autograd (plain, or
-  /// a TP DTensor): what unshard() shows in the module's slots. Valid until reshard().
+  /// a TP DTensor), once a gather in flight completes: what unshard() shows in the module's
+  /// slots. Valid until reshard().
   std::vector<at::Tensor> unsharded_parameters() const;
   /// Whether this group's first forward found no other fully_shard forward running (the root);
   /// true once, at that forward.
