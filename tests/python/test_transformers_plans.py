@@ -126,7 +126,7 @@ def seed_d3_plan():
     return plan
 
 
-def test_the_seeds_sequence_parallel_plan_trains_as_one_process_and_its_decode_step_is_refused_naming_the_plan_to_generate_with():
+def test_D3_the_seeds_sequence_parallel_plan_on_transformers_qwen3_trains_as_one_process_and_refuses_a_decode_step_naming_the_plan_to_generate_with():
     model, ref = seeded(0, lambda: qwen3(False)), seeded(0, lambda: qwen3(False))
     parallelize_module(model, MESH, seed_d3_plan())
     ids = seeded(1, lambda: torch.randint(0, 64, (2, 4 * TP)))
